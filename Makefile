@@ -1,0 +1,35 @@
+# sparkbus: `make demo` and `make test` set everything up on a fresh machine (Python 3.10+, Java 17).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
+export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
+export SPARK_CONF_DIR := $(CURDIR)/conf
+
+.PHONY: install demo test test-fast clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Re-installs only when the package metadata changes; the package itself is installed editable.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	rm -rf .sparkbus/demo
+	$(BIN)/spark-submit --master "local[2]" --conf spark.ui.enabled=false jobs/demo.py \
+		--namespace .sparkbus/demo --definition conf/namespace.toml
+
+test: install
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m 'not slow'
+
+clean:
+	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info

@@ -1,0 +1,28 @@
+"""sparkbus: the Azure Service Bus messaging model on Spark and Delta Lake."""
+from __future__ import annotations
+
+from .availability import set_partition_availability
+from .client import ServiceBusClient
+from .entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
+                       SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
+from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageSizeExceededError,
+                     MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError, OperationTimeoutError,
+                     PartitionUnavailableError, ServiceBusError, ServiceBusQuotaExceededError,
+                     ServiceBusServerBusyError, SessionLockLostError)
+from .management import ServiceBusAdministrationClient
+from .namespace import NamespaceProperties, create_namespace
+from .rules import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
+                    TrueRuleFilter)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "create_namespace", "NamespaceProperties", "ServiceBusAdministrationClient", "ServiceBusClient",
+    "set_partition_availability",
+    "QueueProperties", "TopicProperties", "SubscriptionProperties", "QueueRuntimeProperties",
+    "TopicRuntimeProperties", "SubscriptionRuntimeProperties",
+    "SqlRuleFilter", "CorrelationRuleFilter", "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction", "RuleProperties",
+    "ServiceBusError", "MessagingEntityNotFoundError", "MessagingEntityAlreadyExistsError", "InvalidOperationError",
+    "MessageSizeExceededError", "ServiceBusQuotaExceededError", "ServiceBusServerBusyError", "MessageLockLostError",
+    "SessionLockLostError", "MessageAlreadySettled", "OperationTimeoutError", "PartitionUnavailableError",
+]

@@ -1,0 +1,193 @@
+"""The namespace catalog: one Delta table holding the namespace row, entities, rules and partition faults.
+
+Every management change is one MERGE on this unpartitioned table. delta-rs rejects a MERGE when any
+other commit added or removed data after the snapshot it read, so catalog changes are serializable:
+quota checks, "already exists" checks and the write they guard happen as one atomic step, and a
+conflicting change is re-run against the new snapshot. Readers always see a whole committed version.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Optional, TypeVar
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from . import storage
+from .schemas import TS
+
+T = TypeVar("T")
+CATALOG_DIR = "_catalog"
+NAMESPACE_KEY = "$namespace"
+COMPACT_EVERY = 20
+
+SCHEMA = pa.schema([
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("path", pa.string(), nullable=False),
+    pa.field("parent", pa.string()),
+    pa.field("partition_count", pa.int32(), nullable=False),
+    pa.field("storage", pa.string()),
+    pa.field("properties", pa.string(), nullable=False),
+    pa.field("created_at_utc", TS, nullable=False),
+    pa.field("updated_at_utc", TS, nullable=False),
+])
+_COLUMNS = [f.name for f in SCHEMA]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One catalog entry. `properties` is a JSON-able dict; `storage` is a directory under the namespace."""
+
+    key: str
+    kind: str
+    path: str
+    properties: dict
+    parent: Optional[str] = None
+    partition_count: int = 1
+    storage: Optional[str] = None
+    created_at_utc: datetime = field(default_factory=utc_now)
+    updated_at_utc: Optional[datetime] = None  # None: the creation time
+
+    def __post_init__(self) -> None:
+        if self.updated_at_utc is None:
+            object.__setattr__(self, "updated_at_utc", self.created_at_utc)
+
+    def updated(self, properties: dict) -> "Row":
+        return replace(self, properties=properties, updated_at_utc=utc_now())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """All catalog rows at one Delta version."""
+
+    version: int
+    rows: dict[str, Row]
+
+    def get(self, key: str) -> Optional[Row]:
+        return self.rows.get(key)
+
+    def of_kind(self, *kinds: str) -> list[Row]:
+        return sorted((r for r in self.rows.values() if r.kind in kinds), key=lambda r: r.key)
+
+    def children(self, parent_key: str, kind: str) -> list[Row]:
+        return [r for r in self.of_kind(kind) if r.parent == parent_key]
+
+
+@dataclass
+class Change:
+    """What a transaction writes: rows to insert or replace, keys to delete, and the caller's result."""
+
+    upserts: list[Row] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    result: object = None
+
+
+def _to_arrow(rows: Iterable[Row], op: str) -> pa.Table:
+    rows = list(rows)
+    data = {c: [getattr(r, c) for r in rows] for c in _COLUMNS}
+    data["properties"] = [json.dumps(r.properties, sort_keys=True) for r in rows]
+    table = pa.table(data, schema=SCHEMA)
+    return table.append_column("_op", pa.array([op] * len(rows), pa.string()))
+
+
+def _from_arrow(table: pa.Table) -> dict[str, Row]:
+    rows = {}
+    for rec in table.to_pylist():
+        rec["properties"] = json.loads(rec["properties"])
+        rows[rec["key"]] = Row(**rec)
+    return rows
+
+
+class _StaleSnapshot(CommitFailedError):
+    """The table moved past the snapshot a decision was based on; decide again."""
+
+
+class Catalog:
+    """Reads and atomically changes the catalog table of the namespace at `root` (a local directory).
+
+    One DeltaTable is kept and refreshed incrementally (only new log entries are read); rows are re-read
+    only when the version moved. The lock makes refresh and commit atomic for threads sharing a client.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.uri = os.path.join(root, CATALOG_DIR)
+        self._lock = threading.RLock()
+        self._table: Optional[DeltaTable] = None
+        self._snapshot: Optional[Snapshot] = None
+
+    def exists(self) -> bool:
+        return storage.table_exists(self.uri)
+
+    def create(self, namespace_row: Row) -> None:
+        """Commit version 0 holding the namespace row; raises FileExistsError if a catalog exists."""
+        try:
+            write_deltalake(self.uri, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]), mode="error")
+        except DeltaError as exc:  # an existing table, or a racing creator that committed version 0 first
+            if self.exists():
+                raise FileExistsError(self.uri) from exc
+            raise
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            if self._table is None:
+                self._table = storage.open_table(self.uri)
+            else:
+                self._table.update_incremental()
+            version = self._table.version()
+            if self._snapshot is None or self._snapshot.version != version:
+                rows = _from_arrow(storage.query("SELECT * FROM catalog", catalog=self._table))
+                self._snapshot = Snapshot(version, rows)
+            return self._snapshot
+
+    def transact(self, decide: Callable[[Snapshot], Change], first: Optional[Snapshot] = None) -> object:
+        """Apply decide(snapshot) atomically, re-deciding on a fresh snapshot after a conflict.
+
+        first: a snapshot already read by the caller, used for the first attempt.
+        """
+        pending = [first] if first is not None else []
+
+        def attempt() -> object:
+            snap = pending.pop() if pending else self.snapshot()
+            change = decide(snap)
+            if change.upserts or change.deletes:
+                self._merge(snap, change)
+            return change.result
+
+        return storage.retry_on_conflict(attempt)
+
+    def _merge(self, snap: Snapshot, change: Change) -> None:
+        placeholders = [Row(key=k, kind="", path="", properties={}) for k in change.deletes]
+        source = pa.concat_tables([_to_arrow(change.upserts, "upsert"), _to_arrow(placeholders, "delete")])
+        assignments = {c: f"s.`{c}`" for c in _COLUMNS}
+        with self._lock:
+            table = self._table
+            if table is None or table.version() != snap.version:
+                raise _StaleSnapshot("catalog changed since the snapshot was read")
+            (table.merge(source, "t.key = s.key", source_alias="s", target_alias="t")
+                .when_matched_update(assignments, predicate="s._op = 'upsert'")
+                .when_matched_delete(predicate="s._op = 'delete'")
+                .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")
+                .execute())
+            self._maintain(table)
+
+    def _maintain(self, table: DeltaTable) -> None:
+        """Keep the catalog cheap to read: compact small files and checkpoint the log now and then."""
+        if table.version() % COMPACT_EVERY:
+            return
+        try:
+            table.optimize.compact()
+            table.create_checkpoint()
+            table.cleanup_metadata()
+        except CommitFailedError:  # maintenance is best effort; a concurrent change simply wins
+            pass

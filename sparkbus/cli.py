@@ -1,0 +1,94 @@
+"""The `sparkbus` command: apply namespace definitions, show a namespace, mark partitions (operators)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from .availability import set_partition_availability
+from .definitions import apply_definition, load_definition
+from .errors import ServiceBusError
+from .management import ServiceBusAdministrationClient
+
+COLUMNS = ("kind", "path", "partitions", "status", "availability", "active", "dead_letter", "scheduled",
+           "total", "size_in_bytes")
+
+
+def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
+    """One row per queue, topic and subscription with its settings summary and runtime counts."""
+    rows = []
+
+    def add(kind: str, path: str, props: object, runtime: object) -> None:
+        rows.append({"kind": kind, "path": path, "partitions": props.partition_count, "status": props.status,
+                     "availability": runtime.availability_status, "active": runtime.active_message_count,
+                     "dead_letter": runtime.dead_letter_message_count,
+                     "scheduled": runtime.scheduled_message_count, "total": runtime.total_message_count,
+                     "size_in_bytes": runtime.size_in_bytes})
+
+    for queue in admin.list_queues():
+        add("queue", queue.name, queue, admin.get_queue_runtime_properties(queue.name))
+    for topic in admin.list_topics():
+        add("topic", topic.name, topic, admin.get_topic_runtime_properties(topic.name))
+        for sub in admin.list_subscriptions(topic.name):
+            add("subscription", f"{topic.name}/Subscriptions/{sub.name}", sub,
+                admin.get_subscription_runtime_properties(topic.name, sub.name))
+    return rows
+
+
+def format_table(rows: list[dict], columns: Sequence[str] = COLUMNS) -> str:
+    cells = [list(columns)] + [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _show(args: argparse.Namespace) -> None:
+    admin = ServiceBusAdministrationClient(args.namespace)
+    ns = admin.get_namespace_properties()
+    credits = "off" if ns.credits_per_second is None else f"{ns.credits_per_second}/s"
+    print(f"namespace {ns.path}  tier={ns.tier}  partition_count={ns.partition_count}  credits={credits}")
+    print(format_table(namespace_rows(admin)))
+
+
+def _apply(args: argparse.Namespace) -> None:
+    report = apply_definition(load_definition(args.file), args.namespace)
+    print("\n".join(report.changes) if report.changes else "no changes")
+
+
+def _partition(args: argparse.Namespace) -> None:
+    set_partition_availability(args.namespace, args.partition, args.available, entity_path=args.entity,
+                               reason=args.reason)
+    state = "available" if args.available else "unavailable"
+    print(f"partition {args.partition} of {args.entity or 'every entity'} is {state}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparkbus", description="Azure Service Bus on Spark and Delta Lake")
+    commands = parser.add_subparsers(dest="command", required=True)
+    apply = commands.add_parser("apply", help="create or update entities from a namespace definition (TOML)")
+    apply.add_argument("file")
+    apply.set_defaults(run=_apply)
+    show = commands.add_parser("show", help="print entities and their runtime properties")
+    show.set_defaults(run=_show)
+    part = commands.add_parser("partition", help="mark a partition unavailable or available again (operators)")
+    part.add_argument("--partition", type=int, required=True)
+    part.add_argument("--entity", help="queue, topic or '<topic>/Subscriptions/<name>'; default: every entity")
+    state = part.add_mutually_exclusive_group(required=True)
+    state.add_argument("--unavailable", dest="available", action="store_false")
+    state.add_argument("--available", dest="available", action="store_true")
+    part.add_argument("--reason", default="")
+    part.set_defaults(run=_partition)
+    for sub in (apply, show, part):
+        sub.add_argument("--namespace", required=True, help="namespace directory or file:// URI")
+    args = parser.parse_args(argv)
+    try:
+        args.run(args)
+    except (ServiceBusError, ValueError, TypeError) as exc:
+        print(f"sparkbus: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""ServiceBusClient: the data-plane entry point (senders and receivers), as in azure-servicebus."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .connection import parse_connection_string
+from .namespace import open_catalog
+
+
+class ServiceBusClient:
+    """Client of the namespace at `path`; retry settings follow azure-servicebus' exponential backoff.
+
+    spark: an optional SparkSession for DataFrame sends and receives; message operations never need one.
+    """
+
+    def __init__(self, path: str, *, retry_total: int = 3, retry_backoff_factor: float = 0.8,
+                 retry_backoff_max: float = 120, spark: object = None, **kwargs: object) -> None:
+        for name, value in (("retry_total", retry_total), ("retry_backoff_factor", retry_backoff_factor),
+                            ("retry_backoff_max", retry_backoff_max)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        self._catalog = open_catalog(path)
+        self.retry_total = int(retry_total)
+        self.retry_backoff_factor = float(retry_backoff_factor)
+        self.retry_backoff_max = float(retry_backoff_max)
+        self.spark = spark
+        self._entity_path: Optional[str] = None
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: object) -> "ServiceBusClient":
+        """'Endpoint=sparkbus://<path>;...'; an EntityPath binds the client to that entity, as in the SDK."""
+        info = parse_connection_string(conn_str)
+        client = cls(info.namespace, **kwargs)
+        client._entity_path = info.entity_path
+        return client
+
+    @property
+    def fully_qualified_namespace(self) -> str:
+        return self._catalog.root
+
+    def __enter__(self) -> "ServiceBusClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release yet: every operation opens the tables it needs."""

@@ -1,0 +1,131 @@
+"""Namespace definitions (TOML files under conf/) applied idempotently to a namespace.
+
+    [namespace]              # used only when the namespace does not exist yet
+    tier = "standard"
+    [[queues]]
+    name = "orders"
+    enable_partitioning = true
+    lock_duration = "PT30S"
+    [[topics]]
+    name = "events"
+    [[topics.subscriptions]]
+    name = "eu"
+    [[topics.subscriptions.rules]]
+    name = "eu-only"
+    sql = "region = 'eu'"                # or: correlation = { subject = "x", properties = { k = "v" } }
+    action = "SET priority = 'high'"     # optional
+
+Entities are created when missing and updated when their settings differ. A subscription that lists
+rules gets exactly those rules ('$Default' is removed unless listed); nothing else is ever deleted.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+from . import entities
+from .errors import MessagingEntityNotFoundError
+from .management import ServiceBusAdministrationClient
+from .names import DEFAULT_RULE_NAME
+from .namespace import create_namespace
+from .rules import CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+@dataclass
+class ApplyReport:
+    """What apply_definition did, one line per change."""
+
+    changes: list[str] = field(default_factory=list)
+
+
+def load_definition(path: str) -> dict:
+    with open(path, "rb") as handle:
+        data = tomllib.load(handle)
+    unknown = sorted(set(data) - {"namespace", "queues", "topics"})
+    if unknown:
+        raise ValueError(f"{path}: unknown section(s) {unknown}; allowed: namespace, queues, topics")
+    return data
+
+
+def _split(item: dict, where: str, children: tuple[str, ...] = ()) -> tuple[str, dict, dict]:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise ValueError(f"every entry of {where} needs a name")
+    options = {k: v for k, v in item.items() if k != "name" and k not in children}
+    return item["name"], options, {k: item[k] for k in children if k in item}
+
+
+def _rule(item: dict, where: str) -> tuple[str, object, Optional[SqlRuleAction]]:
+    name, options, _ = _split(item, where)
+    unknown = sorted(set(options) - {"sql", "correlation", "action", "parameters"})
+    if unknown or ("sql" in options and "correlation" in options):
+        raise ValueError(f"rule {name!r} in {where}: give 'sql' or 'correlation' (plus optional 'action', "
+                         f"'parameters'); got {sorted(options)}")
+    if "sql" in options:
+        rule_filter = SqlRuleFilter(options["sql"], options.get("parameters"))
+    elif "correlation" in options:
+        rule_filter = CorrelationRuleFilter(**options["correlation"])
+    else:
+        rule_filter = TrueRuleFilter()
+    action = SqlRuleAction(options["action"]) if options.get("action") else None
+    return name, rule_filter, action
+
+
+def _differs(current: object, wanted: dict) -> dict:
+    return {k: v for k, v in entities.check_options_for(current, wanted).items() if getattr(current, k) != v}
+
+
+def apply_definition(definition: dict, namespace_path: str) -> ApplyReport:
+    """Create the namespace if needed, then create or update every entity and rule in the definition."""
+    report = ApplyReport()
+    try:
+        admin = ServiceBusAdministrationClient(namespace_path)
+    except MessagingEntityNotFoundError:
+        create_namespace(namespace_path, **definition.get("namespace", {}))
+        report.changes.append(f"created namespace {namespace_path}")
+        admin = ServiceBusAdministrationClient(namespace_path)
+    for kind in ("queue", "topic"):
+        existing = {p.name.lower(): p for p in (admin.list_queues() if kind == "queue" else admin.list_topics())}
+        for item in definition.get(f"{kind}s", []):
+            name, options, children = _split(item, f"{kind}s", ("subscriptions",) if kind == "topic" else ())
+            current = existing.get(name.lower())
+            if current is None:
+                getattr(admin, f"create_{kind}")(name, **options)
+                report.changes.append(f"created {kind} {name}")
+            elif _differs(current, options):
+                getattr(admin, f"update_{kind}")(current, **options)
+                report.changes.append(f"updated {kind} {name}: {sorted(_differs(current, options))}")
+            for sub in children.get("subscriptions", []):
+                _apply_subscription(admin, name, sub, report)
+    return report
+
+
+def _apply_subscription(admin: ServiceBusAdministrationClient, topic: str, item: dict, report: ApplyReport) -> None:
+    name, options, children = _split(item, f"subscriptions of {topic}", ("rules",))
+    current = {s.name.lower(): s for s in admin.list_subscriptions(topic)}.get(name.lower())
+    if current is None:
+        admin.create_subscription(topic, name, **options)
+        report.changes.append(f"created subscription {topic}/{name}")
+    elif _differs(current, options):
+        admin.update_subscription(topic, current, **options)
+        report.changes.append(f"updated subscription {topic}/{name}: {sorted(_differs(current, options))}")
+    if "rules" not in children:
+        return
+    wanted = [_rule(r, f"rules of {topic}/{name}") for r in children["rules"]]
+    rules = {r.name.lower(): r for r in admin.list_rules(topic, name)}
+    for rule_name, rule_filter, action in wanted:
+        rule = rules.get(rule_name.lower())
+        if rule is None:
+            admin.create_rule(topic, name, rule_name, filter=rule_filter, action=action)
+            report.changes.append(f"created rule {topic}/{name}/{rule_name}")
+        elif (rule.filter, rule.action) != (rule_filter, action):
+            admin.update_rule(topic, name, rule, filter=rule_filter, action=action)
+            report.changes.append(f"updated rule {topic}/{name}/{rule_name}")
+    if DEFAULT_RULE_NAME.lower() in rules and DEFAULT_RULE_NAME.lower() not in {w[0].lower() for w in wanted}:
+        admin.delete_rule(topic, name, DEFAULT_RULE_NAME)
+        report.changes.append(f"deleted rule {topic}/{name}/{DEFAULT_RULE_NAME}")

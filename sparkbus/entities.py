@@ -1,0 +1,248 @@
+"""Queue, topic and subscription properties (azure-servicebus names), their defaults and validation.
+
+Every settable option is described once in OPTIONS (default, validator); each kind lists the options it
+accepts. Properties objects are mutable and update_* takes them back, as in azure-servicebus.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
+from typing import Callable, Optional
+
+from .durations import MAX_DURATION, format_duration, parse_duration
+
+STATUSES = ("Active", "Disabled", "SendDisabled", "ReceiveDisabled")
+AVAILABLE = "Available"
+LIMITED = "Limited"
+
+
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _int_range(low: int, high: int) -> Callable[[str, object], int]:
+    def check(name: str, value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+        return value
+    return check
+
+
+def _duration_range(low: timedelta, high: timedelta) -> Callable[[str, object], timedelta]:
+    def check(name: str, value: object) -> timedelta:
+        parsed = parse_duration(value, name)
+        if not low <= parsed <= high:
+            raise ValueError(f"{name} must be between {format_duration(low)} and {format_duration(high)}, got {format_duration(parsed)}")
+        return parsed
+    return check
+
+
+def _optional_name(name: str, value: object) -> Optional[str]:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a queue or topic name (str) or None, got {type(value).__name__}")
+    return value
+
+
+def _status(name: str, value: object) -> str:
+    if value not in STATUSES:
+        raise ValueError(f"{name} must be one of {list(STATUSES)}, got {value!r}")
+    return value
+
+
+def _passthrough(name: str, value: object) -> object:
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    default: object
+    check: Callable[[str, object], object]
+    immutable: bool = False
+
+
+MINUTE = timedelta(minutes=1)
+OPTIONS: dict[str, Option] = {
+    "enable_partitioning": Option(False, _bool, immutable=True),
+    "requires_session": Option(False, _bool, immutable=True),
+    # The partition key of a duplicate-detecting entity is the message id: changing it would move keys.
+    "requires_duplicate_detection": Option(False, _bool, immutable=True),
+    "max_size_in_megabytes": Option(1024, _passthrough),  # allowed values depend on the tier
+    "max_message_size_in_kilobytes": Option(None, _passthrough),  # depends on the tier
+    "duplicate_detection_history_time_window": Option(
+        10 * MINUTE, _duration_range(timedelta(seconds=20), timedelta(days=7))),
+    "lock_duration": Option(MINUTE, _duration_range(timedelta(seconds=5), 5 * MINUTE)),
+    "max_delivery_count": Option(10, _int_range(1, 2_147_483_647)),
+    "default_message_time_to_live": Option(MAX_DURATION, _duration_range(timedelta(seconds=1), MAX_DURATION)),
+    "dead_lettering_on_message_expiration": Option(False, _bool),
+    "dead_lettering_on_filter_evaluation_exceptions": Option(True, _bool),
+    "forward_to": Option(None, _optional_name),
+    "forward_dead_lettered_messages_to": Option(None, _optional_name),
+    "status": Option("Active", _status),
+}
+
+QUEUE_OPTIONS = (
+    "enable_partitioning", "max_size_in_megabytes", "requires_duplicate_detection",
+    "duplicate_detection_history_time_window", "requires_session", "lock_duration", "max_delivery_count",
+    "default_message_time_to_live", "dead_lettering_on_message_expiration", "forward_to",
+    "forward_dead_lettered_messages_to", "max_message_size_in_kilobytes", "status",
+)
+TOPIC_OPTIONS = (
+    "enable_partitioning", "max_size_in_megabytes", "requires_duplicate_detection",
+    "duplicate_detection_history_time_window", "default_message_time_to_live",
+    "max_message_size_in_kilobytes", "status",
+)
+SUBSCRIPTION_OPTIONS = (
+    "requires_session", "lock_duration", "max_delivery_count", "default_message_time_to_live",
+    "dead_lettering_on_message_expiration", "dead_lettering_on_filter_evaluation_exceptions", "forward_to",
+    "forward_dead_lettered_messages_to", "status",
+)
+KIND_OPTIONS = {"queue": QUEUE_OPTIONS, "topic": TOPIC_OPTIONS, "subscription": SUBSCRIPTION_OPTIONS}
+DURATION_OPTIONS = {name for name, o in OPTIONS.items() if isinstance(o.default, timedelta)}
+
+
+def check_options(kind: str, values: dict) -> dict:
+    """Validate user-given options of a kind; unknown names -> TypeError like an unexpected keyword."""
+    allowed = KIND_OPTIONS[kind]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise TypeError(f"unknown {kind} option(s) {unknown}; allowed: {sorted(allowed)}")
+    return {name: OPTIONS[name].check(name, value) for name, value in values.items()}
+
+
+def defaults(kind: str) -> dict:
+    return {name: OPTIONS[name].default for name in KIND_OPTIONS[kind]}
+
+
+def options_to_json(options: dict) -> dict:
+    return {k: format_duration(v) if k in DURATION_OPTIONS else v for k, v in options.items()}
+
+
+def options_from_json(data: dict) -> dict:
+    return {k: parse_duration(v, k) if k in DURATION_OPTIONS else v for k, v in data.items()}
+
+
+@dataclass
+class _EntityCommon:
+    name: str = ""
+    partition_count: int = 1
+    availability_status: str = AVAILABLE
+    created_at_utc: Optional[datetime] = None
+    updated_at_utc: Optional[datetime] = None
+
+
+@dataclass
+class QueueProperties(_EntityCommon):
+    """Properties of a queue (azure-servicebus QueueProperties) plus partition_count and sizes."""
+
+    enable_partitioning: bool = False
+    max_size_in_megabytes: int = 1024
+    max_size_in_megabytes_per_partition: float = 1024.0
+    total_max_size_in_megabytes: int = 1024
+    requires_duplicate_detection: bool = False
+    duplicate_detection_history_time_window: timedelta = 10 * MINUTE
+    requires_session: bool = False
+    lock_duration: timedelta = MINUTE
+    max_delivery_count: int = 10
+    default_message_time_to_live: timedelta = MAX_DURATION
+    dead_lettering_on_message_expiration: bool = False
+    forward_to: Optional[str] = None
+    forward_dead_lettered_messages_to: Optional[str] = None
+    max_message_size_in_kilobytes: Optional[int] = None
+    status: str = "Active"
+
+
+@dataclass
+class TopicProperties(_EntityCommon):
+    """Properties of a topic (azure-servicebus TopicProperties) plus partition_count and sizes."""
+
+    enable_partitioning: bool = False
+    max_size_in_megabytes: int = 1024
+    max_size_in_megabytes_per_partition: float = 1024.0
+    total_max_size_in_megabytes: int = 1024
+    requires_duplicate_detection: bool = False
+    duplicate_detection_history_time_window: timedelta = 10 * MINUTE
+    default_message_time_to_live: timedelta = MAX_DURATION
+    max_message_size_in_kilobytes: Optional[int] = None
+    status: str = "Active"
+
+
+@dataclass
+class SubscriptionProperties(_EntityCommon):
+    """Properties of a subscription; it has its topic's partition count."""
+
+    topic_name: str = ""
+    requires_session: bool = False
+    lock_duration: timedelta = MINUTE
+    max_delivery_count: int = 10
+    default_message_time_to_live: timedelta = MAX_DURATION
+    dead_lettering_on_message_expiration: bool = False
+    dead_lettering_on_filter_evaluation_exceptions: bool = True
+    forward_to: Optional[str] = None
+    forward_dead_lettered_messages_to: Optional[str] = None
+    status: str = "Active"
+
+
+PROPERTIES_CLASS = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
+
+
+def settable_values(kind: str, props: object) -> dict:
+    """The settable options carried by a properties object (or a mapping) given to update_*."""
+    names = KIND_OPTIONS[kind]
+    if isinstance(props, dict):
+        return {k: v for k, v in props.items() if k in names}
+    return {name: getattr(props, name) for name in names if hasattr(props, name)}
+
+
+@dataclass
+class _RuntimeCommon:
+    name: str = ""
+    size_in_bytes: int = 0
+    active_message_count: int = 0
+    dead_letter_message_count: int = 0
+    scheduled_message_count: int = 0
+    transfer_message_count: int = 0
+    transfer_dead_letter_message_count: int = 0
+    total_message_count: int = 0
+    created_at_utc: Optional[datetime] = None
+    updated_at_utc: Optional[datetime] = None
+    accessed_at_utc: Optional[datetime] = None
+    partition_count: int = 1
+    availability_status: str = AVAILABLE
+
+
+@dataclass
+class QueueRuntimeProperties(_RuntimeCommon):
+    """Message counts and size of a queue, aggregated over its partitions."""
+
+
+@dataclass
+class TopicRuntimeProperties(_RuntimeCommon):
+    """Message counts and size of a topic, aggregated over its partitions."""
+
+    subscription_count: int = 0
+
+
+@dataclass
+class SubscriptionRuntimeProperties(_RuntimeCommon):
+    topic_name: str = ""
+
+
+RUNTIME_CLASS = {"queue": QueueRuntimeProperties, "topic": TopicRuntimeProperties,
+                 "subscription": SubscriptionRuntimeProperties}
+
+
+def public_fields(obj: object) -> dict:
+    """Field name -> value of a properties dataclass, for printing and tables."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def check_options_for(props: object, values: dict) -> dict:
+    """Validate options against the kind of an existing properties object."""
+    kind = next(k for k, cls in PROPERTIES_CLASS.items() if isinstance(props, cls))
+    return check_options(kind, values)

@@ -1,0 +1,69 @@
+"""The sparkbus error hierarchy (names as in azure-servicebus).
+
+Invalid argument values raise ValueError or TypeError; violations of Service Bus rules raise these.
+"""
+from __future__ import annotations
+
+
+class ServiceBusError(Exception):
+    """Base of every Service Bus rule violation raised by sparkbus."""
+
+
+class MessagingEntityNotFoundError(ServiceBusError):
+    """The namespace, queue, topic, subscription or rule does not exist."""
+
+
+class MessagingEntityAlreadyExistsError(ServiceBusError):
+    """An entity (or namespace) with that name already exists."""
+
+
+class InvalidOperationError(ServiceBusError):
+    """The operation is not allowed on this entity or in this state."""
+
+
+class MessageSizeExceededError(ServiceBusError):
+    """A message or batch is larger than the tier allows."""
+
+
+class ServiceBusQuotaExceededError(ServiceBusError):
+    """An entity, partition or namespace quota would be exceeded."""
+
+
+class ServiceBusServerBusyError(ServiceBusError):
+    """The namespace is throttled; retry after the stated wait."""
+
+
+class MessageLockLostError(ServiceBusError):
+    """The message lock expired or was taken by another receiver."""
+
+
+class SessionLockLostError(ServiceBusError):
+    """The session lock expired or was taken by another receiver."""
+
+
+class MessageAlreadySettled(ServiceBusError):
+    """The message was already completed, abandoned, deferred or dead-lettered."""
+
+
+class OperationTimeoutError(ServiceBusError):
+    """The operation did not finish within its time limit."""
+
+
+class PartitionUnavailableError(ServiceBusError):
+    """A partition the operation needs is unavailable."""
+
+
+__all__ = [
+    "ServiceBusError",
+    "MessagingEntityNotFoundError",
+    "MessagingEntityAlreadyExistsError",
+    "InvalidOperationError",
+    "MessageSizeExceededError",
+    "ServiceBusQuotaExceededError",
+    "ServiceBusServerBusyError",
+    "MessageLockLostError",
+    "SessionLockLostError",
+    "MessageAlreadySettled",
+    "OperationTimeoutError",
+    "PartitionUnavailableError",
+]

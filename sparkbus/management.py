@@ -1,0 +1,517 @@
+"""ServiceBusAdministrationClient: create, get, update, delete and list queues, topics, subscriptions and rules.
+
+Each entity's catalog row and its Delta tables (messages, locks: partitioned by partition_id) are created
+together: tables first under a fresh directory, then the catalog row in one atomic commit, so readers
+never see an entity without storage. Deletion removes the catalog rows first, then the data.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Callable, Optional, Union
+
+from . import entities, storage, tiers
+from .availability import require_available, unavailable_partitions
+from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
+from .connection import parse_connection_string
+from .errors import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
+                     ServiceBusQuotaExceededError)
+from .names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_path, subscription_path,
+                    validate_child_name, validate_entity_name)
+from .namespace import NamespaceProperties, namespace_properties, open_catalog
+from .rules import (RuleProperties, TrueRuleFilter, action_from_json, action_to_json, check_action,
+                    check_filter, filter_from_json, filter_quota_kind, filter_to_json)
+from .runtime import entity_counts
+from .schemas import ENTITY_TABLES
+
+ENTITIES_DIR = "entities"
+TOP_LEVEL = ("queue", "topic")
+
+
+class ServiceBusAdministrationClient:
+    """Management plane of the namespace at `path` (a directory or file:// URI), as in azure-servicebus."""
+
+    def __init__(self, path: str, **kwargs: object) -> None:
+        self._catalog: Catalog = open_catalog(path)
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: object) -> "ServiceBusAdministrationClient":
+        """Accepts 'Endpoint=sparkbus://<namespace path or URI>;...' (EntityPath is ignored, as in the SDK)."""
+        return cls(parse_connection_string(conn_str).namespace, **kwargs)
+
+    def __enter__(self) -> "ServiceBusAdministrationClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release: every call opens the tables it needs."""
+
+    # ---- namespace -------------------------------------------------------------------------------------
+
+    def get_namespace_properties(self) -> NamespaceProperties:
+        return self._namespace(self._catalog.snapshot())
+
+    def _namespace(self, snap: Snapshot) -> NamespaceProperties:
+        return namespace_properties(snap.rows[NAMESPACE_KEY], self._catalog.root)
+
+    # ---- queues and topics -----------------------------------------------------------------------------
+
+    def create_queue(self, queue_name: str, **kwargs: object) -> entities.QueueProperties:
+        return self._create_top_level("queue", queue_name, kwargs)
+
+    def create_topic(self, topic_name: str, **kwargs: object) -> entities.TopicProperties:
+        return self._create_top_level("topic", topic_name, kwargs)
+
+    def get_queue(self, queue_name: str) -> entities.QueueProperties:
+        snap = self._catalog.snapshot()
+        return self._properties(snap, self._find(snap, "queue", _name_of(queue_name)))
+
+    def get_topic(self, topic_name: str) -> entities.TopicProperties:
+        snap = self._catalog.snapshot()
+        return self._properties(snap, self._find(snap, "topic", _name_of(topic_name)))
+
+    def list_queues(self) -> list[entities.QueueProperties]:
+        snap = self._catalog.snapshot()
+        return [self._properties(snap, row) for row in snap.of_kind("queue")]
+
+    def list_topics(self) -> list[entities.TopicProperties]:
+        snap = self._catalog.snapshot()
+        return [self._properties(snap, row) for row in snap.of_kind("topic")]
+
+    def update_queue(self, queue: Union[entities.QueueProperties, dict], **kwargs: object) -> None:
+        self._update("queue", _name_of(queue), {**entities.settable_values("queue", queue), **kwargs})
+
+    def update_topic(self, topic: Union[entities.TopicProperties, dict], **kwargs: object) -> None:
+        self._update("topic", _name_of(topic), {**entities.settable_values("topic", topic), **kwargs})
+
+    def delete_queue(self, queue: Union[str, entities.QueueProperties]) -> None:
+        self._delete("queue", _name_of(queue))
+
+    def delete_topic(self, topic: Union[str, entities.TopicProperties]) -> None:
+        """Deletes the topic with its subscriptions, their rules, and all their data."""
+        self._delete("topic", _name_of(topic))
+
+    def get_queue_runtime_properties(self, queue_name: str) -> entities.QueueRuntimeProperties:
+        snap = self._catalog.snapshot()
+        return self._runtime(snap, self._find(snap, "queue", _name_of(queue_name)))
+
+    def get_topic_runtime_properties(self, topic_name: str) -> entities.TopicRuntimeProperties:
+        snap = self._catalog.snapshot()
+        return self._runtime(snap, self._find(snap, "topic", _name_of(topic_name)))
+
+    def list_queues_runtime_properties(self) -> list[entities.QueueRuntimeProperties]:
+        snap = self._catalog.snapshot()
+        return [self._runtime(snap, row) for row in snap.of_kind("queue")]
+
+    def list_topics_runtime_properties(self) -> list[entities.TopicRuntimeProperties]:
+        snap = self._catalog.snapshot()
+        return [self._runtime(snap, row) for row in snap.of_kind("topic")]
+
+    # ---- subscriptions ---------------------------------------------------------------------------------
+
+    def create_subscription(self, topic_name: str, subscription_name: str,
+                            **kwargs: object) -> entities.SubscriptionProperties:
+        """Creates the subscription with the rule '$Default' (TrueRuleFilter); it has its topic's partitions."""
+        topic_name = _name_of(topic_name)
+        validate_child_name(subscription_name, "subscription")
+        options = {**entities.defaults("subscription"), **entities.check_options("subscription", kwargs)}
+        path = subscription_path(topic_name, subscription_name)
+
+        def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change:
+            ns = self._namespace(snap)
+            topic = self._find(snap, "topic", topic_name)
+            _check_tier_features(ns, "subscription", options)
+            if snap.get(key(path)):
+                raise MessagingEntityAlreadyExistsError(f"subscription {path!r} already exists")
+            if len(snap.children(topic.key, "subscription")) >= ns.limits.max_subscriptions_per_topic:
+                raise ServiceBusQuotaExceededError(
+                    f"topic {topic.path!r} already has {ns.limits.max_subscriptions_per_topic} subscriptions, the most allowed")
+            self._check_forwarding(snap, path, options)
+            require_available(snap, topic.key, topic.partition_count, f"create subscription {path!r}")
+            row = Row(key=key(path), kind="subscription", path=path, parent=topic.key,
+                      partition_count=topic.partition_count, storage=storage_dir,
+                      properties=entities.options_to_json(options))
+            default_rule = _rule_row(row, DEFAULT_RULE_NAME, TrueRuleFilter(), None)
+            return Change(upserts=[row, default_rule], result=row)
+
+        return self._create_with_storage(decide)
+
+    def get_subscription(self, topic_name: str, subscription_name: str) -> entities.SubscriptionProperties:
+        snap = self._catalog.snapshot()
+        return self._properties(snap, self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name)))
+
+    def list_subscriptions(self, topic_name: str) -> list[entities.SubscriptionProperties]:
+        snap = self._catalog.snapshot()
+        topic = self._find(snap, "topic", _name_of(topic_name))
+        return [self._properties(snap, row) for row in snap.children(topic.key, "subscription")]
+
+    def update_subscription(self, topic_name: str, subscription: Union[entities.SubscriptionProperties, dict],
+                            **kwargs: object) -> None:
+        path = subscription_path(_name_of(topic_name), _name_of(subscription))
+        self._update("subscription", path, {**entities.settable_values("subscription", subscription), **kwargs})
+
+    def delete_subscription(self, topic_name: str, subscription: Union[str, entities.SubscriptionProperties]) -> None:
+        self._delete("subscription", subscription_path(_name_of(topic_name), _name_of(subscription)))
+
+    def get_subscription_runtime_properties(self, topic_name: str,
+                                            subscription_name: str) -> entities.SubscriptionRuntimeProperties:
+        snap = self._catalog.snapshot()
+        return self._runtime(snap, self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name)))
+
+    def list_subscriptions_runtime_properties(self, topic_name: str) -> list[entities.SubscriptionRuntimeProperties]:
+        snap = self._catalog.snapshot()
+        topic = self._find(snap, "topic", _name_of(topic_name))
+        return [self._runtime(snap, row) for row in snap.children(topic.key, "subscription")]
+
+    # ---- rules -----------------------------------------------------------------------------------------
+
+    def create_rule(self, topic_name: str, subscription_name: str, rule_name: str, *, filter: object = None,
+                    action: object = None, **kwargs: object) -> RuleProperties:
+        if kwargs:
+            raise TypeError(f"unknown rule option(s) {sorted(kwargs)}; allowed: filter, action")
+        validate_child_name(rule_name, "rule")
+        rule_filter, rule_action = check_filter(filter), check_action(action)
+        topic_name, subscription_name = _name_of(topic_name), _name_of(subscription_name)
+
+        def decide(snap: Snapshot) -> Change:
+            sub = self._find_subscription(snap, topic_name, subscription_name)
+            if snap.get(key(rule_path(topic_name, subscription_name, rule_name))):
+                raise MessagingEntityAlreadyExistsError(f"rule {rule_name!r} already exists on {sub.path!r}")
+            self._check_filter_quota(snap, sub.parent, rule_filter)
+            require_available(snap, sub.key, sub.partition_count, f"create rule {rule_name!r}")
+            row = _rule_row(sub, rule_name, rule_filter, rule_action)
+            return Change(upserts=[row], result=row)
+
+        return _rule_properties(self._catalog.transact(decide))
+
+    def get_rule(self, topic_name: str, subscription_name: str, rule_name: str) -> RuleProperties:
+        snap = self._catalog.snapshot()
+        return _rule_properties(self._find_rule(snap, _name_of(topic_name), _name_of(subscription_name), rule_name))
+
+    def list_rules(self, topic_name: str, subscription_name: str) -> list[RuleProperties]:
+        snap = self._catalog.snapshot()
+        sub = self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name))
+        return [_rule_properties(row) for row in snap.children(sub.key, "rule")]
+
+    def update_rule(self, topic_name: str, subscription_name: str, rule: Union[RuleProperties, dict, str],
+                    **kwargs: object) -> None:
+        """Replace a rule's filter and/or action; what is not given keeps its stored value."""
+        if isinstance(rule, RuleProperties):
+            given = {"filter": rule.filter, "action": rule.action}
+        elif isinstance(rule, dict):
+            given = {k: v for k, v in rule.items() if k not in ("name", "created_at_utc")}
+        else:
+            given = {}
+        given.update(kwargs)
+        unknown = sorted(set(given) - {"filter", "action"})
+        if unknown:
+            raise TypeError(f"unknown rule option(s) {unknown}; allowed: filter, action")
+        rule_name = _name_of(rule)
+        topic_name, subscription_name = _name_of(topic_name), _name_of(subscription_name)
+        if "filter" in given:
+            check_filter(given["filter"])
+        if "action" in given:
+            check_action(given["action"])
+
+        def decide(snap: Snapshot) -> Change:
+            row = self._find_rule(snap, topic_name, subscription_name, rule_name)
+            sub = snap.rows[row.parent]
+            stored = _rule_properties(row)
+            rule_filter = check_filter(given.get("filter", stored.filter))
+            rule_action = given.get("action", stored.action)
+            if filter_quota_kind(rule_filter) != filter_quota_kind(stored.filter):
+                self._check_filter_quota(snap, sub.parent, rule_filter)
+            require_available(snap, sub.key, sub.partition_count, f"update rule {rule_name!r}")
+            return Change(upserts=[row.updated(_rule_json(rule_filter, rule_action))])
+
+        self._catalog.transact(decide)
+
+    def delete_rule(self, topic_name: str, subscription_name: str, rule: Union[str, RuleProperties]) -> None:
+        topic_name, subscription_name, rule_name = _name_of(topic_name), _name_of(subscription_name), _name_of(rule)
+
+        def decide(snap: Snapshot) -> Change:
+            row = self._find_rule(snap, topic_name, subscription_name, rule_name)
+            sub = snap.rows[row.parent]
+            require_available(snap, sub.key, sub.partition_count, f"delete rule {rule_name!r}")
+            return Change(deletes=[row.key])
+
+        self._catalog.transact(decide)
+
+    # ---- storage ---------------------------------------------------------------------------------------
+
+    def get_entity_tables(self, entity_path: str) -> dict[str, str]:
+        """Role -> Delta table location of a queue, topic or subscription ('<topic>/Subscriptions/<name>')."""
+        snap = self._catalog.snapshot()
+        row = self._find_path(snap, entity_path)
+        return _table_uris(self._catalog.root, row)
+
+    # ---- internals -------------------------------------------------------------------------------------
+
+    def _create_top_level(self, kind: str, name: str, kwargs: dict) -> object:
+        validate_entity_name(name, kind)
+        given = entities.check_options(kind, kwargs)
+
+        def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change:
+            ns = self._namespace(snap)
+            options = _complete_options(ns, kind, given)
+            count = tiers.entity_partition_count(ns.tier, ns.partition_count, options["enable_partitioning"])
+            existing = snap.get(key(name))
+            if existing is not None:
+                raise MessagingEntityAlreadyExistsError(f"{existing.kind} {existing.path!r} already exists")
+            _check_quota(ns, snap, count)
+            self._check_forwarding(snap, name, options)
+            require_available(snap, None, count, f"create {kind} {name!r}")
+            row = Row(key=key(name), kind=kind, path=name, partition_count=count, storage=storage_dir,
+                      properties=entities.options_to_json(options))
+            return Change(upserts=[row], result=row)
+
+        return self._create_with_storage(decide)
+
+    def _create_with_storage(self, decide: Callable[[Snapshot, Optional[str]], Change]) -> object:
+        """Check first (nothing written on bad input), then create the tables, then commit the catalog row.
+
+        Returns the new entity's properties, built from the snapshot the commit was based on.
+        """
+        first = self._catalog.snapshot()
+        decide(first, None)
+        storage_dir = os.path.join(ENTITIES_DIR, uuid.uuid4().hex)
+        location = os.path.join(self._catalog.root, storage_dir)
+
+        def decide_with_storage(snap: Snapshot) -> Change:
+            change = decide(snap, storage_dir)
+            change.result = (snap, change.result)
+            return change
+
+        try:
+            for role, schema in ENTITY_TABLES.items():
+                storage.create_table(os.path.join(location, role), schema)
+            snap, row = self._catalog.transact(decide_with_storage, first)
+            return self._properties(Snapshot(snap.version, {**snap.rows, row.key: row}), row)
+        except BaseException:
+            storage.remove_tree(location)
+            raise
+
+    def _update(self, kind: str, path: str, values: dict) -> None:
+        given = entities.check_options(kind, values)
+
+        def decide(snap: Snapshot) -> Change:
+            row = self._find_path(snap, path, kind)
+            ns = self._namespace(snap)
+            current = entities.options_from_json(row.properties)
+            for name, value in given.items():
+                if entities.OPTIONS[name].immutable and value != current[name]:
+                    raise InvalidOperationError(
+                        f"{name} of {kind} {row.path!r} is fixed at creation ({current[name]}); it cannot change to {value}")
+            options = {**current, **given}
+            if kind in TOP_LEVEL:
+                options = _complete_options(ns, kind, options)
+            _check_tier_features(ns, kind, options)
+            self._check_forwarding(snap, row.path, options)
+            require_available(snap, row.key, row.partition_count, f"update {kind} {row.path!r}")
+            return Change(upserts=[row.updated(entities.options_to_json(options))])
+
+        self._catalog.transact(decide)
+
+    def _delete(self, kind: str, path: str) -> None:
+        def decide(snap: Snapshot) -> Change:
+            row = self._find_path(snap, path, kind)
+            require_available(snap, row.key, row.partition_count, f"delete {kind} {row.path!r}")
+            doomed = [row] + _descendants(snap, row)
+            return Change(deletes=[r.key for r in doomed], result=doomed)
+
+        for gone in self._catalog.transact(decide):
+            if gone.storage:
+                storage.remove_tree(os.path.join(self._catalog.root, gone.storage))
+
+    def _find(self, snap: Snapshot, kind: str, path: str) -> Row:
+        row = snap.get(key(path)) if isinstance(path, str) else None
+        if row is None or row.kind != kind:
+            raise MessagingEntityNotFoundError(f"{kind} {path!r} does not exist in namespace {self._catalog.root}")
+        return row
+
+    def _find_path(self, snap: Snapshot, path: str, kind: Optional[str] = None) -> Row:
+        sub = split_subscription_path(path) if isinstance(path, str) else None
+        found = sub and self._find_subscription(snap, *sub)
+        if kind is None and not found:
+            row = snap.get(key(path)) if isinstance(path, str) else None
+            if row is None or row.kind not in TOP_LEVEL:
+                raise MessagingEntityNotFoundError(f"no queue, topic or subscription {path!r} in {self._catalog.root}")
+            return row
+        return found or self._find(snap, kind, path)
+
+    def _find_subscription(self, snap: Snapshot, topic_name: str, subscription_name: str) -> Row:
+        topic = self._find(snap, "topic", topic_name)
+        row = snap.get(key(subscription_path(topic.path, subscription_name)))
+        if row is None:
+            raise MessagingEntityNotFoundError(f"subscription {subscription_name!r} of topic {topic.path!r} does not exist")
+        return row
+
+    def _find_rule(self, snap: Snapshot, topic_name: str, subscription_name: str, rule_name: str) -> Row:
+        sub = self._find_subscription(snap, topic_name, subscription_name)
+        row = snap.get(key(rule_path(topic_name, subscription_name, rule_name))) if isinstance(rule_name, str) else None
+        if row is None:
+            raise MessagingEntityNotFoundError(f"rule {rule_name!r} of {sub.path!r} does not exist")
+        return row
+
+    def _check_forwarding(self, snap: Snapshot, path: str, options: dict) -> None:
+        for option in ("forward_to", "forward_dead_lettered_messages_to"):
+            target = options.get(option)
+            if target is None:
+                continue
+            if key(target) == key(path):
+                raise InvalidOperationError(f"{option} of {path!r} cannot point at the entity itself")
+            row = snap.get(key(target))
+            if row is None or row.kind not in TOP_LEVEL:
+                raise MessagingEntityNotFoundError(f"{option} target {target!r} is not a queue or topic in this namespace")
+
+    def _check_filter_quota(self, snap: Snapshot, topic_key: str, rule_filter: object) -> None:
+        """Per topic: at most max_sql_filters_per_topic SQL and max_correlation_filters_per_topic correlation filters."""
+        kind = filter_quota_kind(rule_filter)
+        if kind is None:
+            return
+        ns = self._namespace(snap)
+        most = ns.limits.max_sql_filters_per_topic if kind == "SQL" else ns.limits.max_correlation_filters_per_topic
+        subs = {r.key for r in snap.children(topic_key, "subscription")}
+        used = sum(1 for r in snap.of_kind("rule")
+                   if r.parent in subs and filter_quota_kind(filter_from_json(r.properties["filter"])) == kind)
+        if used >= most:
+            raise ServiceBusQuotaExceededError(f"the topic already has {most} {kind} filters, the most allowed")
+
+    def _properties(self, snap: Snapshot, row: Row) -> object:
+        ns = self._namespace(snap)
+        options = entities.options_from_json(row.properties)
+        extra = {}
+        if row.kind in TOP_LEVEL:
+            size = options["max_size_in_megabytes"]
+            extra = {"max_size_in_megabytes_per_partition": tiers.size_per_partition_mb(ns.tier, size, row.partition_count),
+                     "total_max_size_in_megabytes": tiers.total_size_mb(ns.tier, size, row.partition_count)}
+        else:
+            extra = {"topic_name": snap.rows[row.parent].path}
+        down = unavailable_partitions(snap, row.key, row.partition_count)
+        return entities.PROPERTIES_CLASS[row.kind](
+            name=row.path.split("/")[-1] if row.kind == "subscription" else row.path,
+            partition_count=row.partition_count, availability_status=_status(down),
+            created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options, **extra)
+
+    def _runtime(self, snap: Snapshot, row: Row) -> object:
+        uris = _table_uris(self._catalog.root, row)
+        subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
+        counts = entity_counts(uris["messages"], uris["locks"],
+                               header_copies=len(subscriptions) if row.kind == "topic" else 1)
+        extra = {"subscription_count": len(subscriptions)} if row.kind == "topic" else {}
+        if row.kind == "subscription":
+            extra = {"topic_name": snap.rows[row.parent].path}
+        return entities.RUNTIME_CLASS[row.kind](
+            name=row.path.split("/")[-1] if row.kind == "subscription" else row.path,
+            size_in_bytes=counts.size_in_bytes, active_message_count=counts.active,
+            dead_letter_message_count=counts.dead_letter, scheduled_message_count=counts.scheduled,
+            total_message_count=counts.total, created_at_utc=row.created_at_utc,
+            updated_at_utc=row.updated_at_utc, accessed_at_utc=counts.accessed_at_utc or row.created_at_utc,
+            partition_count=row.partition_count,
+            availability_status=_status(unavailable_partitions(snap, row.key, row.partition_count)), **extra)
+
+
+def _name_of(entity: object) -> str:
+    """Entity name from a str or a properties object, as azure-servicebus accepts both."""
+    if isinstance(entity, str):
+        return entity
+    if isinstance(entity, dict) and isinstance(entity.get("name"), str):
+        return entity["name"]
+    name = getattr(entity, "name", None)
+    if isinstance(name, str):
+        return name
+    raise TypeError(f"expected a name (str) or a properties object with a name, got {type(entity).__name__}")
+
+
+def _status(down: list[int]) -> str:
+    return entities.LIMITED if down else entities.AVAILABLE
+
+
+def _descendants(snap: Snapshot, row: Row) -> list[Row]:
+    found = []
+    for child in snap.rows.values():
+        if child.parent == row.key:
+            found += [child] + _descendants(snap, child)
+    return found
+
+
+def _table_uris(root: str, row: Row) -> dict[str, str]:
+    return {role: os.path.join(root, row.storage, role) for role in ENTITY_TABLES}
+
+
+def _rule_json(rule_filter: object, action: object) -> dict:
+    return {"filter": filter_to_json(rule_filter), "action": action_to_json(action)}
+
+
+def _rule_row(sub: Row, rule_name: str, rule_filter: object, action: object) -> Row:
+    topic, sub_name = split_subscription_path(sub.path)
+    path = rule_path(topic, sub_name, rule_name)
+    return Row(key=key(path), kind="rule", path=path, parent=sub.key, partition_count=sub.partition_count,
+               properties=_rule_json(rule_filter, action))
+
+
+def _rule_properties(row: Row) -> RuleProperties:
+    return RuleProperties(name=row.path.split("/")[-1], filter=filter_from_json(row.properties["filter"]),
+                          action=action_from_json(row.properties["action"]), created_at_utc=row.created_at_utc)
+
+
+def _check_quota(ns: NamespaceProperties, snap: Snapshot, partition_count: int) -> None:
+    top = snap.of_kind(*TOP_LEVEL)
+    if len(top) >= ns.limits.max_entities:
+        raise ServiceBusQuotaExceededError(
+            f"the namespace already has {ns.limits.max_entities} queues and topics, the most allowed in the {ns.tier} tier")
+    if partition_count > 1 and ns.tier != "premium":
+        partitioned = sum(1 for r in top if r.partition_count > 1)
+        if partitioned >= ns.limits.max_partitioned_entities:
+            raise ServiceBusQuotaExceededError(
+                f"the namespace already has {ns.limits.max_partitioned_entities} partitioned queues and topics, "
+                f"the most allowed in the {ns.tier} tier")
+
+
+def _complete_options(ns: NamespaceProperties, kind: str, given: dict) -> dict:
+    """Defaults filled in and the tier's rules for partitioning, sizes and features applied."""
+    options = {**entities.defaults(kind), **given}
+    if ns.tier == "premium":
+        partitioned = ns.partition_count > 1
+        if "enable_partitioning" in given and given["enable_partitioning"] != partitioned:
+            if partitioned:
+                raise InvalidOperationError("Non-partitioned entities are not allowed in partitioned namespace")
+            raise InvalidOperationError(
+                "premium partitioning is chosen at namespace creation; this namespace has 1 partition")
+        options["enable_partitioning"] = partitioned
+    sizes = tiers.allowed_sizes_mb(ns.tier)
+    if options["max_size_in_megabytes"] not in sizes:
+        raise ValueError(f"max_size_in_megabytes must be one of {list(sizes)} in the {ns.tier} tier, "
+                         f"got {options['max_size_in_megabytes']!r}")
+    options["max_message_size_in_kilobytes"] = _message_size_kb(ns, options["max_message_size_in_kilobytes"])
+    _check_tier_features(ns, kind, options)
+    return options
+
+
+def _message_size_kb(ns: NamespaceProperties, value: object) -> int:
+    limit = ns.limits.max_message_size_in_kilobytes
+    if value is None:
+        return limit
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_message_size_in_kilobytes must be an int, got {type(value).__name__}")
+    if ns.tier == "premium" and ns.partition_count == 1:
+        low, high = 1024, 102_400
+    else:
+        low = high = limit
+    if not low <= value <= high:
+        raise ValueError(f"max_message_size_in_kilobytes must be between {low} and {high} in this {ns.tier} "
+                         f"namespace, got {value}")
+    return value
+
+
+def _check_tier_features(ns: NamespaceProperties, kind: str, options: dict) -> None:
+    """The basic tier has queues only, without sessions, duplicate detection or forwarding."""
+    if ns.tier != "basic":
+        return
+    if kind != "queue":
+        raise InvalidOperationError(f"{kind}s are not available in the basic tier; use standard or premium")
+    for name in ("requires_session", "requires_duplicate_detection", "forward_to", "forward_dead_lettered_messages_to"):
+        if options.get(name):
+            raise InvalidOperationError(f"{name} is not available in the basic tier; use standard or premium")

@@ -1,0 +1,74 @@
+"""Entity and rule name rules (Service Bus naming, case-insensitive) and entity paths."""
+from __future__ import annotations
+
+import re
+
+MAX_ENTITY_PATH = 260
+MAX_CHILD_NAME = 50
+SUBSCRIPTIONS_SEGMENT = "Subscriptions"
+RULES_SEGMENT = "Rules"
+DEFAULT_RULE_NAME = "$Default"
+_RESERVED_SEGMENTS = {SUBSCRIPTIONS_SEGMENT.lower(), RULES_SEGMENT.lower()}
+_SEGMENT = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_CHILD = _SEGMENT
+
+
+def validate_entity_name(name: object, what: str = "queue") -> str:
+    """A queue or topic path: 1-260 chars of letters, digits, '.', '-', '_' and '/'.
+
+    Each '/'-separated segment starts and ends with a letter or digit (so no '..', no empty segment,
+    nothing that leaves the namespace directory), and no segment may be 'Subscriptions' or 'Rules',
+    which name the children of a topic.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"{what} name must be a str, got {type(name).__name__}")
+    if not 1 <= len(name) <= MAX_ENTITY_PATH:
+        raise ValueError(f"{what} name must be 1 to {MAX_ENTITY_PATH} characters, got {len(name)}")
+    for segment in name.split("/"):
+        if not _SEGMENT.match(segment):
+            raise ValueError(
+                f"invalid {what} name {name!r}: use letters, digits, '.', '-', '_' and '/', each "
+                "'/'-separated segment starting and ending with a letter or digit"
+            )
+        if segment.lower() in _RESERVED_SEGMENTS:
+            raise ValueError(
+                f"invalid {what} name {name!r}: the segment {segment!r} is reserved for subscription and rule paths"
+            )
+    return name
+
+
+def validate_child_name(name: object, what: str = "subscription") -> str:
+    """A subscription or rule name: 1-50 letters, digits, '.', '-', '_', starting and ending alphanumeric."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what} name must be a str, got {type(name).__name__}")
+    if what == "rule" and name.lower() == DEFAULT_RULE_NAME.lower():
+        return name
+    if not 1 <= len(name) <= MAX_CHILD_NAME or not _CHILD.match(name):
+        raise ValueError(
+            f"invalid {what} name {name!r}: 1 to {MAX_CHILD_NAME} letters, digits, '.', '-' or '_', "
+            "starting and ending with a letter or digit"
+            + (f" (or {DEFAULT_RULE_NAME!r})" if what == "rule" else "")
+        )
+    return name
+
+
+def subscription_path(topic_name: str, subscription_name: str) -> str:
+    """Service Bus entity path of a subscription: '<topic>/Subscriptions/<name>'."""
+    return f"{topic_name}/{SUBSCRIPTIONS_SEGMENT}/{subscription_name}"
+
+
+def rule_path(topic_name: str, subscription_name: str, rule_name: str) -> str:
+    return f"{subscription_path(topic_name, subscription_name)}/{RULES_SEGMENT}/{rule_name}"
+
+
+def key(path: str) -> str:
+    """Catalog key of a path: Service Bus names are case-insensitive."""
+    return path.lower()
+
+
+def split_subscription_path(entity_path: str) -> tuple[str, str] | None:
+    """('<topic>', '<subscription>') when entity_path names a subscription, else None."""
+    parts = entity_path.split("/")
+    if len(parts) >= 3 and parts[-2].lower() == SUBSCRIPTIONS_SEGMENT.lower():
+        return "/".join(parts[:-2]), parts[-1]
+    return None

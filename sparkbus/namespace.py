@@ -1,0 +1,90 @@
+"""Namespaces: a directory holding the catalog table and one directory of Delta tables per entity."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Optional
+
+from . import tiers
+from .catalog import NAMESPACE_KEY, Catalog, Row
+from .errors import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
+from .storage import local_path
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class NamespaceProperties:
+    """What create_namespace fixed: tier, partitioning, throttling credits and quotas."""
+
+    path: str
+    tier: str
+    partition_count: int
+    messaging_units: int
+    credits_per_second: Optional[int]
+    limits: tiers.NamespaceLimits
+    created_at_utc: datetime
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/"))
+
+
+def _check_credits(credits_per_second: object, tier: str) -> Optional[int]:
+    if credits_per_second is None:
+        return None
+    if isinstance(credits_per_second, bool) or not isinstance(credits_per_second, int):
+        raise TypeError(f"credits_per_second must be an int or None, got {type(credits_per_second).__name__}")
+    if credits_per_second < 1:
+        raise ValueError(f"credits_per_second must be at least 1 (or None to switch credit throttling off), got {credits_per_second}")
+    return credits_per_second if tier != "premium" else None
+
+
+def create_namespace(path: str, *, tier: str = "standard", partition_count: Optional[int] = None,
+                     messaging_units: int = 1, credits_per_second: Optional[int] = 1000,
+                     **overrides: int) -> NamespaceProperties:
+    """Create a namespace directory at `path` (a local path or file:// URI).
+
+    tier: "basic", "standard" or "premium". premium fixes partition_count (1, 2 or 4) for every entity;
+    basic/standard choose partitioning per entity. credits_per_second is the standard-tier throttling
+    budget (None turns credit throttling off; premium is not credit-throttled). overrides lower quotas
+    (see tiers.NamespaceLimits) for tests. An existing namespace -> MessagingEntityAlreadyExistsError.
+    """
+    root = local_path(path)
+    count = tiers.validate_tier(tier, partition_count, messaging_units)
+    credits = _check_credits(credits_per_second, tier)
+    limits = tiers.apply_overrides(tiers.default_limits(tier, count, messaging_units), overrides)
+    catalog = Catalog(root)
+    if catalog.exists():
+        raise MessagingEntityAlreadyExistsError(f"a namespace already exists at {root}")
+    if os.path.exists(root) and (not os.path.isdir(root) or os.listdir(root)):
+        raise ValueError(f"{root} exists and is not an empty directory; a namespace needs a new or empty directory")
+    os.makedirs(root, exist_ok=True)
+    row = Row(key=NAMESPACE_KEY, kind="namespace", path=root, partition_count=count, properties={
+        "format_version": FORMAT_VERSION, "tier": tier, "messaging_units": messaging_units,
+        "credits_per_second": credits, "limits": tiers.limits_to_dict(limits),
+    })
+    try:
+        catalog.create(row)
+    except FileExistsError:
+        raise MessagingEntityAlreadyExistsError(f"a namespace already exists at {root}") from None
+    return namespace_properties(row, root)
+
+
+def namespace_properties(row: Row, root: str) -> NamespaceProperties:
+    p = row.properties
+    return NamespaceProperties(path=root, tier=p["tier"], partition_count=row.partition_count,
+                               messaging_units=p["messaging_units"], credits_per_second=p["credits_per_second"],
+                               limits=tiers.limits_from_dict(p["limits"]), created_at_utc=row.created_at_utc)
+
+
+def open_catalog(path: str) -> Catalog:
+    """The catalog of an existing namespace; MessagingEntityNotFoundError naming the path otherwise."""
+    if not isinstance(path, str):
+        raise TypeError(f"namespace path must be a str, got {type(path).__name__}")
+    root = local_path(path)
+    catalog = Catalog(root)
+    if not catalog.exists():
+        raise MessagingEntityNotFoundError(f"no sparkbus namespace at {root} (create it with sparkbus.create_namespace)")
+    return catalog

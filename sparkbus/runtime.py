@@ -1,0 +1,49 @@
+"""Runtime properties: message counts and sizes aggregated over all partitions of an entity's tables."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Optional
+
+from . import storage
+from .schemas import DEAD_LETTERED, GONE_STATES
+
+
+@dataclass(frozen=True)
+class Counts:
+    active: int = 0
+    dead_letter: int = 0
+    scheduled: int = 0
+    total: int = 0
+    size_in_bytes: int = 0
+    accessed_at_utc: Optional[datetime] = None
+
+
+def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
+                  now: Optional[datetime] = None) -> Counts:
+    """Counts over every partition: messages not yet completed/cancelled, by state.
+
+    header_copies: a topic stores header bytes once per subscription (DESIGN.md sizes).
+    """
+    now = now or datetime.now(timezone.utc)
+    now_us = int(now.timestamp() * 1_000_000)
+    messages, locks = storage.open_table(messages_uri), storage.open_table(locks_uri)
+    gone = ", ".join(f"'{s}'" for s in GONE_STATES)
+    sql = f"""
+        SELECT
+          COUNT(*) AS total,
+          COALESCE(SUM(CASE WHEN l.state = '{DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS dead_letter,
+          COALESCE(SUM(CASE WHEN l.state IS NULL AND m.scheduled_enqueue_time_utc IS NOT NULL
+                            AND CAST(m.scheduled_enqueue_time_utc AS BIGINT) > {now_us} THEN 1 ELSE 0 END), 0)
+            AS scheduled,
+          COALESCE(SUM(m.body_size + m.header_size * {int(header_copies)}), 0) AS size_in_bytes
+        FROM messages m
+        LEFT JOIN locks l ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
+        WHERE l.state IS NULL OR l.state NOT IN ({gone})
+    """
+    row = storage.query(sql, messages=messages, locks=locks).to_pylist()[0]
+    commits = [t for t in (storage.last_commit_time_ms(messages), storage.last_commit_time_ms(locks)) if t]
+    accessed = datetime.fromtimestamp(max(commits) / 1000, timezone.utc) if commits else None
+    total, dead, scheduled = int(row["total"]), int(row["dead_letter"]), int(row["scheduled"])
+    return Counts(active=total - dead - scheduled, dead_letter=dead, scheduled=scheduled, total=total,
+                  size_in_bytes=int(row["size_in_bytes"]), accessed_at_utc=accessed)

@@ -1,0 +1,55 @@
+"""Arrow schemas of the per-entity Delta tables (the storage shape in DESIGN.md).
+
+Every per-entity table is partitioned by partition_id. `messages` holds each message as sent (append
+mostly, one row per message); `locks` holds the receive state of messages that left the initial
+state (locked, deferred, dead-lettered, completed), updated by MERGEs that name the partition.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+MESSAGES = pa.schema([
+    pa.field("partition_id", pa.int32(), nullable=False),
+    pa.field("sequence_number", pa.int64(), nullable=False),
+    pa.field("message_id", pa.string()),
+    pa.field("session_id", pa.string()),
+    pa.field("partition_key", pa.string()),
+    pa.field("correlation_id", pa.string()),
+    pa.field("content_type", pa.string()),
+    pa.field("subject", pa.string()),
+    pa.field("to", pa.string()),
+    pa.field("reply_to", pa.string()),
+    pa.field("reply_to_session_id", pa.string()),
+    pa.field("application_properties", pa.string()),
+    pa.field("body", pa.binary()),
+    pa.field("time_to_live_ms", pa.int64()),
+    pa.field("enqueued_time_utc", TS, nullable=False),
+    pa.field("scheduled_enqueue_time_utc", TS),
+    pa.field("expires_at_utc", TS),
+    pa.field("body_size", pa.int64(), nullable=False),
+    pa.field("header_size", pa.int64(), nullable=False),
+])
+
+# Message states in the locks table; a message without a row there is in its initial state.
+COMPLETED = "completed"
+CANCELLED = "cancelled"
+DEAD_LETTERED = "dead_lettered"
+DEFERRED = "deferred"
+GONE_STATES = (COMPLETED, CANCELLED)
+
+LOCKS = pa.schema([
+    pa.field("partition_id", pa.int32(), nullable=False),
+    pa.field("sequence_number", pa.int64(), nullable=False),
+    pa.field("state", pa.string(), nullable=False),
+    pa.field("delivery_count", pa.int32(), nullable=False),
+    pa.field("lock_token", pa.string()),
+    pa.field("locked_until_utc", TS),
+    pa.field("dead_letter_reason", pa.string()),
+    pa.field("dead_letter_error_description", pa.string()),
+    pa.field("dead_letter_source", pa.string()),
+    pa.field("updated_at_utc", TS, nullable=False),
+])
+
+ENTITY_TABLES = {"messages": MESSAGES, "locks": LOCKS}

@@ -1,0 +1,49 @@
+"""SparkSession helper: local[*] by default, settings from a spark-defaults style file, Python workers
+started with the running interpreter (PySpark otherwise starts `python3` from PATH, which lacks the venv).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+CONF_ENV = "SPARKBUS_SPARK_CONF"
+DEFAULT_CONF = os.path.join("conf", "spark-defaults.conf")
+
+
+def read_spark_conf(path: str) -> dict[str, str]:
+    """'key value' (or 'key=value') lines; '#' starts a comment."""
+    settings = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, raw in enumerate(handle, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split("=", 1) if "=" in line.split()[0] else line.split(None, 1)
+            if len(parts) != 2:
+                raise ValueError(f"{path}:{number}: expected 'key value', got {raw.strip()!r}")
+            settings[parts[0].strip()] = parts[1].strip()
+    return settings
+
+
+def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_file: Optional[str] = None,
+              settings: Optional[dict[str, str]] = None):
+    """Get or create the SparkSession; conf_file defaults to $SPARKBUS_SPARK_CONF, else conf/spark-defaults.conf."""
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    path = conf_file or os.environ.get(CONF_ENV) or (DEFAULT_CONF if os.path.exists(DEFAULT_CONF) else None)
+    merged = {"spark.sql.session.timeZone": "UTC", "spark.sql.execution.arrow.pyspark.enabled": "true"}
+    if path:
+        merged.update(read_spark_conf(path))
+    merged.update(settings or {})
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    elif "spark.master" not in merged and not SparkConf().contains("spark.master"):  # spark-submit sets it
+        builder = builder.master("local[*]")
+    for k, v in merged.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()

@@ -1,0 +1,81 @@
+"""Typed encoding of property values (application properties, filter parameters) as JSON.
+
+Service Bus properties keep their AMQP type; JSON alone would turn bytes, datetimes and UUIDs into
+strings, so each value is stored with a type tag and comes back as the same Python type.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from .durations import format_duration, parse_duration
+
+PROPERTY_TYPES = (str, int, float, bool, bytes, datetime, uuid.UUID, type(None))
+_NAMES = "str, int, float, bool, bytes, datetime, UUID or None"
+
+
+def check_properties(props: object, name: str, *, allow_timedelta: bool = False) -> dict:
+    """Validate a property mapping: str keys, values of the supported types; returns a plain dict."""
+    if props is None:
+        return {}
+    if not isinstance(props, dict):
+        raise TypeError(f"{name} must be a dict, got {type(props).__name__}")
+    allowed = PROPERTY_TYPES + ((timedelta,) if allow_timedelta else ())
+    for k, v in props.items():
+        if not isinstance(k, str):
+            raise TypeError(f"{name} keys must be str, got {type(k).__name__} for {k!r}")
+        if not isinstance(v, allowed):
+            extra = ", timedelta" if allow_timedelta else ""
+            raise TypeError(f"{name}[{k!r}] has type {type(v).__name__}; allowed: {_NAMES}{extra}")
+    return dict(props)
+
+
+def _encode(v: object) -> list:
+    if v is None:
+        return ["null", None]
+    if isinstance(v, bool):
+        return ["bool", v]
+    if isinstance(v, int):
+        return ["int", v]
+    if isinstance(v, float):
+        return ["float", v]
+    if isinstance(v, str):
+        return ["str", v]
+    if isinstance(v, bytes):
+        return ["bytes", base64.b64encode(v).decode("ascii")]
+    if isinstance(v, datetime):
+        aware = v if v.tzinfo else v.replace(tzinfo=timezone.utc)
+        return ["datetime", aware.isoformat()]
+    if isinstance(v, uuid.UUID):
+        return ["uuid", str(v)]
+    if isinstance(v, timedelta):
+        return ["timedelta", format_duration(v)]
+    raise TypeError(f"unsupported property type {type(v).__name__}")
+
+
+def _decode(tagged: list) -> object:
+    tag, v = tagged
+    if tag == "bytes":
+        return base64.b64decode(v)
+    if tag == "datetime":
+        return datetime.fromisoformat(v)
+    if tag == "uuid":
+        return uuid.UUID(v)
+    if tag == "timedelta":
+        return parse_duration(v, "value")
+    return v
+
+
+def encode_properties(props: dict | None) -> str | None:
+    """JSON text of a property dict, each value tagged with its type; None for an empty dict."""
+    if not props:
+        return None
+    return json.dumps({k: _encode(v) for k, v in props.items()}, separators=(",", ":"), sort_keys=True)
+
+
+def decode_properties(text: str | None) -> dict:
+    if not text:
+        return {}
+    return {k: _decode(v) for k, v in json.loads(text).items()}

@@ -1,0 +1,42 @@
+"""Shared fixtures: namespaces on real disk, one SparkSession per test run, spawned subprocess helpers."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+import pytest
+
+import sparkbus
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture
+def ns_path(tmp_path):
+    return str(tmp_path / "ns")
+
+
+@pytest.fixture
+def admin(ns_path):
+    """A standard-tier namespace with seed quotas."""
+    sparkbus.create_namespace(ns_path)
+    return sparkbus.ServiceBusAdministrationClient(ns_path)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one SparkSession of the test run (UI off, two local cores)."""
+    from sparkbus.spark import get_spark
+
+    session = get_spark("sparkbus-tests", master="local[2]",
+                        settings={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def spawn():
+    """A 'spawn' multiprocessing context: forking after deltalake started its runtime hangs."""
+    return multiprocessing.get_context("spawn")

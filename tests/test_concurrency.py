@@ -1,0 +1,69 @@
+"""Races between spawned processes on one namespace catalog."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sparkbus import ServiceBusAdministrationClient, create_namespace
+
+
+def _create_queue(path, name, barrier, results):
+    import sparkbus
+
+    admin = sparkbus.ServiceBusAdministrationClient(path)
+    barrier.wait()
+    try:
+        admin.create_queue(name, enable_partitioning=True)
+        results.put("created")
+    except sparkbus.MessagingEntityAlreadyExistsError:
+        results.put("exists")
+
+
+def _create_many(path, prefix, count, barrier, results):
+    import sparkbus
+
+    admin = sparkbus.ServiceBusAdministrationClient(path)
+    barrier.wait()
+    outcomes = []
+    for i in range(count):
+        try:
+            admin.create_queue(f"{prefix}{i}", enable_partitioning=True)
+            outcomes.append("created")
+        except sparkbus.ServiceBusQuotaExceededError:
+            outcomes.append("quota")
+    results.put(outcomes)
+
+
+def _run(spawn, target, args_per_process):
+    barrier, results = spawn.Barrier(len(args_per_process)), spawn.Queue()
+    procs = [spawn.Process(target=target, args=(*args, barrier, results)) for args in args_per_process]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return outcomes
+
+
+@pytest.mark.slow
+def test_concurrent_create_exactly_one_wins(spawn, ns_path):
+    create_namespace(ns_path)
+    for round_ in range(3):
+        outcomes = _run(spawn, _create_queue, [(ns_path, f"race{round_}")] * 2)
+        assert sorted(outcomes) == ["created", "exists"]
+    admin = ServiceBusAdministrationClient(ns_path)
+    assert [q.name for q in admin.list_queues()] == ["race0", "race1", "race2"]
+    assert len(admin.get_entity_tables("race0")) == 2
+    assert len(os.listdir(os.path.join(ns_path, "entities"))) == 3  # the losers removed their tables
+
+
+@pytest.mark.slow
+def test_concurrent_creates_respect_the_quota(spawn, ns_path):
+    create_namespace(ns_path, max_partitioned_entities=5)
+    outcomes = _run(spawn, _create_many, [(ns_path, "a", 4), (ns_path, "b", 4)])
+    flat = [o for per_process in outcomes for o in per_process]
+    assert flat.count("created") == 5 and flat.count("quota") == 3
+    assert len(ServiceBusAdministrationClient(ns_path).list_queues()) == 5
+    assert len(os.listdir(os.path.join(ns_path, "entities"))) == 5

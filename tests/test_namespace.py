@@ -1,0 +1,104 @@
+"""Namespaces: creation rules, durable metadata, reopening from a fresh process, connection strings."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+
+import sparkbus
+from sparkbus import (MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError, ServiceBusAdministrationClient,
+                      ServiceBusClient)
+
+
+def test_create_standard_namespace(ns_path):
+    props = sparkbus.create_namespace(ns_path)
+    assert (props.tier, props.partition_count, props.credits_per_second) == ("standard", 1, 1000)
+    assert props.limits.max_entities == 10_000 and props.limits.max_partitioned_entities == 100
+    assert DeltaTable(os.path.join(ns_path, "_catalog")).version() == 0
+
+
+def test_create_premium_namespace_and_overrides(ns_path):
+    props = sparkbus.create_namespace(ns_path, tier="premium", partition_count=4, messaging_units=2,
+                                      max_entities=5)
+    assert (props.tier, props.partition_count, props.messaging_units) == ("premium", 4, 2)
+    assert props.limits.max_entities == 5
+    assert props.credits_per_second is None  # premium is not credit-throttled
+    assert ServiceBusAdministrationClient(ns_path).get_namespace_properties() == props
+
+
+def test_credits_off_and_invalid(ns_path, tmp_path):
+    assert sparkbus.create_namespace(ns_path, credits_per_second=None).credits_per_second is None
+    with pytest.raises(ValueError, match="credits_per_second must be at least 1"):
+        sparkbus.create_namespace(str(tmp_path / "other"), credits_per_second=0)
+    assert not os.path.exists(tmp_path / "other")
+
+
+def test_bad_arguments_write_nothing(tmp_path):
+    target = tmp_path / "bad"
+    with pytest.raises(ValueError, match="tier must be one of"):
+        sparkbus.create_namespace(str(target), tier="gold")
+    with pytest.raises(ValueError, match="only in the premium tier"):
+        sparkbus.create_namespace(str(target), partition_count=2)
+    with pytest.raises(TypeError, match="unknown namespace override"):
+        sparkbus.create_namespace(str(target), max_topics=1)
+    assert not target.exists()
+
+
+def test_existing_namespace_rejected(ns_path):
+    sparkbus.create_namespace(ns_path)
+    with pytest.raises(MessagingEntityAlreadyExistsError, match="already exists"):
+        sparkbus.create_namespace(ns_path, tier="premium")
+    assert ServiceBusAdministrationClient(ns_path).get_namespace_properties().tier == "standard"
+
+
+def test_non_empty_directory_rejected(tmp_path):
+    (tmp_path / "data.txt").write_text("x")
+    with pytest.raises(ValueError, match="not an empty directory"):
+        sparkbus.create_namespace(str(tmp_path))
+
+
+def test_not_a_namespace_names_the_path(tmp_path):
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(MessagingEntityNotFoundError, match="nowhere"):
+        ServiceBusAdministrationClient(missing)
+    with pytest.raises(MessagingEntityNotFoundError, match="nowhere"):
+        ServiceBusClient(missing)
+
+
+def test_reopen_from_fresh_process(admin, ns_path):
+    admin.create_queue("orders", enable_partitioning=True, lock_duration="PT45S")
+    admin.create_topic("events")
+    admin.create_subscription("events", "s1")
+    script = (
+        "import sys, sparkbus\n"
+        "a = sparkbus.ServiceBusAdministrationClient(sys.argv[1])\n"
+        "q = a.get_queue('orders')\n"
+        "print(q.partition_count, q.lock_duration.total_seconds(), [s.name for s in a.list_subscriptions('events')])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, ns_path], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "16 45.0 ['s1']"
+
+
+def test_connection_strings_open_the_namespace(ns_path):
+    sparkbus.create_namespace(ns_path)
+    conn = f"Endpoint=sparkbus://{ns_path};SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=abc="
+    admin = ServiceBusAdministrationClient.from_connection_string(conn)
+    admin.create_queue("q1")
+    with ServiceBusClient.from_connection_string(conn + ";EntityPath=q1", retry_total=5) as client:
+        assert client.retry_total == 5 and client._entity_path == "q1"
+        assert client.fully_qualified_namespace == os.path.abspath(ns_path)
+    uri_admin = ServiceBusAdministrationClient.from_connection_string(f"Endpoint=sparkbus://file://{ns_path}")
+    assert [q.name for q in uri_admin.list_queues()] == ["q1"]
+    with pytest.raises(ValueError, match="expected"):
+        ServiceBusAdministrationClient.from_connection_string("Endpoint=sb://contoso.servicebus.windows.net/")
+
+
+def test_client_argument_checks(ns_path):
+    sparkbus.create_namespace(ns_path)
+    with pytest.raises(ValueError, match="retry_total must be >= 0"):
+        ServiceBusClient(ns_path, retry_total=-1)
+    with pytest.raises(TypeError, match="retry_backoff_factor must be a number"):
+        ServiceBusClient(ns_path, retry_backoff_factor="fast")

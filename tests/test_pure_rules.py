@@ -1,0 +1,118 @@
+"""Pure logic without Spark or storage: tiers, names, durations, typed values, connection strings."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from sparkbus import tiers
+from sparkbus.connection import parse_connection_string
+from sparkbus.durations import MAX_DURATION, format_duration, parse_duration
+from sparkbus.names import split_subscription_path, validate_child_name, validate_entity_name
+from sparkbus.values import check_properties, decode_properties, encode_properties
+
+
+@pytest.mark.parametrize("tier,count,units,expected", [
+    ("basic", None, 1, 1), ("standard", None, 1, 1), ("premium", None, 1, 1), ("premium", 2, 4, 2),
+    ("premium", 4, 16, 4),
+])
+def test_valid_tiers(tier, count, units, expected):
+    assert tiers.validate_tier(tier, count, units) == expected
+
+
+@pytest.mark.parametrize("tier,count,units,error,text", [
+    ("gold", None, 1, ValueError, "tier must be one of"),
+    ("standard", 16, 1, ValueError, "only in the premium tier"),
+    ("premium", 3, 1, ValueError, "partition_count must be one of [1, 2, 4]"),
+    ("premium", 2, 3, ValueError, "messaging_units must be one of"),
+    ("standard", None, 2, ValueError, "premium tier only"),
+    ("premium", "2", 1, TypeError, "partition_count must be an int"),
+])
+def test_invalid_tiers(tier, count, units, error, text):
+    with pytest.raises(error) as info:
+        tiers.validate_tier(tier, count, units)
+    assert text in str(info.value)
+
+
+def test_overrides_only_lower_quotas():
+    limits = tiers.default_limits("standard", 1, 1)
+    assert (limits.max_entities, limits.max_partitioned_entities) == (10_000, 100)
+    assert tiers.apply_overrides(limits, {"max_entities": 3}).max_entities == 3
+    with pytest.raises(ValueError, match="between 1 and the tier's quota 100"):
+        tiers.apply_overrides(limits, {"max_partitioned_entities": 101})
+    with pytest.raises(TypeError, match="unknown namespace override"):
+        tiers.apply_overrides(limits, {"max_queues": 1})
+
+
+def test_premium_limits_and_sizes():
+    limits = tiers.default_limits("premium", 4, 2)
+    assert limits.max_entities == 2000 and limits.max_message_size_in_kilobytes == 1024
+    assert 81920 in tiers.allowed_sizes_mb("premium") and 81920 not in tiers.allowed_sizes_mb("standard")
+    assert tiers.total_size_mb("standard", 5120, 16) == 81920  # the seed's 5 GB x 16 = 80 GB
+    assert tiers.size_per_partition_mb("premium", 4096, 4) == 1024
+
+
+@pytest.mark.parametrize("name", ["orders", "a", "a.b-c_d", "sales/eu/orders", "x" * 260, "A1/b2"])
+def test_entity_names_accepted(name):
+    assert validate_entity_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "x" * 261, "../escape", "a/../b", "/abs", "a//b", "a/", "-x", "x-",
+                                  "a b", "a\\b", "orders/Subscriptions/x", "a/rules", "_catalog", "$x", "é"])
+def test_entity_names_rejected(name):
+    with pytest.raises(ValueError, match="name"):
+        validate_entity_name(name)
+
+
+def test_entity_name_type():
+    with pytest.raises(TypeError):
+        validate_entity_name(5)
+
+
+def test_child_names():
+    assert validate_child_name("sub-1.a_b") == "sub-1.a_b"
+    assert validate_child_name("$Default", "rule") == "$Default"
+    for bad in ("x" * 51, "a/b", "", "$Default", ".x"):
+        with pytest.raises(ValueError, match="subscription name"):
+            validate_child_name(bad)
+    assert split_subscription_path("t/a/Subscriptions/s") == ("t/a", "s")
+    assert split_subscription_path("queue") is None
+
+
+def test_durations_round_trip():
+    assert parse_duration("PT1M", "x") == timedelta(minutes=1)
+    assert parse_duration("P1DT2H3M4.5S", "x") == timedelta(days=1, hours=2, minutes=3, seconds=4.5)
+    assert parse_duration("P10675199DT2H48M5.4775807S", "x") == MAX_DURATION
+    for value in (timedelta(seconds=30), timedelta(days=3, microseconds=7), MAX_DURATION, timedelta(0)):
+        assert parse_duration(format_duration(value), "x") == value
+    with pytest.raises(ValueError, match="ISO 8601"):
+        parse_duration("1 minute", "lock_duration")
+    with pytest.raises(TypeError, match="lock_duration"):
+        parse_duration(60, "lock_duration")
+
+
+def test_typed_values_round_trip():
+    props = {"s": "x", "i": 7, "f": 1.5, "b": True, "raw": b"\x00\xff", "n": None,
+             "t": datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc), "u": uuid.UUID(int=5)}
+    back = decode_properties(encode_properties(check_properties(props, "p")))
+    assert back == props and type(back["b"]) is bool and type(back["i"]) is int
+    with pytest.raises(TypeError, match=r"p\['bad'\] has type list"):
+        check_properties({"bad": [1]}, "p")
+
+
+@pytest.mark.parametrize("conn,namespace,entity", [
+    ("Endpoint=sparkbus:///tmp/ns;SharedAccessKeyName=k;SharedAccessKey=s", "/tmp/ns", None),
+    ("Endpoint=sparkbus://./ns/;EntityPath=orders", "./ns", "orders"),
+    ("endpoint=sparkbus://file:///tmp/ns;entitypath=q;", "file:///tmp/ns", "q"),
+])
+def test_connection_strings(conn, namespace, entity):
+    info = parse_connection_string(conn)
+    assert (info.namespace, info.entity_path) == (namespace, entity)
+
+
+@pytest.mark.parametrize("conn", ["Endpoint=sb://x.servicebus.windows.net/", "SharedAccessKey=x", "garbage",
+                                  "Endpoint=sparkbus://", "Endpoint=sparkbus:///x;Colour=blue"])
+def test_malformed_connection_strings(conn):
+    with pytest.raises(ValueError, match="Endpoint=sparkbus://<namespace path or URI>"):
+        parse_connection_string(conn)

@@ -1,0 +1,62 @@
+"""Runtime properties aggregate over every partition of an entity's Delta tables."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from sparkbus import schemas
+
+
+def _messages(partitions_and_sizes, scheduled_in=None):
+    now = datetime.now(timezone.utc)
+    rows = []
+    for n, (pid, body, header) in enumerate(partitions_and_sizes, 1):
+        row = {f.name: None for f in schemas.MESSAGES}
+        row.update(partition_id=pid, sequence_number=(pid << 48) | n, message_id=f"m{n}", body=b"x" * body,
+                   enqueued_time_utc=now, body_size=body, header_size=header)
+        if scheduled_in and n in scheduled_in:
+            row["scheduled_enqueue_time_utc"] = now + timedelta(hours=1)
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=schemas.MESSAGES)
+
+
+def _lock(pid, seq, state):
+    return {"partition_id": pid, "sequence_number": seq, "state": state, "delivery_count": 1, "lock_token": None,
+            "locked_until_utc": None, "dead_letter_reason": None, "dead_letter_error_description": None,
+            "dead_letter_source": None, "updated_at_utc": datetime.now(timezone.utc)}
+
+
+def test_empty_entity_counts_zero(admin):
+    admin.create_queue("q", enable_partitioning=True)
+    rt = admin.get_queue_runtime_properties("q")
+    assert (rt.active_message_count, rt.total_message_count, rt.size_in_bytes, rt.partition_count) == (0, 0, 0, 16)
+    assert rt.accessed_at_utc is not None
+
+
+def test_counts_and_sizes_over_all_partitions(admin):
+    admin.create_queue("q", enable_partitioning=True)
+    tables = admin.get_entity_tables("q")
+    msgs = _messages([(0, 10, 5), (3, 20, 5), (3, 30, 5), (7, 40, 5), (15, 50, 5)], scheduled_in={5})
+    write_deltalake(tables["messages"], msgs, mode="append")
+    locks = pa.Table.from_pylist([_lock(3, (3 << 48) | 2, schemas.DEAD_LETTERED),
+                                  _lock(7, (7 << 48) | 4, schemas.COMPLETED)], schema=schemas.LOCKS)
+    write_deltalake(tables["locks"], locks, mode="append")
+    rt = admin.get_queue_runtime_properties("q")
+    assert rt.total_message_count == 4  # the completed message left the entity
+    assert (rt.active_message_count, rt.dead_letter_message_count, rt.scheduled_message_count) == (2, 1, 1)
+    assert rt.size_in_bytes == (10 + 5) + (20 + 5) + (30 + 5) + (50 + 5)
+
+
+def test_topic_counts_headers_once_per_subscription(admin):
+    admin.create_topic("t")
+    for name in ("a", "b", "c"):
+        admin.create_subscription("t", name)
+    write_deltalake(admin.get_entity_tables("t")["messages"], _messages([(0, 100, 10), (0, 200, 20)]), mode="append")
+    rt = admin.get_topic_runtime_properties("t")
+    assert rt.subscription_count == 3 and rt.total_message_count == 2
+    assert rt.size_in_bytes == (100 + 10 * 3) + (200 + 20 * 3)
+    sub = admin.get_subscription_runtime_properties("t", "a")
+    assert (sub.topic_name, sub.total_message_count) == ("t", 0)
+    assert [r.name for r in admin.list_subscriptions_runtime_properties("t")] == ["a", "b", "c"]
