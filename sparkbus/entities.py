@@ -137,39 +137,33 @@ class _EntityCommon:
 
 
 @dataclass
-class QueueProperties(_EntityCommon):
-    """Properties of a queue (azure-servicebus QueueProperties) plus partition_count and sizes."""
-
+class _TopLevelCommon(_EntityCommon):
     enable_partitioning: bool = False
     max_size_in_megabytes: int = 1024
     max_size_in_megabytes_per_partition: float = 1024.0
     total_max_size_in_megabytes: int = 1024
     requires_duplicate_detection: bool = False
     duplicate_detection_history_time_window: timedelta = 10 * MINUTE
-    requires_session: bool = False
-    lock_duration: timedelta = MINUTE
-    max_delivery_count: int = 10
     default_message_time_to_live: timedelta = MAX_DURATION
-    dead_lettering_on_message_expiration: bool = False
-    forward_to: Optional[str] = None
-    forward_dead_lettered_messages_to: Optional[str] = None
     max_message_size_in_kilobytes: Optional[int] = None
     status: str = "Active"
 
 
 @dataclass
-class TopicProperties(_EntityCommon):
-    """Properties of a topic (azure-servicebus TopicProperties) plus partition_count and sizes."""
+class QueueProperties(_TopLevelCommon):
+    """Properties of a queue (azure-servicebus QueueProperties) plus partition_count and sizes."""
 
-    enable_partitioning: bool = False
-    max_size_in_megabytes: int = 1024
-    max_size_in_megabytes_per_partition: float = 1024.0
-    total_max_size_in_megabytes: int = 1024
-    requires_duplicate_detection: bool = False
-    duplicate_detection_history_time_window: timedelta = 10 * MINUTE
-    default_message_time_to_live: timedelta = MAX_DURATION
-    max_message_size_in_kilobytes: Optional[int] = None
-    status: str = "Active"
+    requires_session: bool = False
+    lock_duration: timedelta = MINUTE
+    max_delivery_count: int = 10
+    dead_lettering_on_message_expiration: bool = False
+    forward_to: Optional[str] = None
+    forward_dead_lettered_messages_to: Optional[str] = None
+
+
+@dataclass
+class TopicProperties(_TopLevelCommon):
+    """Properties of a topic (azure-servicebus TopicProperties) plus partition_count and sizes."""
 
 
 @dataclass
