@@ -5,12 +5,17 @@ from .availability import set_partition_availability
 from .client import ServiceBusClient
 from .entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                        SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
-from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageSizeExceededError,
-                     MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError, OperationTimeoutError,
+from .enqueue import EnqueueResult
+from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
+                     MessageSizeExceededError, MessagingEntityAlreadyExistsError, MessagingEntityDisabledError,
+                     MessagingEntityNotFoundError, OperationTimeoutError,
                      PartitionUnavailableError, ServiceBusError, ServiceBusQuotaExceededError,
                      ServiceBusServerBusyError, SessionLockLostError)
 from .management import ServiceBusAdministrationClient
+from .message import ServiceBusMessage, ServiceBusMessageBatch
 from .namespace import NamespaceProperties, create_namespace
+from .sender import ServiceBusSender
+from .transactions import ServiceBusTransaction
 from .rules import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
                     TrueRuleFilter)
 
@@ -18,11 +23,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "create_namespace", "NamespaceProperties", "ServiceBusAdministrationClient", "ServiceBusClient",
-    "set_partition_availability",
+    "set_partition_availability", "ServiceBusMessage", "ServiceBusMessageBatch", "ServiceBusSender",
+    "ServiceBusTransaction", "EnqueueResult",
     "QueueProperties", "TopicProperties", "SubscriptionProperties", "QueueRuntimeProperties",
     "TopicRuntimeProperties", "SubscriptionRuntimeProperties",
     "SqlRuleFilter", "CorrelationRuleFilter", "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction", "RuleProperties",
     "ServiceBusError", "MessagingEntityNotFoundError", "MessagingEntityAlreadyExistsError", "InvalidOperationError",
     "MessageSizeExceededError", "ServiceBusQuotaExceededError", "ServiceBusServerBusyError", "MessageLockLostError",
     "SessionLockLostError", "MessageAlreadySettled", "OperationTimeoutError", "PartitionUnavailableError",
+    "MessagingEntityDisabledError", "MessageNotFoundError",
 ]

@@ -18,13 +18,12 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import storage
+from . import maintenance, storage
 from .schemas import TS
 
 T = TypeVar("T")
 CATALOG_DIR = "_catalog"
 NAMESPACE_KEY = "$namespace"
-COMPACT_EVERY = 20
 
 SCHEMA = pa.schema([
     pa.field("key", pa.string(), nullable=False),
@@ -132,7 +131,9 @@ class Catalog:
     def create(self, namespace_row: Row) -> None:
         """Commit version 0 holding the namespace row; raises FileExistsError if a catalog exists."""
         try:
-            write_deltalake(self.uri, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]), mode="error")
+            write_deltalake(self.uri, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]), mode="error",
+                            configuration={"delta.checkpointInterval": "10",
+                                           "delta.logRetentionDuration": "interval 1 day"})
         except DeltaError as exc:  # an existing table, or a racing creator that committed version 0 first
             if self.exists():
                 raise FileExistsError(self.uri) from exc
@@ -179,15 +180,4 @@ class Catalog:
                 .when_matched_delete(predicate="s._op = 'delete'")
                 .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")
                 .execute())
-            self._maintain(table)
-
-    def _maintain(self, table: DeltaTable) -> None:
-        """Keep the catalog cheap to read: compact small files and checkpoint the log now and then."""
-        if table.version() % COMPACT_EVERY:
-            return
-        try:
-            table.optimize.compact()
-            table.create_checkpoint()
-            table.cleanup_metadata()
-        except CommitFailedError:  # maintenance is best effort; a concurrent change simply wins
-            pass
+            maintenance.after_commit(table)

@@ -1,10 +1,13 @@
 """ServiceBusClient: the data-plane entry point (senders and receivers), as in azure-servicebus."""
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 from .connection import parse_connection_string
 from .namespace import open_catalog
+from .sender import ServiceBusSender
+from .transactions import ServiceBusTransaction
 
 
 class ServiceBusClient:
@@ -47,4 +50,31 @@ class ServiceBusClient:
         self.close()
 
     def close(self) -> None:
-        """Nothing to release yet: every operation opens the tables it needs."""
+        """Nothing to release: every operation opens the tables it needs."""
+
+    def _check_entity_path(self, name: object, what: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"{what} name must be a str, got {type(name).__name__}")
+        if self._entity_path is not None and name.lower() != self._entity_path.lower():
+            raise ValueError(f"The {what} name provided does not match the EntityPath in the connection string "
+                             "used to construct the ServiceBusClient.")
+
+    def get_queue_sender(self, queue_name: str, **kwargs: object) -> ServiceBusSender:
+        """A sender for a queue; the queue is looked up at the first send, as the SDK connects lazily."""
+        self._check_entity_path(queue_name, "queue")
+        return ServiceBusSender(self._catalog, queue_name, self.spark)
+
+    def get_topic_sender(self, topic_name: str, **kwargs: object) -> ServiceBusSender:
+        self._check_entity_path(topic_name, "topic")
+        return ServiceBusSender(self._catalog, topic_name, self.spark)
+
+    @contextmanager
+    def transaction(self) -> Iterator[ServiceBusTransaction]:
+        """`with client.transaction() as txn:` sends with transaction=txn commit together when the block exits."""
+        txn = ServiceBusTransaction()
+        try:
+            yield txn
+        except BaseException:
+            txn.discard()
+            raise
+        txn.commit()

@@ -13,6 +13,14 @@ class MessagingEntityNotFoundError(ServiceBusError):
     """The namespace, queue, topic, subscription or rule does not exist."""
 
 
+class MessagingEntityDisabledError(ServiceBusError):
+    """The entity's status forbids the operation (Disabled, SendDisabled or ReceiveDisabled)."""
+
+
+class MessageNotFoundError(ServiceBusError):
+    """No message with the given sequence number is in the entity."""
+
+
 class MessagingEntityAlreadyExistsError(ServiceBusError):
     """An entity (or namespace) with that name already exists."""
 
@@ -57,6 +65,8 @@ __all__ = [
     "ServiceBusError",
     "MessagingEntityNotFoundError",
     "MessagingEntityAlreadyExistsError",
+    "MessagingEntityDisabledError",
+    "MessageNotFoundError",
     "InvalidOperationError",
     "MessageSizeExceededError",
     "ServiceBusQuotaExceededError",

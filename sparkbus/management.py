@@ -21,8 +21,9 @@ from .names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_path, 
 from .namespace import NamespaceProperties, namespace_properties, open_catalog
 from .rules import (RuleProperties, TrueRuleFilter, action_from_json, action_to_json, check_action,
                     check_filter, filter_from_json, filter_quota_kind, filter_to_json)
+from .registry import table_uris
 from .runtime import entity_counts
-from .schemas import ENTITY_TABLES
+from .schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 
 ENTITIES_DIR = "entities"
 TOP_LEVEL = ("queue", "topic")
@@ -245,7 +246,7 @@ class ServiceBusAdministrationClient:
         """Role -> Delta table location of a queue, topic or subscription ('<topic>/Subscriptions/<name>')."""
         snap = self._catalog.snapshot()
         row = self._find_path(snap, entity_path)
-        return _table_uris(self._catalog.root, row)
+        return table_uris(self._catalog.root, row)
 
     # ---- internals -------------------------------------------------------------------------------------
 
@@ -286,7 +287,7 @@ class ServiceBusAdministrationClient:
 
         try:
             for role, schema in ENTITY_TABLES.items():
-                storage.create_table(os.path.join(location, role), schema)
+                storage.create_table(os.path.join(location, role), schema, configuration=TABLE_CONFIGURATION[role])
             snap, row = self._catalog.transact(decide_with_storage, first)
             return self._properties(Snapshot(snap.version, {**snap.rows, row.key: row}), row)
         except BaseException:
@@ -396,7 +397,7 @@ class ServiceBusAdministrationClient:
             created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options, **extra)
 
     def _runtime(self, snap: Snapshot, row: Row) -> object:
-        uris = _table_uris(self._catalog.root, row)
+        uris = table_uris(self._catalog.root, row)
         subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
         counts = entity_counts(uris["messages"], uris["locks"],
                                header_copies=len(subscriptions) if row.kind == "topic" else 1)
@@ -435,10 +436,6 @@ def _descendants(snap: Snapshot, row: Row) -> list[Row]:
         if child.parent == row.key:
             found += [child] + _descendants(snap, child)
     return found
-
-
-def _table_uris(root: str, row: Row) -> dict[str, str]:
-    return {role: os.path.join(root, row.storage, role) for role in ENTITY_TABLES}
 
 
 def _rule_json(rule_filter: object, action: object) -> dict:

@@ -1,9 +1,9 @@
-"""Runtime properties: message counts and sizes aggregated over all partitions of an entity's tables."""
+"""Runtime properties: message counts and sizes aggregated over the partitions of an entity's tables."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Iterable, Optional
 
 from . import storage
 from .schemas import DEAD_LETTERED, GONE_STATES
@@ -19,27 +19,31 @@ class Counts:
     accessed_at_utc: Optional[datetime] = None
 
 
+def _live_messages(header_copies: int, where: str = "TRUE") -> str:
+    """FROM clause over messages still in the entity (not completed or cancelled), with their stored size."""
+    gone = ", ".join(f"'{s}'" for s in GONE_STATES)
+    return f"""
+        FROM (SELECT m.*, l.state, m.body_size + m.header_size * {int(header_copies)} AS stored_size
+              FROM messages m
+              LEFT JOIN locks l ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
+              WHERE (l.state IS NULL OR l.state NOT IN ({gone})) AND {where})
+    """
+
+
 def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
                   now: Optional[datetime] = None) -> Counts:
-    """Counts over every partition: messages not yet completed/cancelled, by state.
-
-    header_copies: a topic stores header bytes once per subscription (DESIGN.md sizes).
-    """
-    now = now or datetime.now(timezone.utc)
-    now_us = int(now.timestamp() * 1_000_000)
+    """Counts over every partition, by state. header_copies: a topic stores headers once per subscription."""
+    now_us = int((now or datetime.now(timezone.utc)).timestamp() * 1_000_000)
     messages, locks = storage.open_table(messages_uri), storage.open_table(locks_uri)
-    gone = ", ".join(f"'{s}'" for s in GONE_STATES)
     sql = f"""
         SELECT
           COUNT(*) AS total,
-          COALESCE(SUM(CASE WHEN l.state = '{DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS dead_letter,
-          COALESCE(SUM(CASE WHEN l.state IS NULL AND m.scheduled_enqueue_time_utc IS NOT NULL
-                            AND CAST(m.scheduled_enqueue_time_utc AS BIGINT) > {now_us} THEN 1 ELSE 0 END), 0)
+          COALESCE(SUM(CASE WHEN state = '{DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS dead_letter,
+          COALESCE(SUM(CASE WHEN state IS NULL AND scheduled_enqueue_time_utc IS NOT NULL
+                            AND CAST(scheduled_enqueue_time_utc AS BIGINT) > {now_us} THEN 1 ELSE 0 END), 0)
             AS scheduled,
-          COALESCE(SUM(m.body_size + m.header_size * {int(header_copies)}), 0) AS size_in_bytes
-        FROM messages m
-        LEFT JOIN locks l ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
-        WHERE l.state IS NULL OR l.state NOT IN ({gone})
+          COALESCE(SUM(stored_size), 0) AS size_in_bytes
+        {_live_messages(header_copies)}
     """
     row = storage.query(sql, messages=messages, locks=locks).to_pylist()[0]
     commits = [t for t in (storage.last_commit_time_ms(messages), storage.last_commit_time_ms(locks)) if t]
@@ -47,3 +51,11 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
     total, dead, scheduled = int(row["total"]), int(row["dead_letter"]), int(row["scheduled"])
     return Counts(active=total - dead - scheduled, dead_letter=dead, scheduled=scheduled, total=total,
                   size_in_bytes=int(row["size_in_bytes"]), accessed_at_utc=accessed)
+
+
+def partition_sizes(messages_uri: str, locks_uri: str, partitions: Iterable[int], header_copies: int) -> dict[int, int]:
+    """Exact stored bytes of the given partitions."""
+    ids = ", ".join(str(int(p)) for p in partitions)
+    sql = f"SELECT partition_id, SUM(stored_size) AS size {_live_messages(header_copies, f'm.partition_id IN ({ids})')} GROUP BY partition_id"
+    table = storage.query(sql, messages=storage.open_table(messages_uri), locks=storage.open_table(locks_uri))
+    return dict(zip(table["partition_id"].to_pylist(), (int(v) for v in table["size"].to_pylist())))

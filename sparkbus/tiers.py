@@ -30,6 +30,9 @@ class NamespaceLimits:
     max_message_size_in_kilobytes: int = 256
     max_header_size_in_kilobytes: int = 64
     max_batch_size_in_kilobytes: int = 256
+    # Caps what one partition of any entity may hold; the default is the largest entity size, so only a
+    # test override (to fill a partition quickly) makes it bind before max_size_in_megabytes does.
+    max_partition_size_in_kilobytes: int = 81920 * 1024
 
 
 def default_limits(tier: str, partition_count: int, messaging_units: int) -> NamespaceLimits:

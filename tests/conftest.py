@@ -40,3 +40,16 @@ def spark():
 def spawn():
     """A 'spawn' multiprocessing context: forking after deltalake started its runtime hangs."""
     return multiprocessing.get_context("spawn")
+
+
+def stored_messages(admin, entity_path: str):
+    """Every row of an entity's messages table, ordered by sequence number (read through delta-rs)."""
+    from sparkbus import storage
+
+    table = storage.open_table(admin.get_entity_tables(entity_path)["messages"])
+    return storage.query("SELECT * FROM messages ORDER BY sequence_number", messages=table)
+
+
+@pytest.fixture
+def client(admin, ns_path):
+    return sparkbus.ServiceBusClient(ns_path)

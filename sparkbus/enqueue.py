@@ -1,0 +1,231 @@
+"""Storage-level send: validate, place, de-duplicate, number and commit rows to an entity's messages table.
+
+One call is one Delta commit: every accepted message of the call becomes visible at once, across
+partitions, or none does. Nothing here knows about the azure-shaped API classes.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from . import duplicates, maintenance, partitioning, sequencing, storage
+from .durations import MAX_DURATION
+from .errors import (InvalidOperationError, MessageSizeExceededError, MessagingEntityDisabledError,
+                     ServiceBusQuotaExceededError)
+from .message import OUTGOING, body_sizes, header_sizes
+from .registry import EntityInfo
+from .runtime import partition_sizes
+from .schemas import MESSAGES
+
+MAX_ATTEMPTS = 200
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+# Service Bus reports DateTime.MaxValue as the expiry of a message that never expires.
+LATEST_TIME_US = (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc) - EPOCH) // timedelta(microseconds=1)
+
+
+@dataclass
+class EnqueueResult:
+    """Outcome of one send: accepted and discarded-duplicate counts, and sequence numbers.
+
+    sequence_numbers follows the input rows; a discarded duplicate has None.
+    partitions maps each touched partition to the (first, last) sequence number assigned there.
+    """
+
+    message_count: int = 0
+    duplicate_count: int = 0
+    sequence_numbers: list = field(default_factory=list)
+    partitions: dict = field(default_factory=dict)
+
+
+def _first_rows(mask: np.ndarray, rows: pa.Table, limit: int = 5) -> str:
+    """'positions [..] (message_id [..])' of the first offending rows."""
+    where = np.flatnonzero(mask)[:limit]
+    ids = rows["message_id"].take(pa.array(where)).to_pylist()
+    return f"positions {where.tolist()} (message_id {ids})"
+
+
+def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Entity status, session and size rules for rows; returns (body sizes, header sizes)."""
+    status = info.options.get("status", "Active")
+    if status in ("Disabled", "SendDisabled"):
+        raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; sending is not allowed")
+    if info.options.get("requires_session") and rows.num_rows and rows["session_id"].null_count:
+        missing = _first_rows(np.asarray(pc.is_null(rows["session_id"])), rows)
+        raise InvalidOperationError(
+            f"{info.kind} {info.path!r} requires sessions: the messages at {missing} have no session_id")
+    body = np.asarray(body_sizes(rows), dtype=np.int64)
+    header = np.asarray(header_sizes(rows), dtype=np.int64)
+    too_big_header = header > info.max_header_bytes
+    if too_big_header.any():
+        i = int(np.flatnonzero(too_big_header)[0])
+        raise MessageSizeExceededError(
+            f"message header of {header[i]} bytes exceeds the {info.max_header_bytes}-byte limit "
+            f"(rows at {_first_rows(too_big_header, rows)})")
+    size = body + header
+    too_big = size > info.max_message_bytes
+    if too_big.any():
+        i = int(np.flatnonzero(too_big)[0])
+        raise MessageSizeExceededError(
+            f"message of {size[i]} bytes exceeds the {info.max_message_bytes}-byte message size limit "
+            f"(rows at {_first_rows(too_big, rows)})")
+    if batch_limit and int(size.sum()) > info.max_batch_bytes:
+        raise MessageSizeExceededError(
+            f"the batch of {len(size)} messages is {int(size.sum())} bytes; the limit is {info.max_batch_bytes}")
+    return body, header
+
+
+def placement_codes(info: EntityInfo, rows: pa.Table) -> list[int]:
+    """partitioning.partition_codes over the rows (the Spark path computes the same on executors)."""
+    return partitioning.partition_codes(rows["session_id"].to_pylist(), rows["partition_key"].to_pylist(),
+                                        rows["message_id"].to_pylist(),
+                                        bool(info.options.get("requires_duplicate_detection")), info.partition_count)
+
+
+class EntityWriter:
+    """Appends to one entity's messages table, keeping its table handle and high-water marks between sends."""
+
+    def __init__(self, info_source: Callable[[], EntityInfo]) -> None:
+        self._info_source = info_source
+        self._round_robin: Optional[partitioning.RoundRobin] = None
+        self._table: Optional[DeltaTable] = None
+        self._table_uri: Optional[str] = None
+        # High-water marks and size bounds, valid only at self._table version _cached_version: the commit's
+        # predicate must describe exactly the snapshot it is checked against, or it would delete rows.
+        self._marks: dict[int, int] = {}
+        self._bounds: dict[int, int] = {}
+        self._cached_version = -1
+
+    def info(self) -> EntityInfo:
+        return self._info_source()
+
+    def append(self, rows: pa.Table, *, codes: Optional[np.ndarray] = None, batch_limit: bool = True,
+               info: Optional[EntityInfo] = None, with_sequence_numbers: bool = True) -> EnqueueResult:
+        """Send rows (OUTGOING schema) as one atomic commit.
+
+        codes: placement codes computed elsewhere (the Spark UDF); batch_limit: apply the tier's batch size
+        limit (not for DataFrames); with_sequence_numbers: report each row's number (not for bulk sends).
+        """
+        info = info or self.info()
+        rows = rows.select(OUTGOING.names).cast(OUTGOING)
+        body, header = check_rows(info, rows, batch_limit=batch_limit)
+        if self._round_robin is None:
+            self._round_robin = partitioning.RoundRobin(info.partition_count)
+        codes = placement_codes(info, rows) if codes is None else codes
+        placed = partitioning.resolve(codes, set(info.unavailable), self._round_robin, info.partition_count)
+        dedup = bool(info.options.get("requires_duplicate_detection"))
+        keep = duplicates.first_occurrences(rows["message_id"].to_pylist()) if dedup else np.ones(rows.num_rows, bool)
+        for attempt in range(MAX_ATTEMPTS):
+            table = self._open(info)
+            try:
+                return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers)
+            except CommitFailedError:
+                table.update_incremental()
+                time.sleep(random.uniform(0, 0.002 * min(attempt + 1, 20)))
+        raise CommitFailedError(f"could not commit to {info.path!r} after {MAX_ATTEMPTS} conflicting attempts")
+
+    def _open(self, info: EntityInfo) -> DeltaTable:
+        uri = info.tables["messages"]
+        if self._table is None or self._table_uri != uri:
+            self._table, self._table_uri = storage.open_table(uri), uri
+        return self._table
+
+    def _commit(self, info: EntityInfo, table: DeltaTable, rows: pa.Table, placed: np.ndarray, keep: np.ndarray,
+                body: np.ndarray, header: np.ndarray, dedup: bool, with_sequence_numbers: bool) -> EnqueueResult:
+        now = datetime.now(timezone.utc)
+        accept = keep.copy()
+        if dedup and accept.any():
+            window = info.options["duplicate_detection_history_time_window"]
+            seen = duplicates.recent_ids(table, np.unique(placed[accept]).tolist(), now, window)
+            accept &= duplicates.not_seen(rows["message_id"], seen)
+        result = EnqueueResult(duplicate_count=int((~accept).sum()),
+                               sequence_numbers=[None] * rows.num_rows if with_sequence_numbers else [])
+        if not accept.any():
+            return result
+        index = np.flatnonzero(accept)
+        partitions = placed[index]
+        touched = np.unique(partitions).tolist()
+        stored = body[index] + header[index] * info.header_copies
+        incoming = {int(p): int(stored[partitions == p].sum()) for p in touched}
+        if self._cached_version != table.version():
+            self._marks = sequencing.high_water_marks(table)
+            self._bounds = _size_upper_bounds(table, info.header_copies)
+            self._cached_version = table.version()
+        self._check_quota(info, incoming)
+        sequence, ranges = sequencing.number(partitions, self._marks)
+        accepted = rows if len(index) == rows.num_rows else rows.take(pa.array(index))
+        data = _stored_rows(info, accepted, partitions, sequence, body[index], header[index], now)
+        base_version = table.version()
+        write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(self._marks, touched))
+        for pid, (_, last) in ranges.items():
+            self._marks[pid] = last & sequencing.LOW_MASK
+            self._bounds[pid] = self._bounds.get(pid, 0) + incoming[pid]
+        # If delta-rs rebased the commit over other writers' commits (to other partitions), the cached marks
+        # of those partitions are stale at the new version: keep them only when nothing came in between.
+        self._cached_version = table.version() if table.version() == base_version + 1 else -1
+        maintenance.after_commit(table)  # may move the table past other writers' commits
+        result.message_count = len(index)
+        result.partitions = ranges
+        if with_sequence_numbers:
+            for i, seq in zip(index.tolist(), sequence.tolist()):
+                result.sequence_numbers[i] = seq
+        return result
+
+    def _check_quota(self, info: EntityInfo, incoming: dict[int, int]) -> None:
+        """Each partition must hold its messages plus the new ones within the entity's per-partition size.
+
+        A cheap upper bound from file statistics decides most sends; only near the limit is the partition's
+        exact size queried.
+        """
+        limit = info.max_partition_bytes
+        doubtful = [p for p, add in incoming.items() if self._bounds.get(p, 0) + add > limit]
+        if not doubtful:
+            return
+        exact = partition_sizes(info.tables["messages"], info.tables["locks"], doubtful, info.header_copies)
+        for p in doubtful:
+            if exact.get(p, 0) + incoming[p] > limit:
+                raise ServiceBusQuotaExceededError(
+                    f"partition {p} of {info.kind} {info.path!r} holds {exact.get(p, 0)} bytes; adding "
+                    f"{incoming[p]} would exceed its {limit}-byte size limit")
+
+
+def _size_upper_bounds(table: DeltaTable, header_copies: int) -> dict[int, int]:
+    """Per partition, an upper bound of stored bytes from file statistics (rows x largest sizes)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    bounds: dict[int, int] = {}
+    if actions.num_rows == 0:
+        return bounds
+    columns = ("partition.partition_id", "num_records", "max.body_size", "max.header_size")
+    for pid, n, body, header in zip(*(actions[c].to_pylist() for c in columns)):
+        bounds[pid] = bounds.get(pid, 0) + n * ((body or 0) + (header or 0) * header_copies)
+    return bounds
+
+
+def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, sequence: np.ndarray, body: np.ndarray,
+                 header: np.ndarray, now: datetime) -> pa.Table:
+    """OUTGOING rows completed with placement, numbering, times and sizes, in the MESSAGES schema."""
+    now_us = (now - EPOCH) // timedelta(microseconds=1)
+    default_ttl = info.options["default_message_time_to_live"]
+    ttl_column = rows["time_to_live_ms"]
+    has_ttl = np.asarray(pc.is_valid(ttl_column))
+    ttl_ms = np.asarray(pc.fill_null(ttl_column, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if default_ttl < MAX_DURATION:  # effective time-to-live: min(message's, entity default)
+        default_ms = default_ttl // timedelta(milliseconds=1)
+        ttl_ms = np.where(has_ttl, np.minimum(ttl_ms, default_ms), default_ms)
+        has_ttl = np.ones(len(ttl_ms), dtype=bool)
+    headroom_ms = (LATEST_TIME_US - now_us) // 1000
+    expires = np.where(has_ttl & (ttl_ms < headroom_ms), now_us + ttl_ms * 1000, LATEST_TIME_US).astype(np.int64)
+    columns = {name: rows[name] for name in OUTGOING.names}
+    columns.update(partition_id=pa.array(partitions, pa.int32()), sequence_number=pa.array(sequence, pa.int64()),
+                   enqueued_time_utc=pa.array(np.full(len(sequence), now_us), pa.int64()).cast(MESSAGES.field("enqueued_time_utc").type),
+                   expires_at_utc=pa.array(expires, pa.int64()).cast(MESSAGES.field("expires_at_utc").type),
+                   body_size=pa.array(body, pa.int64()), header_size=pa.array(header, pa.int64()))
+    return pa.table([columns[f.name] for f in MESSAGES], schema=MESSAGES)

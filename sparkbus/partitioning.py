@@ -1,0 +1,90 @@
+"""Partition assignment (DESIGN.md, exact and stable across releases).
+
+Key precedence: session_id > partition_key > message_id (only when the entity requires duplicate
+detection) > none. A keyed message goes to mmh3(key, seed 0, unsigned) % partition_count; a keyless one
+is placed round-robin over the available partitions. `partition_codes` is the one implementation: the
+Python send path calls it on a list, and the Spark UDF calls it on each Arrow batch.
+"""
+from __future__ import annotations
+
+import random
+from typing import Optional, Sequence
+
+import mmh3
+import numpy as np
+
+from .errors import InvalidOperationError, PartitionUnavailableError
+
+KEYLESS = -1
+KEY_MISMATCH = -2
+
+
+def partition_key(session_id: Optional[str], partition_key: Optional[str], message_id: Optional[str],
+                  requires_duplicate_detection: bool) -> Optional[str]:
+    """The key that pins a message to a partition, or None; a session/partition key mismatch is invalid."""
+    if session_id is not None:
+        if partition_key is not None and partition_key != session_id:
+            raise InvalidOperationError(
+                f"partition_key {partition_key!r} differs from session_id {session_id!r}; when both are set "
+                "they must be identical")
+        return session_id
+    if partition_key is not None:
+        return partition_key
+    if requires_duplicate_detection and message_id is not None:
+        return message_id
+    return None
+
+
+def partition_of(key: str, partition_count: int) -> int:
+    return mmh3.hash(key.encode("utf-8"), seed=0, signed=False) % partition_count
+
+
+def partition_codes(session_ids: Sequence[Optional[str]], partition_keys: Sequence[Optional[str]],
+                    message_ids: Sequence[Optional[str]], requires_duplicate_detection: bool,
+                    partition_count: int) -> list[int]:
+    """Per message: its partition, KEYLESS (-1), or KEY_MISMATCH (-2) for session_id != partition_key."""
+    codes = []
+    for session_id, key, message_id in zip(session_ids, partition_keys, message_ids):
+        if session_id is not None and key is not None and key != session_id:
+            codes.append(KEY_MISMATCH)
+            continue
+        chosen = session_id if session_id is not None else key
+        if chosen is None and requires_duplicate_detection:
+            chosen = message_id
+        codes.append(KEYLESS if chosen is None else partition_of(chosen, partition_count))
+    return codes
+
+
+class RoundRobin:
+    """Spreads keyless messages evenly over the available partitions, starting at a random one."""
+
+    def __init__(self, partition_count: int) -> None:
+        self._next = random.randrange(partition_count)
+
+    def take(self, count: int, available: Sequence[int]) -> np.ndarray:
+        if not available:
+            raise PartitionUnavailableError("no partition of the entity is available")
+        positions = (self._next + np.arange(count, dtype=np.int64)) % len(available)
+        self._next += count
+        return np.asarray(available, dtype=np.int32)[positions]
+
+
+def resolve(codes: Sequence[int], unavailable: set[int], round_robin: RoundRobin, partition_count: int) -> np.ndarray:
+    """Final partitions: keyless ones round-robin over available partitions; pinned ones must be available."""
+    codes = np.asarray(codes, dtype=np.int32)
+    mismatched = np.flatnonzero(codes == KEY_MISMATCH)
+    if mismatched.size:
+        raise InvalidOperationError(
+            f"partition_key differs from session_id in message(s) at position {mismatched[:5].tolist()}; when "
+            "both are set they must be identical")
+    pinned_down = sorted(set(np.unique(codes[codes >= 0]).tolist()) & set(unavailable))
+    if pinned_down:
+        raise PartitionUnavailableError(
+            f"partition(s) {pinned_down} unavailable: messages with a session id, partition key or (with "
+            "duplicate detection) message id are pinned to them; send without a key to use another partition")
+    keyless = np.flatnonzero(codes == KEYLESS)
+    result = codes.copy()
+    if keyless.size:
+        available = [p for p in range(partition_count) if p not in unavailable]
+        result[keyless] = round_robin.take(keyless.size, available)
+    return result

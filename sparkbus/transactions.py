@@ -1,0 +1,68 @@
+"""Transactions (seed "Use transactions with partitioned entities").
+
+Messages sent with transaction=txn are held until the `with client.transaction()` block exits normally,
+then committed to their entity in one Delta commit; if the block raises, nothing is written. A
+transaction spans one entity (Service Bus' send-via across entities is not offered). On a partitioned
+entity every message needs a partition key (session id, partition key, or message id with duplicate
+detection) and all keys must be equal, so messages of different sessions cannot share a transaction.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from . import partitioning
+from .enqueue import check_rows
+from .errors import InvalidOperationError
+from .message import ServiceBusMessage, to_outgoing
+
+if TYPE_CHECKING:
+    from .sender import ServiceBusSender
+
+_NO_KEY = object()
+
+
+class ServiceBusTransaction:
+    """Collects messages for one entity; commit() writes them atomically, discard() drops them."""
+
+    def __init__(self) -> None:
+        self._sender: Optional["ServiceBusSender"] = None
+        self._messages: list[ServiceBusMessage] = []
+        self._key: object = _NO_KEY
+        self._open = True
+
+    def add(self, sender: "ServiceBusSender", messages: list[ServiceBusMessage]) -> None:
+        """Validate and hold messages; a violation raises here and holds nothing."""
+        if not self._open:
+            raise InvalidOperationError("the transaction has ended; start a new `with client.transaction()` block")
+        info = sender.entity_info()
+        if self._sender is not None and info.path.lower() != self._sender.entity_info().path.lower():
+            raise InvalidOperationError(
+                f"a transaction spans one entity: it already sends to {self._sender.entity_info().path!r}, "
+                f"not {info.path!r}")
+        check_rows(info, to_outgoing(messages), batch_limit=True)
+        key = self._key
+        if info.partition_count > 1:
+            dedup = bool(info.options.get("requires_duplicate_detection"))
+            for m in messages:
+                this = partitioning.partition_key(m.session_id, m.partition_key, m.message_id, dedup)
+                if this is None:
+                    raise InvalidOperationError(
+                        "messages sent in a transaction to a partitioned entity need a partition key: set "
+                        "session_id or partition_key (or message_id with duplicate detection)")
+                if key is not _NO_KEY and this != key:
+                    raise InvalidOperationError(
+                        f"all messages of a transaction on a partitioned entity need the same partition key "
+                        f"(or session); got {this!r} after {key!r}")
+                key = this
+        self._sender, self._key = sender, key
+        self._messages.extend(messages)
+
+    def commit(self) -> None:
+        self._open = False
+        if self._sender is not None and self._messages:
+            self._sender.send(self._messages, batch_limit=False)
+        self._messages = []
+
+    def discard(self) -> None:
+        self._open = False
+        self._messages = []

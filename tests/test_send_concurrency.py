@@ -1,0 +1,64 @@
+"""Concurrent senders in spawned processes: gap-free numbering and exact duplicate detection."""
+from __future__ import annotations
+
+import pytest
+from conftest import stored_messages
+
+LOW = (1 << 48) - 1
+
+
+def _send(path, queue, worker, batches, per_batch, key, barrier, results):
+    import sparkbus
+
+    sender = sparkbus.ServiceBusClient(path).get_queue_sender(queue)
+    barrier.wait()
+    for b in range(batches):
+        sender.send_messages([sparkbus.ServiceBusMessage(f"{worker}-{b}-{i}", partition_key=key)
+                              for i in range(per_batch)])
+    results.put(worker)
+
+
+def _send_ids(path, queue, worker, ids, barrier, results):
+    import sparkbus
+
+    sender = sparkbus.ServiceBusClient(path).get_queue_sender(queue)
+    barrier.wait()
+    for mid in ids:
+        sender.send_messages(sparkbus.ServiceBusMessage(f"{worker}:{mid}", message_id=mid))
+    results.put(worker)
+
+
+def _run(spawn, target, argument_lists):
+    barrier, results = spawn.Barrier(len(argument_lists)), spawn.Queue()
+    procs = [spawn.Process(target=target, args=(*args, barrier, results)) for args in argument_lists]
+    for p in procs:
+        p.start()
+    done = sorted(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return done
+
+
+@pytest.mark.slow
+def test_four_processes_into_one_partition_are_gap_free(spawn, admin, ns_path):
+    admin.create_queue("hot", enable_partitioning=True)
+    _run(spawn, _send, [(ns_path, "hot", w, 25, 4, "same-key") for w in range(4)])
+    rows = stored_messages(admin, "hot")
+    numbers = [n & LOW for n in rows["sequence_number"].to_pylist()]
+    assert len(set(rows["partition_id"].to_pylist())) == 1
+    assert sorted(numbers) == list(range(1, 401))
+    bodies = rows["body"].to_pylist()
+    assert len(set(bodies)) == 400
+    for w in range(4):  # each process's messages keep their order
+        mine = [b for b in bodies if b.startswith(f"{w}-".encode())]
+        assert mine == sorted(mine, key=lambda b: tuple(int(x) for x in b.decode().split("-")[1:]))
+
+
+@pytest.mark.slow
+def test_concurrent_duplicates_are_discarded(spawn, admin, ns_path):
+    admin.create_queue("dd", enable_partitioning=True, requires_duplicate_detection=True)
+    ids = [f"id-{i}" for i in range(30)]
+    _run(spawn, _send_ids, [(ns_path, "dd", w, ids) for w in range(4)])
+    rows = stored_messages(admin, "dd")
+    assert sorted(rows["message_id"].to_pylist()) == sorted(ids)
