@@ -7,7 +7,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast bench bench-send clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow'
+
+bench: bench-send
+
+bench-send: install
+	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
 
 clean:
 	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info

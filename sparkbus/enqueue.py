@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from . import duplicates, maintenance, partitioning, sequencing, storage
 from .durations import MAX_DURATION
@@ -83,13 +83,6 @@ def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[
     return body, header
 
 
-def placement_codes(info: EntityInfo, rows: pa.Table) -> list[int]:
-    """partitioning.partition_codes over the rows (the Spark path computes the same on executors)."""
-    return partitioning.partition_codes(rows["session_id"].to_pylist(), rows["partition_key"].to_pylist(),
-                                        rows["message_id"].to_pylist(),
-                                        bool(info.options.get("requires_duplicate_detection")), info.partition_count)
-
-
 class EntityWriter:
     """Appends to one entity's messages table, keeping its table handle and high-water marks between sends."""
 
@@ -119,7 +112,9 @@ class EntityWriter:
         body, header = check_rows(info, rows, batch_limit=batch_limit)
         if self._round_robin is None:
             self._round_robin = partitioning.RoundRobin(info.partition_count)
-        codes = placement_codes(info, rows) if codes is None else codes
+        if codes is None:
+            codes = partitioning.table_codes(rows, bool(info.options.get("requires_duplicate_detection")),
+                                             info.partition_count)
         placed = partitioning.resolve(codes, set(info.unavailable), self._round_robin, info.partition_count)
         dedup = bool(info.options.get("requires_duplicate_detection"))
         keep = duplicates.first_occurrences(rows["message_id"].to_pylist()) if dedup else np.ones(rows.num_rows, bool)
@@ -128,8 +123,12 @@ class EntityWriter:
             try:
                 return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers)
             except CommitFailedError:
-                table.update_incremental()
+                self._table = storage.refresh(table)
                 time.sleep(random.uniform(0, 0.002 * min(attempt + 1, 20)))
+            except DeltaError as error:  # idle longer than the log retention: start from the latest version
+                if not storage.is_expired_version(error):
+                    raise
+                self._table = storage.refresh(table)
         raise CommitFailedError(f"could not commit to {info.path!r} after {MAX_ATTEMPTS} conflicting attempts")
 
     def _open(self, info: EntityInfo) -> DeltaTable:

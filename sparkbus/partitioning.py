@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 import mmh3
 import numpy as np
+import pyarrow as pa
 
 from .errors import InvalidOperationError, PartitionUnavailableError
 
@@ -53,6 +54,16 @@ def partition_codes(session_ids: Sequence[Optional[str]], partition_keys: Sequen
             chosen = message_id
         codes.append(KEYLESS if chosen is None else partition_of(chosen, partition_count))
     return codes
+
+
+def table_codes(rows: pa.Table, requires_duplicate_detection: bool, partition_count: int) -> np.ndarray:
+    """partition_codes over the session_id, partition_key and message_id columns of an Arrow table."""
+    n = rows.num_rows
+    if rows["session_id"].null_count == n and rows["partition_key"].null_count == n and not requires_duplicate_detection:
+        return np.full(n, KEYLESS, dtype=np.int32)  # no row carries a key
+    return np.asarray(partition_codes(rows["session_id"].to_pylist(), rows["partition_key"].to_pylist(),
+                                      rows["message_id"].to_pylist(), requires_duplicate_detection, partition_count),
+                      dtype=np.int32)
 
 
 class RoundRobin:

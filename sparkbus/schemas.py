@@ -59,7 +59,8 @@ ENTITY_TABLES = {"messages": MESSAGES, "locks": LOCKS}
 # one-row commits went from 9 ms to 16 ms over 1,000 commits with the default 30-day retention, and
 # stayed at 9-10 ms when old log files were cleaned up. Time travel over an entity table therefore reaches
 # back LOG_RETENTION (raise it per table with delta-rs' alter.set_table_properties, at that cost).
-LOG_RETENTION = "interval 10 minutes"
+LOG_RETENTION = "interval 3 seconds"
+TOMBSTONE_RETENTION = "interval 1 minute"
 
 
 def table_configuration(stats_columns: str) -> dict[str, str]:
@@ -67,7 +68,7 @@ def table_configuration(stats_columns: str) -> dict[str, str]:
     after one), bounded log retention, and statistics only on the columns sparkbus prunes or bounds with
     (each indexed column costs time on every commit)."""
     return {"delta.checkpointInterval": "10", "delta.dataSkippingStatsColumns": stats_columns,
-            "delta.logRetentionDuration": LOG_RETENTION}
+            "delta.logRetentionDuration": LOG_RETENTION, "delta.deletedFileRetentionDuration": TOMBSTONE_RETENTION}
 
 
 TABLE_CONFIGURATION = {

@@ -85,8 +85,8 @@ class ServiceBusSender:
         if messages:
             self._writer.append(to_outgoing(messages))
 
-    def send(self, messages: list[ServiceBusMessage], *, batch_limit: bool = True) -> EnqueueResult:
-        """Storage-level send used by transactions: one atomic commit, returning the result."""
+    def _send(self, messages: list[ServiceBusMessage], *, batch_limit: bool = True) -> EnqueueResult:
+        """One atomic commit of messages, returning the result (used by transactions)."""
         return self._writer.append(to_outgoing(messages), batch_limit=batch_limit)
 
     def schedule_messages(self, messages: Sendable, schedule_time_utc: datetime, *,

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 T = TypeVar("T")
 PARTITION_COLUMN = "partition_id"
@@ -39,6 +39,22 @@ def table_exists(uri: str) -> bool:
 
 def open_table(uri: str) -> DeltaTable:
     return DeltaTable(uri)
+
+
+def is_expired_version(error: Exception) -> bool:
+    """A table object older than the log retention cannot be brought up to date; reopen the table."""
+    return isinstance(error, DeltaError) and "Invalid table version" in str(error)
+
+
+def refresh(table: DeltaTable) -> DeltaTable:
+    """The table at its latest version: updated in place, or reopened when its version's log expired."""
+    try:
+        table.update_incremental()
+        return table
+    except DeltaError as error:
+        if not is_expired_version(error):
+            raise
+        return DeltaTable(table.table_uri)
 
 
 def try_open_table(uri: str) -> DeltaTable | None:

@@ -60,7 +60,7 @@ class ServiceBusTransaction:
     def commit(self) -> None:
         self._open = False
         if self._sender is not None and self._messages:
-            self._sender.send(self._messages, batch_limit=False)
+            self._sender._send(self._messages, batch_limit=False)
         self._messages = []
 
     def discard(self) -> None:

@@ -5,6 +5,7 @@ import random
 
 import mmh3
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from sparkbus import InvalidOperationError, PartitionUnavailableError
@@ -61,7 +62,7 @@ def test_udf_and_python_agree_on_100k_keys(spark):
 
     keys = _random_keys(100_000)
     assert any(not k.isascii() for k in keys)
-    df = spark.createDataFrame([(i, k) for i, k in enumerate(keys)], "i long, k string")
+    df = spark.createDataFrame(pa.table({"i": pa.array(range(len(keys)), pa.int64()), "k": keys}).to_pandas())
     udf = placement_udf(False, 16)
     got = df.select("i", udf("k", "k", "k").alias("p")).orderBy("i").toArrow()["p"].to_pylist()
     assert got == [partition_of(k, 16) for k in keys]

@@ -1,0 +1,101 @@
+"""Sending Spark DataFrames: one atomic commit, placement by the UDF, numbering, duplicates, limits."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+from conftest import stored_messages
+
+from sparkbus import InvalidOperationError, MessageSizeExceededError, ServiceBusClient
+from sparkbus.partitioning import partition_of
+from sparkbus.values import decode_properties
+
+pytestmark = pytest.mark.spark
+LOW = (1 << 48) - 1
+
+
+@pytest.fixture
+def sender(spark, admin, ns_path):
+    admin.create_queue("q", enable_partitioning=True)
+    return ServiceBusClient(ns_path, spark=spark).get_queue_sender("q")
+
+
+def test_dataframe_rows_become_messages(spark, admin, sender):
+    when = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    df = spark.createDataFrame(
+        [("hello", "s1", "corr", {"n": "1"}, timedelta(minutes=5), None),
+         ("world", None, None, None, None, when)],
+        "body string, subject string, correlation_id string, application_properties map<string,string>, "
+        "time_to_live interval day to second, scheduled_enqueue_time_utc timestamp")
+    result = sender.send_dataframe(df)
+    assert (result.message_count, result.duplicate_count) == (2, 0)
+    rows = stored_messages(admin, "q").to_pylist()
+    by_body = {r["body"]: r for r in rows}
+    hello, world = by_body[b"hello"], by_body[b"world"]
+    assert (hello["subject"], hello["correlation_id"]) == ("s1", "corr")
+    assert decode_properties(hello["application_properties"]) == {"n": "1"}
+    assert hello["time_to_live_ms"] == 300_000 and hello["expires_at_utc"] - hello["enqueued_time_utc"] == timedelta(minutes=5)
+    assert world["scheduled_enqueue_time_utc"] == when and len(world["message_id"]) == 32
+    assert admin.get_queue_runtime_properties("q").scheduled_message_count == 1
+
+
+def test_keyed_rows_are_placed_by_the_udf_and_numbered_gap_free(spark, admin, sender):
+    data = [(f"m{i}", f"key{i % 7}") for i in range(700)] + [(f"n{i}", None) for i in range(160)]
+    df = spark.createDataFrame(data, "body string, partition_key string").repartition(3)
+    result = sender.send_dataframe(df)
+    assert result.message_count == 860
+    stored = stored_messages(admin, "q")
+    got = spark.createDataFrame(stored.select(["body", "partition_key", "partition_id"]).to_pandas())
+    expected_rows = [(f"m{i}".encode(), f"key{i % 7}", partition_of(f"key{i % 7}", 16)) for i in range(700)]
+    keyed = got.where("partition_key IS NOT NULL")
+    expected = spark.createDataFrame(expected_rows, keyed.schema)
+    assert_df_equality(keyed, expected, ignore_row_order=True, ignore_nullable=True)
+    keyless = [p for p, k in zip(stored["partition_id"].to_pylist(), stored["partition_key"].to_pylist()) if k is None]
+    assert sorted(set(keyless)) == list(range(16)) and all(keyless.count(p) == 10 for p in range(16))
+    for pid, (first, last) in result.partitions.items():
+        numbers = sorted(n & LOW for n, p in zip(stored["sequence_number"].to_pylist(), stored["partition_id"].to_pylist())
+                         if p == pid)
+        assert numbers == list(range(1, len(numbers) + 1)) and (first & LOW, last & LOW) == (1, len(numbers))
+
+
+def test_duplicates_within_a_dataframe_and_against_history(spark, admin, ns_path):
+    admin.create_queue("dd", enable_partitioning=True, requires_duplicate_detection=True)
+    sender = ServiceBusClient(ns_path, spark=spark).get_queue_sender("dd")
+    first = sender.send_dataframe(spark.createDataFrame([("a", "1"), ("b", "2"), ("a-again", "1")], "body string, message_id string"))
+    second = sender.send_dataframe(spark.createDataFrame([("c", "3"), ("b-again", "2")], "body string, message_id string"))
+    assert (first.message_count, first.duplicate_count, second.message_count, second.duplicate_count) == (2, 1, 1, 1)
+    rows = stored_messages(admin, "dd")
+    assert sorted(zip(rows["message_id"].to_pylist(), rows["body"].to_pylist())) == [("1", b"a"), ("2", b"b"), ("3", b"c")]
+    assert all(p == partition_of(m, 16) for m, p in zip(rows["message_id"].to_pylist(), rows["partition_id"].to_pylist()))
+
+
+def test_bad_dataframes_write_nothing(spark, admin, sender):
+    big = "x" * 300_000
+    df = spark.createDataFrame([("ok", "id-ok"), (big, "id-big")], "body string, message_id string")
+    with pytest.raises(MessageSizeExceededError, match=r"positions \[1\] \(message_id \['id-big'\]\)"):
+        sender.send_dataframe(df)
+    with pytest.raises(ValueError, match="needs a 'body' column"):
+        sender.send_dataframe(spark.createDataFrame([("x",)], "text string"))
+    with pytest.raises(ValueError, match="unknown message column"):
+        sender.send_dataframe(spark.createDataFrame([("x", 1)], "body string, priority int"))
+    with pytest.raises(TypeError, match="column 'subject' has type int"):
+        sender.send_dataframe(spark.createDataFrame([("x", 1)], "body string, subject int"))
+    mismatch = spark.createDataFrame([("x", "s", "k")], "body string, session_id string, partition_key string")
+    with pytest.raises(InvalidOperationError, match="must be identical"):
+        sender.send_dataframe(mismatch)
+    assert stored_messages(admin, "q").num_rows == 0
+
+
+def test_binary_bodies(spark, admin, sender):
+    df = spark.createDataFrame(pa.table({"body": pa.array([b"\x00\x01", b"\xff"], pa.binary())}).to_pandas())
+    sender.send_dataframe(df)
+    assert sorted(stored_messages(admin, "q")["body"].to_pylist()) == [b"\x00\x01", b"\xff"]
+
+
+def test_row_order_is_kept_across_spark_partitions(spark, admin, sender):
+    df = spark.createDataFrame([(f"{i:04d}", "k") for i in range(500)], "body string, partition_key string").repartition(7)
+    expected = [r.body.encode() for r in df.collect()]
+    sender.send_dataframe(df)
+    assert stored_messages(admin, "q")["body"].to_pylist() == expected  # numbered in the DataFrame's order
