@@ -1,4 +1,5 @@
-"""Demo job (spark-submit): create a namespace from a definition, then look at it with the API and Spark.
+"""Demo job (spark-submit): create a namespace from a definition, send messages, and look at it with
+the API and Spark.
 
     spark-submit jobs/demo.py --namespace .sparkbus/demo --definition conf/namespace.toml
 """
@@ -8,7 +9,7 @@ import argparse
 
 import pyarrow as pa
 
-from sparkbus import ServiceBusAdministrationClient
+from sparkbus import ServiceBusAdministrationClient, ServiceBusClient, ServiceBusMessage
 from sparkbus.cli import format_table, namespace_rows
 from sparkbus.definitions import apply_definition, load_definition
 from sparkbus.spark import get_spark
@@ -36,11 +37,30 @@ def main() -> None:
     print("\nentity tables of orders:", admin.get_entity_tables("orders"))
 
     spark = get_spark("sparkbus-demo")
+    client = ServiceBusClient(args.namespace, spark=spark)
+    with client.get_queue_sender("orders") as sender:
+        sender.send_messages([ServiceBusMessage(f"order {i}", message_id=f"order-{i}",
+                                                application_properties={"amount": i * 10}) for i in range(5)])
+        sender.send_messages(ServiceBusMessage("order 0 again", message_id="order-0"))  # a duplicate: dropped
+        orders = spark.range(10_000).selectExpr("concat('bulk order ', id) AS body",
+                                                "concat('bulk-', id) AS message_id")
+        result = sender.send_dataframe(orders)
+        print(f"\nsent a DataFrame of 10,000 orders in one commit: {result.message_count} accepted, "
+              f"{result.duplicate_count} duplicates, {len(result.partitions)} partitions")
+    with client.get_queue_sender("invoices") as sender, client.transaction() as txn:
+        for i in range(3):
+            sender.send_messages(ServiceBusMessage(f"invoice line {i}", session_id="customer-7"), transaction=txn)
+    with client.get_topic_sender("events") as sender:
+        sender.send_messages([ServiceBusMessage("order placed", subject="order", application_properties={"region": "eu"})])
+    rows = namespace_rows(admin)
+    print("\nafter sending:")
+    print(format_table(rows))
+
     frame = spark.createDataFrame(pa.Table.from_pylist(rows).to_pandas())
     frame.createOrReplaceTempView("entities")
     print("\nSpark SQL over the namespace:")
-    spark.sql("SELECT kind, count(*) AS entities, sum(partitions) AS partitions FROM entities "
-              "GROUP BY kind ORDER BY kind").show()
+    spark.sql("SELECT kind, count(*) AS entities, sum(partitions) AS partitions, sum(active) AS messages "
+              "FROM entities GROUP BY kind ORDER BY kind").show()
     spark.stop()
 
 
