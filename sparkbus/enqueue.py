@@ -53,6 +53,13 @@ def _first_rows(mask: np.ndarray, rows: pa.Table, limit: int = 5) -> str:
     return f"positions {where.tolist()} (message_id {ids})"
 
 
+def _reject_oversized(rows: pa.Table, sizes: np.ndarray, limit: int, text: str) -> None:
+    over = sizes > limit
+    if over.any():
+        first = int(np.flatnonzero(over)[0])
+        raise MessageSizeExceededError(text.format(sizes[first], limit) + f" (rows at {_first_rows(over, rows)})")
+
+
 def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[np.ndarray, np.ndarray]:
     """Entity status, session and size rules for rows; returns (body sizes, header sizes)."""
     status = info.options.get("status", "Active")
@@ -64,19 +71,9 @@ def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[
             f"{info.kind} {info.path!r} requires sessions: the messages at {missing} have no session_id")
     body = np.asarray(body_sizes(rows), dtype=np.int64)
     header = np.asarray(header_sizes(rows), dtype=np.int64)
-    too_big_header = header > info.max_header_bytes
-    if too_big_header.any():
-        i = int(np.flatnonzero(too_big_header)[0])
-        raise MessageSizeExceededError(
-            f"message header of {header[i]} bytes exceeds the {info.max_header_bytes}-byte limit "
-            f"(rows at {_first_rows(too_big_header, rows)})")
     size = body + header
-    too_big = size > info.max_message_bytes
-    if too_big.any():
-        i = int(np.flatnonzero(too_big)[0])
-        raise MessageSizeExceededError(
-            f"message of {size[i]} bytes exceeds the {info.max_message_bytes}-byte message size limit "
-            f"(rows at {_first_rows(too_big, rows)})")
+    _reject_oversized(rows, header, info.max_header_bytes, "message header of {} bytes exceeds the {}-byte limit")
+    _reject_oversized(rows, size, info.max_message_bytes, "message of {} bytes exceeds the {}-byte message size limit")
     if batch_limit and int(size.sum()) > info.max_batch_bytes:
         raise MessageSizeExceededError(
             f"the batch of {len(size)} messages is {int(size.sum())} bytes; the limit is {info.max_batch_bytes}")

@@ -53,3 +53,17 @@ def stored_messages(admin, entity_path: str):
 @pytest.fixture
 def client(admin, ns_path):
     return sparkbus.ServiceBusClient(ns_path)
+
+
+def run_spawned(spawn, target, argument_lists, timeout: float = 300) -> list:
+    """Start target(*args, barrier, results) in one spawned process per argument list, released together
+    by a barrier; returns what each put on the results queue, and checks every process exited 0."""
+    barrier, results = spawn.Barrier(len(argument_lists)), spawn.Queue()
+    procs = [spawn.Process(target=target, args=(*args, barrier, results)) for args in argument_lists]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=timeout) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return outcomes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import run_spawned
 
 from sparkbus import ServiceBusAdministrationClient, create_namespace
 
@@ -35,23 +36,11 @@ def _create_many(path, prefix, count, barrier, results):
     results.put(outcomes)
 
 
-def _run(spawn, target, args_per_process):
-    barrier, results = spawn.Barrier(len(args_per_process)), spawn.Queue()
-    procs = [spawn.Process(target=target, args=(*args, barrier, results)) for args in args_per_process]
-    for p in procs:
-        p.start()
-    outcomes = [results.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return outcomes
-
-
 @pytest.mark.slow
 def test_concurrent_create_exactly_one_wins(spawn, ns_path):
     create_namespace(ns_path)
     for round_ in range(3):
-        outcomes = _run(spawn, _create_queue, [(ns_path, f"race{round_}")] * 2)
+        outcomes = run_spawned(spawn, _create_queue, [(ns_path, f"race{round_}")] * 2)
         assert sorted(outcomes) == ["created", "exists"]
     admin = ServiceBusAdministrationClient(ns_path)
     assert [q.name for q in admin.list_queues()] == ["race0", "race1", "race2"]
@@ -62,7 +51,7 @@ def test_concurrent_create_exactly_one_wins(spawn, ns_path):
 @pytest.mark.slow
 def test_concurrent_creates_respect_the_quota(spawn, ns_path):
     create_namespace(ns_path, max_partitioned_entities=5)
-    outcomes = _run(spawn, _create_many, [(ns_path, "a", 4), (ns_path, "b", 4)])
+    outcomes = run_spawned(spawn, _create_many, [(ns_path, "a", 4), (ns_path, "b", 4)])
     flat = [o for per_process in outcomes for o in per_process]
     assert flat.count("created") == 5 and flat.count("quota") == 3
     assert len(ServiceBusAdministrationClient(ns_path).list_queues()) == 5

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import stored_messages
+from conftest import run_spawned, stored_messages
 
 LOW = (1 << 48) - 1
 
@@ -28,22 +28,10 @@ def _send_ids(path, queue, worker, ids, barrier, results):
     results.put(worker)
 
 
-def _run(spawn, target, argument_lists):
-    barrier, results = spawn.Barrier(len(argument_lists)), spawn.Queue()
-    procs = [spawn.Process(target=target, args=(*args, barrier, results)) for args in argument_lists]
-    for p in procs:
-        p.start()
-    done = sorted(results.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return done
-
-
 @pytest.mark.slow
 def test_four_processes_into_one_partition_are_gap_free(spawn, admin, ns_path):
     admin.create_queue("hot", enable_partitioning=True)
-    _run(spawn, _send, [(ns_path, "hot", w, 25, 4, "same-key") for w in range(4)])
+    run_spawned(spawn, _send, [(ns_path, "hot", w, 25, 4, "same-key") for w in range(4)])
     rows = stored_messages(admin, "hot")
     numbers = [n & LOW for n in rows["sequence_number"].to_pylist()]
     assert len(set(rows["partition_id"].to_pylist())) == 1
@@ -59,6 +47,6 @@ def test_four_processes_into_one_partition_are_gap_free(spawn, admin, ns_path):
 def test_concurrent_duplicates_are_discarded(spawn, admin, ns_path):
     admin.create_queue("dd", enable_partitioning=True, requires_duplicate_detection=True)
     ids = [f"id-{i}" for i in range(30)]
-    _run(spawn, _send_ids, [(ns_path, "dd", w, ids) for w in range(4)])
+    run_spawned(spawn, _send_ids, [(ns_path, "dd", w, ids) for w in range(4)])
     rows = stored_messages(admin, "dd")
     assert sorted(rows["message_id"].to_pylist()) == sorted(ids)
