@@ -14,6 +14,8 @@ from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLo
 from .management import ServiceBusAdministrationClient
 from .message import ServiceBusMessage, ServiceBusMessageBatch
 from .namespace import NamespaceProperties, create_namespace
+from .receiver import (ServiceBusMessageState, ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver,
+                       ServiceBusSubQueue)
 from .sender import ServiceBusSender
 from .transactions import ServiceBusTransaction
 from .rules import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
@@ -24,7 +26,8 @@ __version__ = "0.1.0"
 __all__ = [
     "create_namespace", "NamespaceProperties", "ServiceBusAdministrationClient", "ServiceBusClient",
     "set_partition_availability", "ServiceBusMessage", "ServiceBusMessageBatch", "ServiceBusSender",
-    "ServiceBusTransaction", "EnqueueResult",
+    "ServiceBusTransaction", "EnqueueResult", "ServiceBusReceiver", "ServiceBusReceivedMessage",
+    "ServiceBusReceiveMode", "ServiceBusSubQueue", "ServiceBusMessageState",
     "QueueProperties", "TopicProperties", "SubscriptionProperties", "QueueRuntimeProperties",
     "TopicRuntimeProperties", "SubscriptionRuntimeProperties",
     "SqlRuleFilter", "CorrelationRuleFilter", "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction", "RuleProperties",

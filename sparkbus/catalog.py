@@ -175,7 +175,8 @@ class Catalog:
             table = self._table
             if table is None or table.version() != snap.version:
                 raise _StaleSnapshot("catalog changed since the snapshot was read")
-            (table.merge(source, "t.key = s.key", source_alias="s", target_alias="t")
+            (table.merge(source, "t.key = s.key", source_alias="s", target_alias="t",
+                         post_commithook_properties=storage.NO_HOOKS)
                 .when_matched_update(assignments, predicate="s._op = 'upsert'")
                 .when_matched_delete(predicate="s._op = 'delete'")
                 .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")

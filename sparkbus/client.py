@@ -6,6 +6,8 @@ from typing import Iterator, Optional
 
 from .connection import parse_connection_string
 from .namespace import open_catalog
+from .names import subscription_path
+from .receiver import ServiceBusReceiveMode, ServiceBusReceiver
 from .sender import ServiceBusSender
 from .transactions import ServiceBusTransaction
 
@@ -67,6 +69,23 @@ class ServiceBusClient:
     def get_topic_sender(self, topic_name: str, **kwargs: object) -> ServiceBusSender:
         self._check_entity_path(topic_name, "topic")
         return ServiceBusSender(self._catalog, topic_name, self.spark)
+
+    def get_queue_receiver(self, queue_name: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
+                           sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
+                           **kwargs: object) -> ServiceBusReceiver:
+        """A receiver of a queue (sub_queue=ServiceBusSubQueue.DEAD_LETTER: of its dead-letter sub-queue)."""
+        self._check_entity_path(queue_name, "queue")
+        return ServiceBusReceiver(self._catalog, queue_name, receive_mode=receive_mode, sub_queue=sub_queue,
+                                  prefetch_count=prefetch_count, max_wait_time=max_wait_time)
+
+    def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
+                                  receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK, sub_queue: object = None,
+                                  prefetch_count: int = 0, max_wait_time: Optional[float] = None,
+                                  **kwargs: object) -> ServiceBusReceiver:
+        self._check_entity_path(topic_name, "topic")
+        return ServiceBusReceiver(self._catalog, subscription_path(topic_name, subscription_name),
+                                  receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
+                                  max_wait_time=max_wait_time)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

@@ -122,7 +122,7 @@ class EntityWriter:
             except CommitFailedError:
                 self._table = storage.refresh(table)
                 time.sleep(random.uniform(0, 0.002 * min(attempt + 1, 20)))
-            except DeltaError as error:  # idle longer than the log retention: start from the latest version
+            except (DeltaError, FileNotFoundError) as error:  # log entries this version needs were cleaned up
                 if not storage.is_expired_version(error):
                     raise
                 self._table = storage.refresh(table)
@@ -160,7 +160,8 @@ class EntityWriter:
         accepted = rows if len(index) == rows.num_rows else rows.take(pa.array(index))
         data = _stored_rows(info, accepted, partitions, sequence, body[index], header[index], now)
         base_version = table.version()
-        write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(self._marks, touched))
+        write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(self._marks, touched),
+                        post_commithook_properties=storage.NO_HOOKS)
         for pid, (_, last) in ranges.items():
             self._marks[pid] = last & sequencing.LOW_MASK
             self._bounds[pid] = self._bounds.get(pid, 0) + incoming[pid]

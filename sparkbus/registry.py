@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from typing import Optional
 
 from . import entities, tiers
 from .availability import unavailable_partitions
@@ -78,3 +80,23 @@ def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> Ent
 
 def resolve_current(catalog: Catalog, path: str, kinds: tuple[str, ...]) -> EntityInfo:
     return resolve(catalog.root, catalog.snapshot(), path, kinds)
+
+
+# Entity settings are re-read at most this often by senders and receivers, so a status change or a
+# partition fault reaches clients that already exist within a second; new clients start from the catalog.
+SETTINGS_REFRESH_SECONDS = 1.0
+
+
+class CachedEntity:
+    """An entity's settings for a long-lived sender or receiver, refreshed at most once a second."""
+
+    def __init__(self, catalog: Catalog, path: str, kinds: tuple[str, ...]) -> None:
+        self._catalog, self.path, self._kinds = catalog, path, kinds
+        self._info: Optional[EntityInfo] = None
+        self._read_at = 0.0
+
+    def get(self) -> EntityInfo:
+        if self._info is None or time.monotonic() - self._read_at > SETTINGS_REFRESH_SECONDS:
+            self._info = resolve_current(self._catalog, self.path, self._kinds)
+            self._read_at = time.monotonic()
+        return self._info

@@ -32,7 +32,9 @@ MESSAGES = pa.schema([
     pa.field("header_size", pa.int64(), nullable=False),
 ])
 
-# Message states in the locks table; a message without a row there is in its initial state.
+# Which queue a message is in, per the locks table; a message without a row there is active. A lock is
+# separate: lock_token and locked_until_utc, so an expired lock leaves the message where it was.
+ACTIVE = "active"
 COMPLETED = "completed"
 CANCELLED = "cancelled"
 DEAD_LETTERED = "dead_lettered"
@@ -59,7 +61,7 @@ ENTITY_TABLES = {"messages": MESSAGES, "locks": LOCKS}
 # one-row commits went from 9 ms to 16 ms over 1,000 commits with the default 30-day retention, and
 # stayed at 9-10 ms when old log files were cleaned up. Time travel over an entity table therefore reaches
 # back LOG_RETENTION (raise it per table with delta-rs' alter.set_table_properties, at that cost).
-LOG_RETENTION = "interval 3 seconds"
+LOG_RETENTION = "interval 10 seconds"
 TOMBSTONE_RETENTION = "interval 1 minute"
 
 

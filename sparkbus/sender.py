@@ -1,26 +1,22 @@
 """ServiceBusSender: send, schedule and cancel messages on a queue or topic (azure-servicebus shape)."""
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable, Optional, Union
 
 import pyarrow as pa
 
-from . import sequencing, storage
+from . import maintenance, sequencing, storage
 from .catalog import Catalog
 from .enqueue import EnqueueResult, EntityWriter
 from .errors import MessageNotFoundError
 from .message import ServiceBusMessage, ServiceBusMessageBatch, _utc, to_outgoing
-from .registry import EntityInfo, resolve_current
+from .registry import CachedEntity, EntityInfo
 from .schemas import CANCELLED, LOCKS
 
 if TYPE_CHECKING:
     from .transactions import ServiceBusTransaction
 
-# Entity settings are re-read at most this often by a sender, so a status change or a partition fault
-# reaches senders that already exist within a second; a new sender always starts from the catalog.
-SETTINGS_REFRESH_SECONDS = 1.0
 SENDER_KINDS = ("queue", "topic")
 Sendable = Union[ServiceBusMessage, Iterable[ServiceBusMessage], ServiceBusMessageBatch]
 
@@ -47,16 +43,12 @@ class ServiceBusSender:
         self._catalog = catalog
         self.entity_name = entity_name
         self._spark = spark
-        self._info: Optional[EntityInfo] = None
-        self._info_at = 0.0
-        self._writer = EntityWriter(self.entity_info)
+        self._entity = CachedEntity(catalog, entity_name, SENDER_KINDS)
+        self._writer = EntityWriter(self._entity.get)
 
     def entity_info(self) -> EntityInfo:
-        """The entity's settings, refreshed from the catalog at most every SETTINGS_REFRESH_SECONDS."""
-        if self._info is None or time.monotonic() - self._info_at > SETTINGS_REFRESH_SECONDS:
-            self._info = resolve_current(self._catalog, self.entity_name, SENDER_KINDS)
-            self._info_at = time.monotonic()
-        return self._info
+        """The entity's settings (re-read from the catalog at most once a second)."""
+        return self._entity.get()
 
     @property
     def fully_qualified_namespace(self) -> str:
@@ -160,6 +152,8 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int]) -> None:
             raise MessageNotFoundError(
                 f"message(s) {sorted(taken['sequence_number'].to_pylist())[:10]} were already delivered, settled "
                 "or cancelled")
-        locks.merge(source, predicate, source_alias="s", target_alias="t").when_not_matched_insert_all().execute()
+        (locks.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=storage.NO_HOOKS)
+            .when_not_matched_insert_all().execute())
+        maintenance.after_commit(locks)
 
     storage.retry_on_conflict(merge)

@@ -14,10 +14,14 @@ from typing import Callable, Iterable, TypeVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 T = TypeVar("T")
+# Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
+# the log separately. A hook that failed after a successful commit (another process's log cleanup won
+# a race) looked like a failed commit, and re-running the operation locked or settled twice.
+NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 PARTITION_COLUMN = "partition_id"
 
 
@@ -41,20 +45,26 @@ def open_table(uri: str) -> DeltaTable:
     return DeltaTable(uri)
 
 
-def is_expired_version(error: Exception) -> bool:
-    """A table object older than the log retention cannot be brought up to date; reopen the table."""
+def is_expired_version(error: BaseException) -> bool:
+    """The log entries a table object needs were cleaned up (older than the log retention, or removed by
+    another process's checkpoint while being read): reopen the table from its latest checkpoint."""
+    if isinstance(error, FileNotFoundError):
+        return "_delta_log" in str(error)
     return isinstance(error, DeltaError) and "Invalid table version" in str(error)
 
 
 def refresh(table: DeltaTable) -> DeltaTable:
     """The table at its latest version: updated in place, or reopened when its version's log expired."""
-    try:
-        table.update_incremental()
-        return table
-    except DeltaError as error:
-        if not is_expired_version(error):
-            raise
-        return DeltaTable(table.table_uri)
+    for attempt in range(10):
+        try:
+            if attempt == 0:
+                table.update_incremental()
+                return table
+            return DeltaTable(table.table_uri)
+        except (DeltaError, FileNotFoundError) as error:
+            if not is_expired_version(error):
+                raise
+    raise RuntimeError(f"could not open {table.table_uri}: its log kept changing underneath")
 
 
 def try_open_table(uri: str) -> DeltaTable | None:
@@ -80,11 +90,14 @@ def query(sql: str, **tables: DeltaTable) -> pa.Table:
 
 
 def retry_on_conflict(operation: Callable[[], T], *, attempts: int = 50, base_delay: float = 0.005) -> T:
-    """Run operation, re-running it after a Delta commit conflict with jittered backoff."""
+    """Run operation, re-running it after a Delta commit conflict (or a log read that lost a race with
+    log cleanup) with jittered backoff; the operation must re-read what it decides on."""
     for attempt in range(attempts):
         try:
             return operation()
-        except CommitFailedError:
+        except (CommitFailedError, DeltaError, FileNotFoundError) as error:
+            if not isinstance(error, CommitFailedError) and not is_expired_version(error):
+                raise
             if attempt == attempts - 1:
                 raise
             time.sleep(random.uniform(0, base_delay * (2 ** min(attempt, 6))))

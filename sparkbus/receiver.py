@@ -1,0 +1,355 @@
+"""ServiceBusReceiver: receive, settle, defer, dead-letter and peek (azure-servicebus shape).
+
+A receiving client is not aware of partitioning (seed): receive_messages queries every available
+partition and locks the oldest available messages of each, partition by partition.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from enum import Enum, IntEnum
+from typing import Iterable, Iterator, Optional, Union
+
+from deltalake import DeltaTable
+
+from . import locks, sequencing, storage
+from .catalog import Catalog
+from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
+                     MessagingEntityDisabledError)
+from .locks import Policy
+from .registry import CachedEntity, EntityInfo
+from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES
+from .values import decode_properties
+
+RECEIVER_KINDS = ("queue", "subscription")
+POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
+
+
+class ServiceBusReceiveMode(str, Enum):
+    PEEK_LOCK = "peeklock"
+    RECEIVE_AND_DELETE = "receiveanddelete"
+
+
+class ServiceBusSubQueue(str, Enum):
+    DEAD_LETTER = "deadletter"
+
+
+class ServiceBusMessageState(IntEnum):
+    ACTIVE = 0
+    DEFERRED = 1
+    SCHEDULED = 2
+
+
+class ServiceBusReceivedMessage:
+    """A received (or peeked) message: the sent properties plus broker-assigned ones."""
+
+    def __init__(self, row: dict, state_row: Optional[dict], state: ServiceBusMessageState) -> None:
+        self.body: bytes = row["body"]
+        self.application_properties = decode_properties(row["application_properties"])
+        for name in ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
+                     "reply_to", "reply_to_session_id", "sequence_number", "enqueued_time_utc",
+                     "scheduled_enqueue_time_utc", "expires_at_utc"):
+            setattr(self, name, row[name])
+        ttl = row["time_to_live_ms"]
+        self.time_to_live = None if ttl is None else timedelta(milliseconds=ttl)
+        self.state = state
+        state_row = state_row or {}
+        self.delivery_count: int = state_row.get("delivery_count", row.get("prior_deliveries", 0)) or 0
+        self.lock_token: Optional[str] = state_row.get("lock_token")
+        self.locked_until_utc: Optional[datetime] = state_row.get("locked_until_utc")
+        self.dead_letter_reason = state_row.get("dead_letter_reason", row.get("prior_reason"))
+        self.dead_letter_error_description = state_row.get("dead_letter_error_description", row.get("prior_description"))
+        self.dead_letter_source = state_row.get("dead_letter_source")
+        self._partition_id: int = row["partition_id"]
+        self._settled = False
+
+    def __str__(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return (f"ServiceBusReceivedMessage(sequence_number={self.sequence_number}, message_id={self.message_id!r}, "
+                f"delivery_count={self.delivery_count})")
+
+
+class ServiceBusReceiver:
+    """Receiver of a queue or subscription (or its dead-letter sub-queue)."""
+
+    def __init__(self, catalog: Catalog, entity_path: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
+                 sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None) -> None:
+        self.receive_mode = ServiceBusReceiveMode(receive_mode)
+        self.sub_queue = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
+        if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
+            raise ValueError(f"prefetch_count must be an int >= 0, got {prefetch_count!r}")
+        self.prefetch_count = prefetch_count
+        self.max_wait_time = _check_wait(max_wait_time)
+        self.entity_path = entity_path
+        self._entity = CachedEntity(catalog, entity_path, RECEIVER_KINDS)
+        self._tables: dict[str, DeltaTable] = {}
+        self._next_partition = 0
+        self._peek_cursor: Optional[int] = None
+        self._prefetched: list[ServiceBusReceivedMessage] = []
+        self._check_receivable(self._entity.get())
+
+    def __enter__(self) -> "ServiceBusReceiver":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Locks held by this receiver simply expire, as in Service Bus."""
+
+    def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
+        """Yields messages as they arrive; stops once max_wait_time passes without one."""
+        while True:
+            got = self.receive_messages(max_message_count=1)
+            if not got:
+                return
+            yield got[0]
+
+    # ---- receiving -------------------------------------------------------------------------------------
+
+    def receive_messages(self, max_message_count: Optional[int] = 1,
+                         max_wait_time: Optional[float] = None) -> list[ServiceBusReceivedMessage]:
+        """Up to max_message_count available messages from any partitions, oldest first in each.
+
+        Waits up to max_wait_time (default: the receiver's; None: no waiting) while nothing is available.
+        """
+        count = 1 if max_message_count is None else max_message_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
+        wait = _check_wait(max_wait_time) if max_wait_time is not None else self.max_wait_time
+        deadline = time.monotonic() + (wait or 0)
+        pause = POLL_START
+        while True:
+            got = self._receive(count)
+            if got or time.monotonic() >= deadline:
+                return got
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(pause * 2, POLL_MAX)
+
+    def receive_deferred_messages(self, sequence_numbers: Union[int, Iterable[int]]) -> list[ServiceBusReceivedMessage]:
+        """Lock and return deferred messages by sequence number (they keep their numbers)."""
+        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
+        for n in numbers:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
+        info = self._entity.get()
+        found: list[ServiceBusReceivedMessage] = []
+        for partition in sorted({sequencing.partition_of_sequence(n) for n in numbers}):
+            wanted = [n for n in numbers if sequencing.partition_of_sequence(n) == partition]
+            found += self._lock_partition(info, partition, DEFERRED, len(wanted), wanted)
+        missing = sorted(set(numbers) - {m.sequence_number for m in found})
+        if missing:
+            raise MessageNotFoundError(f"no deferred, unlocked message with sequence number(s) {missing[:10]}")
+        return sorted(found, key=lambda m: numbers.index(m.sequence_number))
+
+    def _receive(self, count: int) -> list[ServiceBusReceivedMessage]:
+        """Serve from the prefetch cache (dropping messages whose lock lapsed), then lock more, caching
+        up to prefetch_count extra messages for later calls."""
+        now = datetime.now(timezone.utc)
+        self._prefetched = [m for m in self._prefetched if m.locked_until_utc is None or m.locked_until_utc > now]
+        got, self._prefetched = self._prefetched[:count], self._prefetched[count:]
+        if len(got) < count:
+            fetched = self._lock_any(count - len(got) + self.prefetch_count)
+            wanted = count - len(got)
+            got, self._prefetched = got + fetched[:wanted], self._prefetched + fetched[wanted:]
+        return got
+
+    def _lock_any(self, count: int) -> list[ServiceBusReceivedMessage]:
+        info = self._entity.get()
+        self._check_receivable(info)
+        queue = DEAD_LETTERED if self.sub_queue else ACTIVE
+        available = [p for p in range(info.partition_count) if p not in info.unavailable]
+        if not available:
+            return []
+        start = self._next_partition % len(available)
+        self._next_partition += 1
+        got: list[ServiceBusReceivedMessage] = []
+        for partition in available[start:] + available[:start]:
+            got += self._lock_partition(info, partition, queue, count - len(got))
+            if len(got) >= count:
+                break
+        return got
+
+    def _lock_partition(self, info: EntityInfo, partition: int, queue: str, count: int,
+                        sequence_numbers: Optional[list[int]] = None) -> list[ServiceBusReceivedMessage]:
+        """Lock (or, receive-and-delete, remove) up to count deliverable messages of one partition."""
+        policy = _policy(info)
+        delete = self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE
+
+        def attempt() -> list[ServiceBusReceivedMessage]:
+            messages, state = self._table(info, "messages"), self._table(info, "locks")
+            now = datetime.now(timezone.utc)
+            found = locks.candidates(messages, state, [partition], queue, now, count + 16, sequence_numbers)
+            writes, delivered = [], []
+            for row in found.to_pylist():
+                if len(delivered) == count:
+                    break
+                written, deliver = locks.take(row, policy, now, queue, delete)
+                writes.append(written)
+                if deliver:
+                    delivered.append(ServiceBusReceivedMessage(row, written, _message_state(queue)))
+            locks.commit(state, partition, writes)
+            return delivered
+
+        return self._retrying(info, attempt)
+
+    # ---- settlement ------------------------------------------------------------------------------------
+
+    def complete_message(self, message: ServiceBusReceivedMessage) -> None:
+        """Remove the message from the entity; durable before this returns."""
+        self._settle(message, lambda row, info, now: {**row, "state": COMPLETED})
+
+    def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
+        """Release the lock; at max_delivery_count the message is dead-lettered (MaxDeliveryCountExceeded)."""
+        def abandoned(row: dict, info: EntityInfo, now: datetime) -> dict:
+            if row["state"] == ACTIVE and row["delivery_count"] >= _policy(info).max_delivery_count:
+                return {**row, "state": DEAD_LETTERED, "dead_letter_reason": locks.MAX_DELIVERY_REASON,
+                        "dead_letter_error_description":
+                            f"Message could not be consumed after {row['delivery_count']} delivery attempts."}
+            return row
+        self._settle(message, abandoned)
+
+    def defer_message(self, message: ServiceBusReceivedMessage) -> None:
+        """Set the message aside; only receive_deferred_messages returns it again."""
+        self._settle(message, lambda row, info, now: {**row, "state": DEFERRED})
+
+    def dead_letter_message(self, message: ServiceBusReceivedMessage, reason: Optional[str] = None,
+                            error_description: Optional[str] = None) -> None:
+        """Move the message to the dead-letter sub-queue with a reason."""
+        for name, value in (("reason", reason), ("error_description", error_description)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        if self.sub_queue is not None:
+            raise InvalidOperationError("a message in the dead-letter sub-queue cannot be dead-lettered again")
+        self._settle(message, lambda row, info, now: {**row, "state": DEAD_LETTERED, "dead_letter_reason": reason,
+                                                      "dead_letter_error_description": error_description})
+
+    def renew_message_lock(self, message: ServiceBusReceivedMessage) -> datetime:
+        """Extend the lock by lock_duration from now; returns the new locked_until_utc."""
+        def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
+            return {**row, "lock_token": message.lock_token, "locked_until_utc": now + _policy(info).lock_duration}
+        written = self._settle(message, renewed, settles=False)
+        message.locked_until_utc = written["locked_until_utc"]
+        return message.locked_until_utc
+
+    def _settle(self, message: ServiceBusReceivedMessage, change, settles: bool = True) -> dict:
+        if not isinstance(message, ServiceBusReceivedMessage):
+            raise TypeError(f"expected a ServiceBusReceivedMessage, got {type(message).__name__}")
+        if self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
+        if message._settled:
+            raise MessageAlreadySettled(f"message {message.sequence_number} was already settled")
+        if message.lock_token is None:
+            raise InvalidOperationError("peeked messages carry no lock and cannot be settled")
+        info = self._entity.get()
+        partition, seq = message._partition_id, message.sequence_number
+
+        def attempt() -> dict:
+            state = self._table(info, "locks")
+            now = datetime.now(timezone.utc)
+            row = locks.lock_rows(state, partition, [seq]).get(seq)
+            if (row is None or row["lock_token"] != message.lock_token or row["state"] in GONE_STATES
+                    or row["locked_until_utc"] is None or row["locked_until_utc"] <= now):
+                raise MessageLockLostError(
+                    f"the lock of message {seq} expired or was taken by another receiver; it will be redelivered")
+            released = {**row, "lock_token": None, "locked_until_utc": None, "updated_at_utc": now}
+            written = change(released, info, now)
+            written["updated_at_utc"] = now
+            locks.commit(state, partition, [written])
+            return written
+
+        written = self._retrying(info, attempt)
+        if settles:
+            message._settled = True
+        return written
+
+    # ---- peek ------------------------------------------------------------------------------------------
+
+    def peek_messages(self, max_message_count: int = 1, *, sequence_number: int = 0) -> list[ServiceBusReceivedMessage]:
+        """Browse without locking: the oldest messages of one partition from the cursor (or sequence_number).
+
+        Repeated calls continue where the last ended, partition by partition, until every message was
+        seen once; a call may return fewer messages than asked (seed, "Browse/Peek messages").
+        """
+        if isinstance(max_message_count, bool) or not isinstance(max_message_count, int) or max_message_count < 1:
+            raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
+        if isinstance(sequence_number, bool) or not isinstance(sequence_number, int) or sequence_number < 0:
+            raise ValueError(f"sequence_number must be an int >= 0, got {sequence_number!r}")
+        info = self._entity.get()
+        cursor = sequence_number if sequence_number or self._peek_cursor is None else self._peek_cursor
+        messages, state = self._table(info, "messages"), self._table(info, "locks")
+        now = datetime.now(timezone.utc)
+        queue = f"l.state = '{DEAD_LETTERED}'" if self.sub_queue else (
+            f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
+        partition = sequencing.partition_of_sequence(cursor)
+        while partition < info.partition_count:
+            low = max(cursor, sequencing.compose(partition, 0))
+            found = storage.query(f"""
+                SELECT m.*, l.state AS lock_state, l.delivery_count, l.dead_letter_reason,
+                       l.dead_letter_error_description, l.dead_letter_source
+                FROM messages m LEFT JOIN locks l
+                  ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
+                WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
+                ORDER BY m.sequence_number LIMIT {max_message_count}""", messages=messages, locks=state).to_pylist()
+            if found:
+                self._peek_cursor = found[-1]["sequence_number"] + 1
+                return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
+            partition += 1
+            cursor = sequencing.compose(partition, 0)
+        self._peek_cursor = sequencing.compose(info.partition_count, 0)
+        return []
+
+    # ---- internals -------------------------------------------------------------------------------------
+
+    def _table(self, info: EntityInfo, role: str) -> DeltaTable:
+        """The entity table at its latest version (kept open between calls)."""
+        uri = info.tables[role]
+        table = self._tables.get(uri)
+        self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
+        return self._tables[uri]
+
+    def _retrying(self, info: EntityInfo, attempt):
+        """Run attempt (which re-reads what it decides on), again after a conflict on its partition."""
+        return storage.retry_on_conflict(attempt, attempts=200, base_delay=0.002)
+
+    def _check_receivable(self, info: EntityInfo) -> None:
+        status = info.options.get("status", "Active")
+        if status in ("Disabled", "ReceiveDisabled"):
+            raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; receiving is not allowed")
+        if info.options.get("requires_session") and self.sub_queue is None:
+            raise InvalidOperationError(
+                f"{info.kind} {info.path!r} requires sessions: receive with a session receiver (session_id=...)")
+
+
+def _check_wait(value: object) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"max_wait_time must be a number of seconds >= 0 or None, got {value!r}")
+    return float(value)
+
+
+def _policy(info: EntityInfo) -> Policy:
+    return Policy(lock_duration=info.options["lock_duration"], max_delivery_count=info.options["max_delivery_count"],
+                  dead_letter_on_expiry=bool(info.options.get("dead_lettering_on_message_expiration")))
+
+
+def _message_state(queue: str) -> ServiceBusMessageState:
+    return ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
+
+
+def _peeked_state(row: dict) -> dict:
+    return {"delivery_count": row["delivery_count"] or 0, "dead_letter_reason": row["dead_letter_reason"],
+            "dead_letter_error_description": row["dead_letter_error_description"],
+            "dead_letter_source": row["dead_letter_source"]}
+
+
+def _peek_state(row: dict, now: datetime) -> ServiceBusMessageState:
+    if row["lock_state"] == DEFERRED:
+        return ServiceBusMessageState.DEFERRED
+    scheduled = row["scheduled_enqueue_time_utc"]
+    if scheduled is not None and scheduled > now:
+        return ServiceBusMessageState.SCHEDULED
+    return ServiceBusMessageState.ACTIVE

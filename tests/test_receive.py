@@ -1,0 +1,216 @@
+"""The receive path: peek-lock and receive-and-delete, settlement, locks, dead-lettering, deferral, peek."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from sparkbus import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
+                      MessagingEntityDisabledError, ServiceBusMessage, ServiceBusMessageState, ServiceBusReceiveMode,
+                      ServiceBusSubQueue)
+
+
+def counts(admin, queue):
+    rt = admin.get_queue_runtime_properties(queue)
+    return rt.active_message_count, rt.dead_letter_message_count, rt.scheduled_message_count, rt.total_message_count
+
+
+def send(client, queue, *messages):
+    client.get_queue_sender(queue).send_messages(list(messages))
+
+
+def test_peek_lock_settlements_keep_counts_exact(admin, client):
+    admin.create_queue("q", enable_partitioning=True)
+    send(client, "q", *(ServiceBusMessage(f"m{i}", application_properties={"i": i}, subject="s") for i in range(8)))
+    receiver = client.get_queue_receiver("q")
+    got = receiver.receive_messages(max_message_count=4)
+    assert len(got) == 4 and len({m.sequence_number for m in got}) == 4
+    first = got[0]
+    assert first.delivery_count == 1 and first.lock_token and first.locked_until_utc > datetime.now(timezone.utc)
+    assert first.subject == "s" and first.application_properties["i"] == int(str(first)[1:])
+    assert first.state == ServiceBusMessageState.ACTIVE and first.enqueued_time_utc <= datetime.now(timezone.utc)
+    assert counts(admin, "q") == (8, 0, 0, 8)  # locked messages are still active
+    receiver.complete_message(got[0])
+    receiver.dead_letter_message(got[1], reason="bad input", error_description="field x missing")
+    receiver.defer_message(got[2])
+    receiver.abandon_message(got[3])
+    assert counts(admin, "q") == (6, 1, 0, 7)
+    with pytest.raises(MessageAlreadySettled):
+        receiver.complete_message(got[0])
+    rest = receiver.receive_messages(max_message_count=20)
+    assert len(rest) == 5  # 8 - completed - dead-lettered - deferred
+    again = [m for m in rest if m.sequence_number == got[3].sequence_number]
+    assert again and again[0].delivery_count == 2  # the abandoned one, redelivered
+    for m in rest:
+        receiver.complete_message(m)
+    assert receiver.receive_messages(max_message_count=5) == []
+    deferred = receiver.receive_deferred_messages([got[2].sequence_number])
+    assert [m.sequence_number for m in deferred] == [got[2].sequence_number]
+    assert deferred[0].state == ServiceBusMessageState.DEFERRED
+    receiver.complete_message(deferred[0])
+    dead = client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER).receive_messages(5)
+    assert [(m.sequence_number, m.dead_letter_reason, m.dead_letter_error_description) for m in dead] == [
+        (got[1].sequence_number, "bad input", "field x missing")]
+    assert counts(admin, "q") == (0, 1, 0, 1)
+
+
+def test_receive_and_delete(admin, client):
+    admin.create_queue("q")
+    send(client, "q", ServiceBusMessage("a"), ServiceBusMessage("b"))
+    receiver = client.get_queue_receiver("q", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    got = receiver.receive_messages(max_message_count=5)
+    assert [str(m) for m in got] == ["a", "b"] and got[0].lock_token is None
+    assert counts(admin, "q") == (0, 0, 0, 0)
+    with pytest.raises(InvalidOperationError, match="RECEIVE_AND_DELETE"):
+        receiver.complete_message(got[0])
+
+
+def test_max_delivery_count_dead_letters(admin, client):
+    admin.create_queue("q", max_delivery_count=2)
+    send(client, "q", ServiceBusMessage("poison"))
+    receiver = client.get_queue_receiver("q")
+    for expected in (1, 2):
+        (m,) = receiver.receive_messages()
+        assert m.delivery_count == expected
+        receiver.abandon_message(m)
+    assert receiver.receive_messages() == []
+    assert counts(admin, "q") == (0, 1, 0, 1)
+    (dead,) = client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER).receive_messages()
+    assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+    assert dead.delivery_count == 3  # two deliveries, then this lock: every lock counts
+
+
+@pytest.mark.slow
+def test_lock_expiry_redelivers_and_loses_the_lock(admin, client):
+    admin.create_queue("q", lock_duration="PT5S")
+    send(client, "q", ServiceBusMessage("slow job"))
+    first = client.get_queue_receiver("q")
+    (m,) = first.receive_messages()
+    assert first.renew_message_lock(m) > m.enqueued_time_utc
+    time.sleep(5.5)
+    second = client.get_queue_receiver("q")
+    (again,) = second.receive_messages()
+    assert again.sequence_number == m.sequence_number and again.delivery_count == 2
+    with pytest.raises(MessageLockLostError):
+        first.complete_message(m)
+    second.complete_message(again)
+    assert counts(admin, "q") == (0, 0, 0, 0)
+
+
+def test_renew_extends_the_lock(admin, client):
+    admin.create_queue("q", lock_duration="PT30S")
+    send(client, "q", ServiceBusMessage("x"))
+    receiver = client.get_queue_receiver("q")
+    (m,) = receiver.receive_messages()
+    before = m.locked_until_utc
+    time.sleep(0.05)
+    after = receiver.renew_message_lock(m)
+    assert after > before and m.locked_until_utc == after
+    receiver.complete_message(m)
+
+
+def test_expired_messages_are_never_delivered(admin, client):
+    admin.create_queue("keep", dead_lettering_on_message_expiration=True)
+    admin.create_queue("drop")
+    for queue in ("keep", "drop"):
+        send(client, queue, ServiceBusMessage("old", time_to_live=timedelta(milliseconds=200)), ServiceBusMessage("fresh"))
+    time.sleep(0.4)
+    for queue in ("keep", "drop"):
+        got = client.get_queue_receiver(queue).receive_messages(max_message_count=5)
+        assert [str(m) for m in got] == ["fresh"]
+    (dead,) = client.get_queue_receiver("keep", sub_queue=ServiceBusSubQueue.DEAD_LETTER).receive_messages()
+    assert dead.dead_letter_reason == "TTLExpiredException"
+    assert counts(admin, "keep") == (1, 1, 0, 2) and counts(admin, "drop") == (1, 0, 0, 1)
+
+
+def test_scheduled_and_cancelled_messages(admin, client):
+    admin.create_queue("q")
+    sender = client.get_queue_sender("q")
+    soon = datetime.now(timezone.utc) + timedelta(seconds=1)
+    (kept,) = sender.schedule_messages(ServiceBusMessage("later"), soon)
+    (cancelled,) = sender.schedule_messages(ServiceBusMessage("never"), soon)
+    sender.cancel_scheduled_messages(cancelled)
+    receiver = client.get_queue_receiver("q")
+    assert receiver.receive_messages() == []
+    assert [m.state for m in receiver.peek_messages(5)] == [ServiceBusMessageState.SCHEDULED]
+    got = receiver.receive_messages(max_message_count=5, max_wait_time=3)
+    assert [m.sequence_number for m in got] == [kept]
+
+
+def test_settling_wrongly(admin, client):
+    admin.create_queue("q")
+    send(client, "q", ServiceBusMessage("x"))
+    receiver = client.get_queue_receiver("q")
+    (peeked,) = receiver.peek_messages()
+    with pytest.raises(InvalidOperationError, match="peeked messages"):
+        receiver.complete_message(peeked)
+    with pytest.raises(TypeError):
+        receiver.complete_message("x")
+    with pytest.raises(MessageNotFoundError):
+        receiver.receive_deferred_messages([12345])
+    dlq = client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    with pytest.raises(InvalidOperationError, match="cannot be dead-lettered again"):
+        dlq.dead_letter_message(peeked)
+
+
+def test_peek_walks_every_partition_once(admin, client):
+    admin.create_queue("q", enable_partitioning=True)
+    send(client, "q", *(ServiceBusMessage(f"m{i}") for i in range(40)))
+    receiver = client.get_queue_receiver("q")
+    (locked,) = receiver.receive_messages()
+    seen = []
+    while True:
+        batch = receiver.peek_messages(max_message_count=3)
+        if not batch:
+            break
+        assert len({m.sequence_number >> 48 for m in batch}) == 1  # one partition per call
+        seen += batch
+    assert sorted(m.sequence_number for m in seen) == sorted(set(m.sequence_number for m in seen))
+    assert len(seen) == 40 and all(m.lock_token is None for m in seen)
+    assert next(m for m in seen if m.sequence_number == locked.sequence_number).delivery_count == 1
+    start = sorted(m.sequence_number for m in seen)[-1]
+    assert [m.sequence_number for m in receiver.peek_messages(5, sequence_number=start)] == [start]
+
+
+def test_prefetch_serves_from_cache_and_drops_expired_locks(admin, client):
+    admin.create_queue("q", lock_duration="PT5S")
+    send(client, "q", *(ServiceBusMessage(f"m{i}") for i in range(5)))
+    receiver = client.get_queue_receiver("q", prefetch_count=3)
+    first = receiver.receive_messages()
+    assert len(first) == 1 and len(receiver._prefetched) == 3
+    other = client.get_queue_receiver("q")
+    assert len(other.receive_messages(max_message_count=5)) == 1  # the prefetched three are locked
+    second = receiver.receive_messages(max_message_count=2)
+    assert [m.sequence_number for m in second] == [first[0].sequence_number + 1, first[0].sequence_number + 2]
+    receiver._prefetched[0].locked_until_utc = datetime.now(timezone.utc) - timedelta(seconds=1)
+    assert receiver.receive_messages(max_wait_time=0) == []  # an expired cached lock is dropped, not returned
+
+
+def test_waiting_and_iteration(admin, client):
+    admin.create_queue("q")
+    receiver = client.get_queue_receiver("q", max_wait_time=0.3)
+    started = time.monotonic()
+    assert receiver.receive_messages() == []
+    assert time.monotonic() - started >= 0.3
+    send(client, "q", ServiceBusMessage("a"), ServiceBusMessage("b"))
+    with receiver:
+        bodies = []
+        for message in receiver:
+            bodies.append(str(message))
+            receiver.complete_message(message)
+    assert bodies == ["a", "b"]
+
+
+def test_receiver_errors(admin, client):
+    admin.create_queue("sessions", requires_session=True)
+    admin.create_queue("off", status="ReceiveDisabled")
+    with pytest.raises(InvalidOperationError, match="requires sessions"):
+        client.get_queue_receiver("sessions")
+    with pytest.raises(MessagingEntityDisabledError, match="ReceiveDisabled"):
+        client.get_queue_receiver("off")
+    with pytest.raises(ValueError):
+        client.get_queue_receiver("off", receive_mode="sometimes")
+    admin.create_topic("t")
+    admin.create_subscription("t", "s")
+    assert client.get_subscription_receiver("t", "s").receive_messages(max_message_count=3) == []
