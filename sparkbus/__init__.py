@@ -1,6 +1,7 @@
 """sparkbus: the Azure Service Bus messaging model on Spark and Delta Lake."""
 from __future__ import annotations
 
+from .autolock import AutoLockRenewer
 from .availability import set_partition_availability
 from .client import ServiceBusClient
 from .entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
@@ -27,7 +28,7 @@ __all__ = [
     "create_namespace", "NamespaceProperties", "ServiceBusAdministrationClient", "ServiceBusClient",
     "set_partition_availability", "ServiceBusMessage", "ServiceBusMessageBatch", "ServiceBusSender",
     "ServiceBusTransaction", "EnqueueResult", "ServiceBusReceiver", "ServiceBusReceivedMessage",
-    "ServiceBusReceiveMode", "ServiceBusSubQueue", "ServiceBusMessageState",
+    "ServiceBusReceiveMode", "ServiceBusSubQueue", "ServiceBusMessageState", "AutoLockRenewer",
     "QueueProperties", "TopicProperties", "SubscriptionProperties", "QueueRuntimeProperties",
     "TopicRuntimeProperties", "SubscriptionRuntimeProperties",
     "SqlRuleFilter", "CorrelationRuleFilter", "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction", "RuleProperties",

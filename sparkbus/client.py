@@ -76,7 +76,7 @@ class ServiceBusClient:
         """A receiver of a queue (sub_queue=ServiceBusSubQueue.DEAD_LETTER: of its dead-letter sub-queue)."""
         self._check_entity_path(queue_name, "queue")
         return ServiceBusReceiver(self._catalog, queue_name, receive_mode=receive_mode, sub_queue=sub_queue,
-                                  prefetch_count=prefetch_count, max_wait_time=max_wait_time)
+                                  prefetch_count=prefetch_count, max_wait_time=max_wait_time, spark=self.spark)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
                                   receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK, sub_queue: object = None,
@@ -85,7 +85,7 @@ class ServiceBusClient:
         self._check_entity_path(topic_name, "topic")
         return ServiceBusReceiver(self._catalog, subscription_path(topic_name, subscription_name),
                                   receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
-                                  max_wait_time=max_wait_time)
+                                  max_wait_time=max_wait_time, spark=self.spark)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

@@ -148,3 +148,33 @@ def send_dataframe(writer: "EntityWriter", df: "DataFrame") -> EnqueueResult:
                              with_sequence_numbers=False, info=info)
     finally:
         storage.remove_tree(staging)
+
+
+RECEIVED_COLUMNS = ("sequence_number", "message_id", "session_id", "partition_key", "correlation_id", "content_type",
+                    "subject", "to", "reply_to", "reply_to_session_id", "body", "application_properties",
+                    "enqueued_time_utc", "scheduled_enqueue_time_utc", "expires_at_utc", "delivery_count",
+                    "lock_token", "locked_until_utc", "dead_letter_reason", "dead_letter_error_description")
+RECEIVED_SPARK_SCHEMA = (
+    "sequence_number long, message_id string, session_id string, partition_key string, correlation_id string, "
+    "content_type string, subject string, `to` string, reply_to string, reply_to_session_id string, body binary, "
+    "application_properties string, enqueued_time_utc timestamp, scheduled_enqueue_time_utc timestamp, "
+    "expires_at_utc timestamp, delivery_count int, lock_token string, locked_until_utc timestamp, "
+    "dead_letter_reason string, dead_letter_error_description string")
+
+
+def messages_to_arrow(messages: list) -> pa.Table:
+    """Received messages as Arrow rows (application properties as their stored typed JSON)."""
+    rows = []
+    for m in messages:
+        row = {name: getattr(m, name) for name in RECEIVED_COLUMNS if name != "application_properties"}
+        row["application_properties"] = encode_properties(m.application_properties)
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=_RECEIVED_ARROW)
+
+
+_TS = pa.timestamp("us", tz="UTC")
+_RECEIVED_ARROW = pa.schema([
+    ("sequence_number", pa.int64()), *[(n, pa.string()) for n in RECEIVED_COLUMNS[1:10]], ("body", pa.binary()),
+    ("application_properties", pa.string()), ("enqueued_time_utc", _TS), ("scheduled_enqueue_time_utc", _TS),
+    ("expires_at_utc", _TS), ("delivery_count", pa.int32()), ("lock_token", pa.string()), ("locked_until_utc", _TS),
+    ("dead_letter_reason", pa.string()), ("dead_letter_error_description", pa.string())])

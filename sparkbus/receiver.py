@@ -5,6 +5,7 @@ partition and locks the oldest available messages of each, partition by partitio
 """
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
@@ -75,7 +76,8 @@ class ServiceBusReceiver:
     """Receiver of a queue or subscription (or its dead-letter sub-queue)."""
 
     def __init__(self, catalog: Catalog, entity_path: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
-                 sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None) -> None:
+                 sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
+                 spark: object = None) -> None:
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self.sub_queue = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
         if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
@@ -88,6 +90,8 @@ class ServiceBusReceiver:
         self._next_partition = 0
         self._peek_cursor: Optional[int] = None
         self._prefetched: list[ServiceBusReceivedMessage] = []
+        self._spark = spark
+        self._state_lock = threading.RLock()  # AutoLockRenewer renews from its own thread
         self._check_receivable(self._entity.get())
 
     def __enter__(self) -> "ServiceBusReceiver":
@@ -195,6 +199,42 @@ class ServiceBusReceiver:
 
         return self._retrying(info, attempt)
 
+    def receive_dataframe(self, max_message_count: int = 1000, max_wait_time: Optional[float] = None):
+        """Locked messages as a Spark DataFrame (one row per message, lock_token included)."""
+        if self._spark is None:
+            raise InvalidOperationError("receive_dataframe needs a SparkSession: ServiceBusClient(path, spark=spark)")
+        from .dataframes import messages_to_arrow
+
+        got = self.receive_messages(max_message_count=max_message_count, max_wait_time=max_wait_time)
+        return self._spark.createDataFrame(messages_to_arrow(got), schema=_received_schema())
+
+    def complete_dataframe(self, df: object) -> int:
+        """Complete the messages of a DataFrame (sequence_number and lock_token columns), one commit per
+        partition; a lost lock raises MessageLockLostError before anything is completed."""
+        rows = df.select("sequence_number", "lock_token").collect()
+        if self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
+        info = self._entity.get()
+        by_partition: dict[int, dict[int, str]] = {}
+        for row in rows:
+            by_partition.setdefault(sequencing.partition_of_sequence(row.sequence_number), {})[row.sequence_number] = row.lock_token
+        now = datetime.now(timezone.utc)
+        state = self._table(info, "locks")
+        lost = [seq for partition, tokens in by_partition.items()
+                for seq, row in _current(state, partition, tokens).items() if not _holds(row, tokens[seq], now)]
+        if lost:
+            raise MessageLockLostError(f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
+        for partition, tokens in by_partition.items():
+            def attempt(partition=partition, tokens=tokens) -> None:
+                table, moment = self._table(info, "locks"), datetime.now(timezone.utc)
+                current = _current(table, partition, tokens)
+                if not all(_holds(row, tokens[seq], moment) for seq, row in current.items()):
+                    raise MessageLockLostError(f"a lock in partition {partition} was lost while completing")
+                locks.commit(table, partition, [{**row, "state": COMPLETED, "lock_token": None, "locked_until_utc": None,
+                                                 "updated_at_utc": moment} for row in current.values()])
+            self._retrying(info, attempt)
+        return len(rows)
+
     # ---- settlement ------------------------------------------------------------------------------------
 
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
@@ -250,8 +290,7 @@ class ServiceBusReceiver:
             state = self._table(info, "locks")
             now = datetime.now(timezone.utc)
             row = locks.lock_rows(state, partition, [seq]).get(seq)
-            if (row is None or row["lock_token"] != message.lock_token or row["state"] in GONE_STATES
-                    or row["locked_until_utc"] is None or row["locked_until_utc"] <= now):
+            if not _holds(row, message.lock_token, now):
                 raise MessageLockLostError(
                     f"the lock of message {seq} expired or was taken by another receiver; it will be redelivered")
             released = {**row, "lock_token": None, "locked_until_utc": None, "updated_at_utc": now}
@@ -312,7 +351,8 @@ class ServiceBusReceiver:
 
     def _retrying(self, info: EntityInfo, attempt):
         """Run attempt (which re-reads what it decides on), again after a conflict on its partition."""
-        return storage.retry_on_conflict(attempt, attempts=200, base_delay=0.002)
+        with self._state_lock:
+            return storage.retry_on_conflict(attempt, attempts=200, base_delay=0.002)
 
     def _check_receivable(self, info: EntityInfo) -> None:
         status = info.options.get("status", "Active")
@@ -321,6 +361,23 @@ class ServiceBusReceiver:
         if info.options.get("requires_session") and self.sub_queue is None:
             raise InvalidOperationError(
                 f"{info.kind} {info.path!r} requires sessions: receive with a session receiver (session_id=...)")
+
+
+def _holds(row: Optional[dict], lock_token: str, now: datetime) -> bool:
+    """Whether a state row still carries this unexpired lock."""
+    return (row is not None and row["lock_token"] == lock_token and row["state"] not in GONE_STATES
+            and row["locked_until_utc"] is not None and row["locked_until_utc"] > now)
+
+
+def _current(table: DeltaTable, partition: int, tokens: dict[int, str]) -> dict[int, Optional[dict]]:
+    found = locks.lock_rows(table, partition, list(tokens))
+    return {seq: found.get(seq) for seq in tokens}
+
+
+def _received_schema():
+    from .dataframes import RECEIVED_SPARK_SCHEMA
+
+    return RECEIVED_SPARK_SCHEMA
 
 
 def _check_wait(value: object) -> Optional[float]:

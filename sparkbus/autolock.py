@@ -1,0 +1,98 @@
+"""AutoLockRenewer (azure-servicebus shape): keeps message locks alive while long handlers run."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+from .errors import ServiceBusError
+
+RENEW_BEFORE_SECONDS = 10.0  # renew this long before a lock lapses (or half way through shorter locks)
+TICK_SECONDS = 0.2
+
+
+@dataclass
+class _Registration:
+    receiver: object
+    renewable: object
+    deadline: float
+    renew_within: float  # seconds before the lock lapses at which it is renewed
+    on_failure: Optional[Callable[[object, Optional[Exception]], None]]
+
+
+class AutoLockRenewer:
+    """Renews the locks of registered messages from a background thread until they are settled, their
+    max_lock_renewal_duration (seconds) passes, or a renewal fails (then on_lock_renew_failure is called
+    with the message and the error)."""
+
+    def __init__(self, max_lock_renewal_duration: float = 300, on_lock_renew_failure: Optional[Callable] = None) -> None:
+        self._default_duration = _check_duration(max_lock_renewal_duration)
+        self._default_callback = on_lock_renew_failure
+        self._registered: list[_Registration] = []
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "AutoLockRenewer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def register(self, receiver: object, renewable: object, max_lock_renewal_duration: Optional[float] = None,
+                 on_lock_renew_failure: Optional[Callable] = None) -> None:
+        """Keep renewable's lock (a received message) alive through receiver."""
+        if not hasattr(receiver, "renew_message_lock"):
+            raise TypeError(f"receiver must be a ServiceBusReceiver, got {type(receiver).__name__}")
+        if getattr(renewable, "lock_token", None) is None:
+            raise ValueError("only messages received in PEEK_LOCK mode carry a lock to renew")
+        if self._stop.is_set():
+            raise ValueError("the AutoLockRenewer is closed")
+        duration = self._default_duration if max_lock_renewal_duration is None else _check_duration(max_lock_renewal_duration)
+        remaining = (renewable.locked_until_utc - datetime.now(timezone.utc)).total_seconds()
+        renew_within = min(RENEW_BEFORE_SECONDS, max(remaining, 0) / 2)
+        with self._guard:
+            self._registered.append(_Registration(receiver, renewable, time.monotonic() + duration, renew_within,
+                                                  on_lock_renew_failure or self._default_callback))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sparkbus-lock-renewer", daemon=True)
+                self._thread.start()
+
+    def close(self, wait: bool = True) -> None:
+        """Stop renewing; locks then lapse on their own."""
+        self._stop.set()
+        if wait and self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_SECONDS):
+            with self._guard:
+                current = list(self._registered)
+            for item in current:
+                if not self._keep(item):
+                    with self._guard:
+                        self._registered.remove(item)
+
+    def _keep(self, item: _Registration) -> bool:
+        """Renew item if due; False once it needs no more attention."""
+        message = item.renewable
+        if getattr(message, "_settled", False) or time.monotonic() >= item.deadline:
+            return False
+        remaining = (message.locked_until_utc - datetime.now(timezone.utc)).total_seconds()
+        if remaining > item.renew_within:
+            return True
+        try:
+            item.receiver.renew_message_lock(message)
+            return True
+        except ServiceBusError as error:
+            if item.on_failure is not None:
+                item.on_failure(message, error)
+            return False
+
+
+def _check_duration(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"max_lock_renewal_duration must be a positive number of seconds, got {value!r}")
+    return float(value)
