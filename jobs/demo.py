@@ -1,5 +1,5 @@
-"""Demo job (spark-submit): create a namespace from a definition, send messages, and look at it with
-the API and Spark.
+"""Demo job (spark-submit): create a namespace from a definition, send and receive messages, and look at
+it with the API and Spark.
 
     spark-submit jobs/demo.py --namespace .sparkbus/demo --definition conf/namespace.toml
 """
@@ -52,8 +52,16 @@ def main() -> None:
             sender.send_messages(ServiceBusMessage(f"invoice line {i}", session_id="customer-7"), transaction=txn)
     with client.get_topic_sender("events") as sender:
         sender.send_messages([ServiceBusMessage("order placed", subject="order", application_properties={"region": "eu"})])
+    with client.get_queue_receiver("orders", max_wait_time=1) as receiver:
+        first = receiver.receive_messages(max_message_count=3)
+        receiver.complete_message(first[0])
+        receiver.abandon_message(first[1])
+        receiver.dead_letter_message(first[2], reason="demo", error_description="dead-lettered on purpose")
+        frame = receiver.receive_dataframe(max_message_count=500)
+        print(f"\nreceived {len(first)} messages one by one and {frame.count()} as a DataFrame; "
+              f"completed {receiver.complete_dataframe(frame)} of those by lock token")
     rows = namespace_rows(admin)
-    print("\nafter sending:")
+    print("\nafter sending and receiving:")
     print(format_table(rows))
 
     frame = spark.createDataFrame(pa.Table.from_pylist(rows).to_pandas())
