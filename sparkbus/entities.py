@@ -5,7 +5,7 @@ accepts. Properties objects are mutable and update_* takes them back, as in azur
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Callable, Optional
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-import sparkbus
 from sparkbus import MessagingEntityNotFoundError, PartitionUnavailableError, set_partition_availability
 
 
