@@ -245,7 +245,7 @@ class ServiceBusAdministrationClient:
     def get_entity_tables(self, entity_path: str) -> dict[str, str]:
         """Role -> Delta table location of a queue, topic or subscription ('<topic>/Subscriptions/<name>')."""
         snap = self._catalog.snapshot()
-        row = self._find_path(snap, entity_path)
+        row = self._find(snap, None, entity_path)
         return table_uris(self._catalog.root, row)
 
     # ---- internals -------------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ class ServiceBusAdministrationClient:
         given = entities.check_options(kind, values)
 
         def decide(snap: Snapshot) -> Change:
-            row = self._find_path(snap, path, kind)
+            row = self._find(snap, kind, path)
             ns = self._namespace(snap)
             current = entities.options_from_json(row.properties)
             for name, value in given.items():
@@ -317,7 +317,7 @@ class ServiceBusAdministrationClient:
 
     def _delete(self, kind: str, path: str) -> None:
         def decide(snap: Snapshot) -> Change:
-            row = self._find_path(snap, path, kind)
+            row = self._find(snap, kind, path)
             require_available(snap, row.key, row.partition_count, f"delete {kind} {row.path!r}")
             doomed = [row] + _descendants(snap, row)
             return Change(deletes=[r.key for r in doomed], result=doomed)
@@ -326,21 +326,14 @@ class ServiceBusAdministrationClient:
             if gone.storage:
                 storage.remove_tree(os.path.join(self._catalog.root, gone.storage))
 
-    def _find(self, snap: Snapshot, kind: str, path: str) -> Row:
+    def _find(self, snap: Snapshot, kind: Optional[str], path: str) -> Row:
+        """The entity at path ('<topic>/Subscriptions/<name>' for a subscription), of `kind` unless None."""
+        kinds = (kind,) if kind else ("queue", "topic", "subscription")
         row = snap.get(key(path)) if isinstance(path, str) else None
-        if row is None or row.kind != kind:
-            raise MessagingEntityNotFoundError(f"{kind} {path!r} does not exist in namespace {self._catalog.root}")
+        if row is None or row.kind not in kinds:
+            what = f"{kind} {path!r} does not exist" if kind else f"no queue, topic or subscription {path!r}"
+            raise MessagingEntityNotFoundError(f"{what} in namespace {self._catalog.root}")
         return row
-
-    def _find_path(self, snap: Snapshot, path: str, kind: Optional[str] = None) -> Row:
-        sub = split_subscription_path(path) if isinstance(path, str) else None
-        found = sub and self._find_subscription(snap, *sub)
-        if kind is None and not found:
-            row = snap.get(key(path)) if isinstance(path, str) else None
-            if row is None or row.kind not in TOP_LEVEL:
-                raise MessagingEntityNotFoundError(f"no queue, topic or subscription {path!r} in {self._catalog.root}")
-            return row
-        return found or self._find(snap, kind, path)
 
     def _find_subscription(self, snap: Snapshot, topic_name: str, subscription_name: str) -> Row:
         topic = self._find(snap, "topic", topic_name)
@@ -383,7 +376,6 @@ class ServiceBusAdministrationClient:
     def _properties(self, snap: Snapshot, row: Row) -> object:
         ns = self._namespace(snap)
         options = entities.options_from_json(row.properties)
-        extra = {}
         if row.kind in TOP_LEVEL:
             size = options["max_size_in_megabytes"]
             extra = {"max_size_in_megabytes_per_partition": tiers.size_per_partition_mb(ns.tier, size, row.partition_count),
@@ -392,8 +384,7 @@ class ServiceBusAdministrationClient:
             extra = {"topic_name": snap.rows[row.parent].path}
         down = unavailable_partitions(snap, row.key, row.partition_count)
         return entities.PROPERTIES_CLASS[row.kind](
-            name=row.path.split("/")[-1] if row.kind == "subscription" else row.path,
-            partition_count=row.partition_count, availability_status=_status(down),
+            name=_display_name(row), partition_count=row.partition_count, availability_status=_status(down),
             created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options, **extra)
 
     def _runtime(self, snap: Snapshot, row: Row) -> object:
@@ -405,8 +396,7 @@ class ServiceBusAdministrationClient:
         if row.kind == "subscription":
             extra = {"topic_name": snap.rows[row.parent].path}
         return entities.RUNTIME_CLASS[row.kind](
-            name=row.path.split("/")[-1] if row.kind == "subscription" else row.path,
-            size_in_bytes=counts.size_in_bytes, active_message_count=counts.active,
+            name=_display_name(row), size_in_bytes=counts.size_in_bytes, active_message_count=counts.active,
             dead_letter_message_count=counts.dead_letter, scheduled_message_count=counts.scheduled,
             total_message_count=counts.total, created_at_utc=row.created_at_utc,
             updated_at_utc=row.updated_at_utc, accessed_at_utc=counts.accessed_at_utc or row.created_at_utc,
@@ -424,6 +414,11 @@ def _name_of(entity: object) -> str:
     if isinstance(name, str):
         return name
     raise TypeError(f"expected a name (str) or a properties object with a name, got {type(entity).__name__}")
+
+
+def _display_name(row: Row) -> str:
+    """A subscription is named by its last path segment; queues and topics by their path."""
+    return row.path.split("/")[-1] if row.kind == "subscription" else row.path
 
 
 def _status(down: list[int]) -> str:
