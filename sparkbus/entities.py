@@ -5,7 +5,7 @@ accepts. Properties objects are mutable and update_* takes them back, as in azur
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Callable, Optional
 
@@ -229,11 +229,6 @@ class SubscriptionRuntimeProperties(_RuntimeCommon):
 
 RUNTIME_CLASS = {"queue": QueueRuntimeProperties, "topic": TopicRuntimeProperties,
                  "subscription": SubscriptionRuntimeProperties}
-
-
-def public_fields(obj: object) -> dict:
-    """Field name -> value of a properties dataclass, for printing and tables."""
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 def check_options_for(props: object, values: dict) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Optional
+from typing import Optional
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -118,7 +118,3 @@ def take(candidate: dict, policy: Policy, now: datetime, queue: str, delete: boo
         return new_state(pid, seq, COMPLETED, deliveries + 1, now, **kept), True
     return new_state(pid, seq, state, deliveries + 1, now, lock_token=str(uuid.uuid4()),
                      locked_until=now + policy.lock_duration, **kept), True
-
-
-def with_retry(operation: Callable[[], object]) -> object:
-    return storage.retry_on_conflict(operation)

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 T = TypeVar("T")
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
@@ -65,13 +65,6 @@ def refresh(table: DeltaTable) -> DeltaTable:
             if not is_expired_version(error):
                 raise
     raise RuntimeError(f"could not open {table.table_uri}: its log kept changing underneath")
-
-
-def try_open_table(uri: str) -> DeltaTable | None:
-    try:
-        return DeltaTable(uri)
-    except TableNotFoundError:
-        return None
 
 
 def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PARTITION_COLUMN,),

@@ -60,3 +60,6 @@ def test_topic_counts_headers_once_per_subscription(admin):
     sub = admin.get_subscription_runtime_properties("t", "a")
     assert (sub.topic_name, sub.total_message_count) == ("t", 0)
     assert [r.name for r in admin.list_subscriptions_runtime_properties("t")] == ["a", "b", "c"]
+    admin.create_queue("q")
+    assert [(r.name, r.total_message_count) for r in admin.list_topics_runtime_properties()] == [("t", 2)]
+    assert [(r.name, r.total_message_count) for r in admin.list_queues_runtime_properties()] == [("q", 0)]
