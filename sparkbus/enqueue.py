@@ -27,9 +27,8 @@ from .runtime import partition_sizes
 from .schemas import MESSAGES
 
 MAX_ATTEMPTS = 200
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # Service Bus reports DateTime.MaxValue as the expiry of a message that never expires.
-LATEST_TIME_US = (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc) - EPOCH) // timedelta(microseconds=1)
+LATEST_TIME_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
 
 
 @dataclass
@@ -209,7 +208,7 @@ def _size_upper_bounds(table: DeltaTable, header_copies: int) -> dict[int, int]:
 def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, sequence: np.ndarray, body: np.ndarray,
                  header: np.ndarray, now: datetime) -> pa.Table:
     """OUTGOING rows completed with placement, numbering, times and sizes, in the MESSAGES schema."""
-    now_us = (now - EPOCH) // timedelta(microseconds=1)
+    now_us = storage.micros(now)
     default_ttl = info.options["default_message_time_to_live"]
     ttl_column = rows["time_to_live_ms"]
     has_ttl = np.asarray(pc.is_valid(ttl_column))

@@ -11,15 +11,16 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
 from typing import Iterable, Iterator, Optional, Union
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
-from . import locks, sequencing, storage
+from . import locks, retention, sequencing, storage
 from .catalog import Catalog
 from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
                      MessagingEntityDisabledError)
 from .locks import Policy
 from .registry import CachedEntity, EntityInfo
-from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES
+from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, LOCKS
 from .values import decode_properties
 
 RECEIVER_KINDS = ("queue", "subscription")
@@ -183,21 +184,19 @@ class ServiceBusReceiver:
         delete = self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE
 
         def attempt() -> list[ServiceBusReceivedMessage]:
-            messages, state = self._table(info, "messages"), self._table(info, "locks")
+            messages, state = self._snapshot(info)
             now = datetime.now(timezone.utc)
-            found = locks.candidates(messages, state, [partition], queue, now, count + 16, sequence_numbers)
-            writes, delivered = [], []
-            for row in found.to_pylist():
-                if len(delivered) == count:
-                    break
-                written, deliver = locks.take(row, policy, now, queue, delete)
-                writes.append(written)
-                if deliver:
-                    delivered.append(ServiceBusReceivedMessage(row, written, _message_state(queue)))
-            locks.commit(state, partition, writes)
-            return delivered
+            found = locks.candidates(messages, state, partition, queue, now, count + 16, sequence_numbers)
+            rows, deliver = locks.plan(found, policy, now, queue, delete, count)
+            locks.commit(state, partition, rows)
+            kind = _message_state(queue)
+            return [ServiceBusReceivedMessage(row, written, kind) for row, written in
+                    zip(storage.as_rows(found.take(pa.array(deliver, pa.int64()))),
+                        storage.as_rows(rows.slice(0, len(deliver))))]
 
-        return self._retrying(info, attempt)
+        delivered = self._retrying(info, attempt)
+        self._retain(info, partition)
+        return delivered
 
     def receive_dataframe(self, max_message_count: int = 1000, max_wait_time: Optional[float] = None):
         """Locked messages as a Spark DataFrame (one row per message, lock_token included)."""
@@ -212,28 +211,46 @@ class ServiceBusReceiver:
         """Complete the messages of a DataFrame (sequence_number and lock_token columns), one commit per
         partition; a lost lock raises MessageLockLostError before anything is completed."""
         rows = df.select("sequence_number", "lock_token").collect()
+        return self._complete_tokens({row.sequence_number: row.lock_token for row in rows})
+
+    def complete_messages(self, messages: Iterable[ServiceBusReceivedMessage]) -> int:
+        """Complete many messages with one commit per partition (a sparkbus addition; complete_message
+        costs one commit each). If any lock was lost, MessageLockLostError and nothing is completed."""
+        messages = list(messages)
+        for message in messages:
+            self._check_settleable(message)
+        count = self._complete_tokens({m.sequence_number: m.lock_token for m in messages})
+        for message in messages:
+            message._settled = True
+        return count
+
+    def _complete_tokens(self, tokens: dict[int, str]) -> int:
+        """Complete messages by sequence number and lock token, all locks checked before any commit."""
         if self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
             raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
         info = self._entity.get()
         by_partition: dict[int, dict[int, str]] = {}
-        for row in rows:
-            by_partition.setdefault(sequencing.partition_of_sequence(row.sequence_number), {})[row.sequence_number] = row.lock_token
-        now = datetime.now(timezone.utc)
-        state = self._table(info, "locks")
-        lost = [seq for partition, tokens in by_partition.items()
-                for seq, row in _current(state, partition, tokens).items() if not _holds(row, tokens[seq], now)]
-        if lost:
-            raise MessageLockLostError(f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
-        for partition, tokens in by_partition.items():
-            def attempt(partition=partition, tokens=tokens) -> None:
+        for seq, token in tokens.items():
+            by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = token
+        if len(by_partition) > 1:  # all or nothing: every lock is checked before the first commit
+            state, now = self._table(info, "locks"), datetime.now(timezone.utc)
+            lost = [seq for partition, held in by_partition.items()
+                    for seq in locks.not_held(locks.lock_rows(state, partition, list(held)), held, now)]
+            if lost:
+                raise MessageLockLostError(
+                    f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
+        for partition, held in by_partition.items():
+            def attempt(partition=partition, held=held) -> None:
                 table, moment = self._table(info, "locks"), datetime.now(timezone.utc)
-                current = _current(table, partition, tokens)
-                if not all(_holds(row, tokens[seq], moment) for seq, row in current.items()):
-                    raise MessageLockLostError(f"a lock in partition {partition} was lost while completing")
-                locks.commit(table, partition, [{**row, "state": COMPLETED, "lock_token": None, "locked_until_utc": None,
-                                                 "updated_at_utc": moment} for row in current.values()])
+                current = locks.lock_rows(table, partition, list(held))
+                lost = locks.not_held(current, held, moment)
+                if lost:
+                    raise MessageLockLostError(
+                        f"the locks of messages {lost[:10]} in partition {partition} expired or were taken")
+                locks.commit(table, partition, locks.released(current, COMPLETED, moment))
             self._retrying(info, attempt)
-        return len(rows)
+            self._retain(info, partition)
+        return len(tokens)
 
     # ---- settlement ------------------------------------------------------------------------------------
 
@@ -275,6 +292,30 @@ class ServiceBusReceiver:
         return message.locked_until_utc
 
     def _settle(self, message: ServiceBusReceivedMessage, change, settles: bool = True) -> dict:
+        self._check_settleable(message)
+        info = self._entity.get()
+        partition, seq = message._partition_id, message.sequence_number
+
+        def attempt() -> dict:
+            state = self._table(info, "locks")
+            now = datetime.now(timezone.utc)
+            current = locks.lock_rows(state, partition, [seq])
+            if locks.not_held(current, {seq: message.lock_token}, now):
+                raise MessageLockLostError(
+                    f"the lock of message {seq} expired or was taken by another receiver; it will be redelivered")
+            row = storage.as_rows(current)[0]
+            written = change({**row, "lock_token": None, "locked_until_utc": None}, info, now)
+            written["updated_at_utc"] = now
+            locks.commit(state, partition, pa.Table.from_pylist([written], schema=LOCKS))
+            return written
+
+        written = self._retrying(info, attempt)
+        self._retain(info, partition)
+        if settles:
+            message._settled = True
+        return written
+
+    def _check_settleable(self, message: ServiceBusReceivedMessage) -> None:
         if not isinstance(message, ServiceBusReceivedMessage):
             raise TypeError(f"expected a ServiceBusReceivedMessage, got {type(message).__name__}")
         if self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
@@ -283,26 +324,6 @@ class ServiceBusReceiver:
             raise MessageAlreadySettled(f"message {message.sequence_number} was already settled")
         if message.lock_token is None:
             raise InvalidOperationError("peeked messages carry no lock and cannot be settled")
-        info = self._entity.get()
-        partition, seq = message._partition_id, message.sequence_number
-
-        def attempt() -> dict:
-            state = self._table(info, "locks")
-            now = datetime.now(timezone.utc)
-            row = locks.lock_rows(state, partition, [seq]).get(seq)
-            if not _holds(row, message.lock_token, now):
-                raise MessageLockLostError(
-                    f"the lock of message {seq} expired or was taken by another receiver; it will be redelivered")
-            released = {**row, "lock_token": None, "locked_until_utc": None, "updated_at_utc": now}
-            written = change(released, info, now)
-            written["updated_at_utc"] = now
-            locks.commit(state, partition, [written])
-            return written
-
-        written = self._retrying(info, attempt)
-        if settles:
-            message._settled = True
-        return written
 
     # ---- peek ------------------------------------------------------------------------------------------
 
@@ -318,7 +339,7 @@ class ServiceBusReceiver:
             raise ValueError(f"sequence_number must be an int >= 0, got {sequence_number!r}")
         info = self._entity.get()
         cursor = sequence_number if sequence_number or self._peek_cursor is None else self._peek_cursor
-        messages, state = self._table(info, "messages"), self._table(info, "locks")
+        messages, state = self._snapshot(info)
         now = datetime.now(timezone.utc)
         queue = f"l.state = '{DEAD_LETTERED}'" if self.sub_queue else (
             f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
@@ -331,7 +352,8 @@ class ServiceBusReceiver:
                 FROM messages m LEFT JOIN locks l
                   ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
                 WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
-                ORDER BY m.sequence_number LIMIT {max_message_count}""", messages=messages, locks=state).to_pylist()
+                ORDER BY m.sequence_number LIMIT {max_message_count}""", messages=messages, locks=state)
+            found = storage.as_rows(found)
             if found:
                 self._peek_cursor = found[-1]["sequence_number"] + 1
                 return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
@@ -349,6 +371,20 @@ class ServiceBusReceiver:
         self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
         return self._tables[uri]
 
+    def _snapshot(self, info: EntityInfo) -> tuple[DeltaTable, DeltaTable]:
+        """(messages, locks) at their latest versions, locks read first: retention removes a message's row
+        from messages before its state row from locks, so this order never shows a completed message
+        without its state row (which would make it look active again)."""
+        state = self._table(info, "locks")
+        return self._table(info, "messages"), state
+
+    def _retain(self, info: EntityInfo, partition: int) -> None:
+        """Now and then, let completed messages of the partition leave the tables (sparkbus.retention)."""
+        state = self._tables[info.tables["locks"]]
+        if retention.due(state):
+            with self._state_lock:
+                retention.run(info, self._table(info, "messages"), state, partition)
+
     def _retrying(self, info: EntityInfo, attempt):
         """Run attempt (which re-reads what it decides on), again after a conflict on its partition."""
         with self._state_lock:
@@ -361,17 +397,6 @@ class ServiceBusReceiver:
         if info.options.get("requires_session") and self.sub_queue is None:
             raise InvalidOperationError(
                 f"{info.kind} {info.path!r} requires sessions: receive with a session receiver (session_id=...)")
-
-
-def _holds(row: Optional[dict], lock_token: str, now: datetime) -> bool:
-    """Whether a state row still carries this unexpired lock."""
-    return (row is not None and row["lock_token"] == lock_token and row["state"] not in GONE_STATES
-            and row["locked_until_utc"] is not None and row["locked_until_utc"] > now)
-
-
-def _current(table: DeltaTable, partition: int, tokens: dict[int, str]) -> dict[int, Optional[dict]]:
-    found = locks.lock_rows(table, partition, list(tokens))
-    return {seq: found.get(seq) for seq in tokens}
 
 
 def _received_schema():

@@ -30,11 +30,17 @@ def _live_messages(header_copies: int, where: str = "TRUE") -> str:
     """
 
 
+def open_live(messages_uri: str, locks_uri: str):
+    """(locks, messages), opened in this order: see sparkbus.retention for why locks comes first."""
+    locks = storage.open_table(locks_uri)
+    return locks, storage.open_table(messages_uri)
+
+
 def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
                   now: Optional[datetime] = None) -> Counts:
     """Counts over every partition, by state. header_copies: a topic stores headers once per subscription."""
     now_us = int((now or datetime.now(timezone.utc)).timestamp() * 1_000_000)
-    messages, locks = storage.open_table(messages_uri), storage.open_table(locks_uri)
+    locks, messages = open_live(messages_uri, locks_uri)
     sql = f"""
         SELECT
           COUNT(*) AS total,
@@ -57,5 +63,6 @@ def partition_sizes(messages_uri: str, locks_uri: str, partitions: Iterable[int]
     """Exact stored bytes of the given partitions."""
     ids = ", ".join(str(int(p)) for p in partitions)
     sql = f"SELECT partition_id, SUM(stored_size) AS size {_live_messages(header_copies, f'm.partition_id IN ({ids})')} GROUP BY partition_id"
-    table = storage.query(sql, messages=storage.open_table(messages_uri), locks=storage.open_table(locks_uri))
+    locks, messages = open_live(messages_uri, locks_uri)
+    table = storage.query(sql, messages=messages, locks=locks)
     return dict(zip(table["partition_id"].to_pylist(), (int(v) for v in table["size"].to_pylist())))

@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, TypeVar
 from urllib.parse import urlparse
 
@@ -21,6 +22,8 @@ T = TypeVar("T")
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
 # the log separately. A hook that failed after a successful commit (another process's log cleanup won
 # a race) looked like a failed commit, and re-running the operation locked or settled twice.
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 PARTITION_COLUMN = "partition_id"
 
@@ -79,7 +82,38 @@ def query(sql: str, **tables: DeltaTable) -> pa.Table:
     builder = QueryBuilder()
     for name, table in tables.items():
         builder.register(name, table)
-    return pa.table(builder.execute(sql).read_all())
+    return _without_views(pa.table(builder.execute(sql).read_all()))
+
+
+def micros(moment: datetime) -> int:
+    """A UTC time as stored: microseconds since the epoch."""
+    return (moment - EPOCH) // _US
+
+
+def as_rows(table: pa.Table) -> list[dict]:
+    """Rows as dicts, like Table.to_pylist but about 20x faster on timestamp columns (pyarrow spends
+    ~8 us per tz-aware datetime; epoch + timedelta takes a fraction of that)."""
+    columns = []
+    for field in table.schema:
+        column = table[field.name]
+        if pa.types.is_timestamp(field.type) and field.type.unit == "us":
+            micros = column.cast(pa.int64()).to_pylist()
+            columns.append([None if v is None else EPOCH + timedelta(microseconds=v) for v in micros])
+        else:
+            columns.append(column.to_pylist())
+    names = table.schema.names
+    return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+_VIEW_TYPES = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+
+
+def _without_views(table: pa.Table) -> pa.Table:
+    """DataFusion returns string and binary *view* columns, which many pyarrow kernels (take, concat)
+    do not support: cast them to plain string and binary."""
+    if not any(f.type in _VIEW_TYPES for f in table.schema):
+        return table
+    return table.cast(pa.schema([f.with_type(_VIEW_TYPES.get(f.type, f.type)) for f in table.schema]))
 
 
 def retry_on_conflict(operation: Callable[[], T], *, attempts: int = 50, base_delay: float = 0.005) -> T:

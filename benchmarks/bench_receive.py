@@ -1,0 +1,122 @@
+"""Receive benchmark: receive+complete throughput for 1, 2 and 4 processes, single-message latency, and
+receive cost with a short versus a long history of completed messages.
+
+    make bench-receive   # or: python benchmarks/bench_receive.py --messages 200000 --history 1000000
+Each process loops receive_messages(1000) + complete_messages(batch) on a 16-partition queue until it
+is empty; the aggregate rate is all messages over the wall time from the common start to the last finish.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import sparkbus
+from sparkbus import ServiceBusClient, ServiceBusMessage
+
+BATCH = 1000
+
+
+def fill(path: str, queue: str, count: int, size: int) -> None:
+    """count messages in commits of 10,000 (the bulk path without Spark)."""
+    sender = ServiceBusClient(path).get_queue_sender(queue)
+    body = b"x" * size
+    for start in range(0, count, 10_000):
+        sender._send([ServiceBusMessage(body) for _ in range(min(10_000, count - start))], batch_limit=False)
+
+
+def drain(path: str, queue: str, barrier, results) -> None:
+    receiver = ServiceBusClient(path).get_queue_receiver(queue)
+    barrier.wait()
+    done = 0
+    while True:
+        batch = receiver.receive_messages(max_message_count=BATCH, max_wait_time=0.5)
+        if not batch:
+            break
+        done += receiver.complete_messages(batch)
+    results.put((done, time.time()))
+
+
+def throughput(path: str, admin, processes: int, count: int, size: int) -> None:
+    queue = f"drain{processes}"
+    admin.create_queue(queue, enable_partitioning=True, max_size_in_megabytes=5120, lock_duration="PT5M")
+    fill(path, queue, count, size)
+    spawn = multiprocessing.get_context("spawn")
+    barrier, results = spawn.Barrier(processes + 1), spawn.Queue()
+    procs = [spawn.Process(target=drain, args=(path, queue, barrier, results)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    start = time.time()
+    outcomes = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+    total = sum(done for done, _ in outcomes)
+    # Each process waits 0.5 s for more before it stops: that idle tail is not receiving.
+    elapsed = max(end for _, end in outcomes) - start - 0.5
+    print(f"receive+complete, batches of {BATCH}, {processes} process(es): {total:,} messages in {elapsed:.2f} s "
+          f"= {total / elapsed:,.0f} messages/s")
+    assert total == count, f"drained {total} of {count}"
+
+
+def latency(path: str, admin, queue: str, count: int, size: int, label: str) -> float:
+    """p50 of receive_messages(1) + complete_message on a queue holding count fresh messages."""
+    fill(path, queue, count, size)
+    receiver = ServiceBusClient(path).get_queue_receiver(queue)
+    latencies = []
+    for _ in range(count):
+        start = time.perf_counter()
+        message = receiver.receive_messages(max_message_count=1)[0]
+        receiver.complete_message(message)
+        latencies.append((time.perf_counter() - start) * 1000)
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    print(f"single receive+complete{label}: {count:,} messages of {size} B: p50 {p50:.1f} ms, "
+          f"p99 {latencies[int(count * 0.99) - 1]:.1f} ms")
+    return p50
+
+
+def history(path: str, admin, completed: int, probes: int, size: int) -> float:
+    """Single receive+complete latency after `completed` messages were received and completed."""
+    queue = f"history{completed}"
+    admin.create_queue(queue, enable_partitioning=True, max_size_in_megabytes=5120, lock_duration="PT5M")
+    fill(path, queue, completed, size)
+    receiver = ServiceBusClient(path).get_queue_receiver(queue)
+    while batch := receiver.receive_messages(max_message_count=BATCH):
+        receiver.complete_messages(batch)
+    return latency(path, admin, queue, probes, size, f" behind {completed:,} completed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run (0: skip)")
+    parser.add_argument("--processes", default="1,2,4", help="receiver process counts")
+    parser.add_argument("--single", type=int, default=1000, help="single receive+complete round trips (0: skip)")
+    parser.add_argument("--history", type=int, default=1_000_000, help="long completed history (0: skip)")
+    parser.add_argument("--size", type=int, default=1024, help="body bytes per message")
+    args = parser.parse_args()
+    print("command:", " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]))
+    path = tempfile.mkdtemp(prefix="sparkbus-bench-") + "/ns"
+    try:
+        sparkbus.create_namespace(path, credits_per_second=None)
+        admin = sparkbus.ServiceBusAdministrationClient(path)
+        if args.single:
+            admin.create_queue("single", enable_partitioning=True)
+            latency(path, admin, "single", args.single, args.size, "")
+        if args.messages:
+            for processes in (int(p) for p in args.processes.split(",")):
+                throughput(path, admin, processes, args.messages, args.size)
+        if args.history:
+            short = history(path, admin, 10_000, 300, args.size)
+            long = history(path, admin, args.history, 300, args.size)
+            print(f"history: p50 behind {args.history:,} completed is {long / short:.2f}x that behind 10,000")
+    finally:
+        shutil.rmtree(path.rsplit("/", 1)[0], ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
