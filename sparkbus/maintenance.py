@@ -17,6 +17,9 @@ from .storage import NO_HOOKS
 
 CHECKPOINT_EVERY = 10
 COMPACT_EVERY = 20
+# Files reaching this size are left alone: with delta-rs' default target (100 MB) a partition holding one
+# large file and one new small file was rewritten whole every COMPACT_EVERY commits.
+COMPACT_TARGET_BYTES = 16 * 1024 * 1024
 
 
 def after_commit(table: DeltaTable) -> None:
@@ -24,7 +27,7 @@ def after_commit(table: DeltaTable) -> None:
     version = table.version()
     try:
         if version % COMPACT_EVERY == 0:
-            table.optimize.compact(post_commithook_properties=NO_HOOKS)
+            table.optimize.compact(target_size=COMPACT_TARGET_BYTES, post_commithook_properties=NO_HOOKS)
         if version % CHECKPOINT_EVERY == 0:
             table.create_checkpoint()
             table.cleanup_metadata()
