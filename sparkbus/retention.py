@@ -28,7 +28,7 @@ from . import maintenance, storage
 from .registry import EntityInfo
 from .schemas import GONE_STATES
 
-RUN_EVERY = 10  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
+RUN_EVERY = 50  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
 MIN_REMOVED = 2_000
 MAX_RANGES = 256  # ranges per delete predicate; what remains goes in a later run
 
@@ -43,10 +43,12 @@ def due(locks: DeltaTable) -> bool:
 def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: int, *,
         minimum: int = MIN_REMOVED) -> int:
     """Remove gone rows of one partition: messages when at least max(minimum, a quarter of the partition)
-    can go, then state rows left without a message. Returns the message rows removed; 0 after a lost race."""
+    can go, then every state row left without a message (including those of an earlier run that was
+    interrupted). Returns the message rows removed; 0 after a lost race."""
     try:
         removed = _remove_messages(info, messages, locks, partition, minimum)
-        _remove_states(storage.refresh(messages), storage.refresh(locks), partition)
+        if removed:
+            _remove_states(storage.refresh(messages), storage.refresh(locks), partition)
         return removed
     except (CommitFailedError, DeltaError, FileNotFoundError) as error:
         if isinstance(error, CommitFailedError) or storage.is_expired_version(error):

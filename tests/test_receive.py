@@ -214,3 +214,23 @@ def test_receiver_errors(admin, client):
     admin.create_topic("t")
     admin.create_subscription("t", "s")
     assert client.get_subscription_receiver("t", "s").receive_messages(max_message_count=3) == []
+
+
+def test_complete_messages_is_all_or_nothing_across_partitions(admin, client):
+    admin.create_queue("p", enable_partitioning=True, lock_duration="PT5S")
+    send(client, "p", *[ServiceBusMessage(f"m{i}", partition_key=f"k{i % 3}") for i in range(9)])
+    receiver = client.get_queue_receiver("p")
+    first = receiver.receive_messages(max_message_count=9)
+    assert len({m.sequence_number >> 48 for m in first}) == 3
+    time.sleep(5.5)  # the locks lapse; another receiver takes three messages of one partition
+    thief = client.get_queue_receiver("p")
+    stolen = thief.receive_messages(max_message_count=3)
+    with pytest.raises(MessageLockLostError, match="nothing completed"):
+        receiver.complete_messages(first)
+    assert counts(admin, "p")[3] == 9
+    assert thief.complete_messages(stolen) == 3
+    with pytest.raises(MessageAlreadySettled):
+        thief.complete_messages(stolen[:1])
+    rest = client.get_queue_receiver("p").receive_messages(max_message_count=9)
+    assert len(rest) == 6 and client.get_queue_receiver("p").receive_messages() == []
+    assert {m.delivery_count for m in rest} == {2}
