@@ -11,11 +11,12 @@ from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLo
                      MessageSizeExceededError, MessagingEntityAlreadyExistsError, MessagingEntityDisabledError,
                      MessagingEntityNotFoundError, OperationTimeoutError,
                      PartitionUnavailableError, ServiceBusError, ServiceBusQuotaExceededError,
-                     ServiceBusServerBusyError, SessionLockLostError)
+                     ServiceBusServerBusyError, SessionCannotBeLockedError, SessionLockLostError)
 from .management import ServiceBusAdministrationClient
 from .message import ServiceBusMessage, ServiceBusMessageBatch
 from .namespace import NamespaceProperties, create_namespace
-from .receiver import (ServiceBusMessageState, ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver,
+from .receiver import (NEXT_AVAILABLE_SESSION, ServiceBusMessageState, ServiceBusReceivedMessage,
+                       ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSession, ServiceBusSessionFilter,
                        ServiceBusSubQueue)
 from .sender import ServiceBusSender
 from .transactions import ServiceBusTransaction
@@ -29,11 +30,12 @@ __all__ = [
     "set_partition_availability", "ServiceBusMessage", "ServiceBusMessageBatch", "ServiceBusSender",
     "ServiceBusTransaction", "EnqueueResult", "ServiceBusReceiver", "ServiceBusReceivedMessage",
     "ServiceBusReceiveMode", "ServiceBusSubQueue", "ServiceBusMessageState", "AutoLockRenewer",
+    "ServiceBusSession", "ServiceBusSessionFilter", "NEXT_AVAILABLE_SESSION",
     "QueueProperties", "TopicProperties", "SubscriptionProperties", "QueueRuntimeProperties",
     "TopicRuntimeProperties", "SubscriptionRuntimeProperties",
     "SqlRuleFilter", "CorrelationRuleFilter", "TrueRuleFilter", "FalseRuleFilter", "SqlRuleAction", "RuleProperties",
     "ServiceBusError", "MessagingEntityNotFoundError", "MessagingEntityAlreadyExistsError", "InvalidOperationError",
     "MessageSizeExceededError", "ServiceBusQuotaExceededError", "ServiceBusServerBusyError", "MessageLockLostError",
-    "SessionLockLostError", "MessageAlreadySettled", "OperationTimeoutError", "PartitionUnavailableError",
+    "SessionLockLostError", "SessionCannotBeLockedError", "MessageAlreadySettled", "OperationTimeoutError", "PartitionUnavailableError",
     "MessagingEntityDisabledError", "MessageNotFoundError",
 ]

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Callable, Optional
 
 from .errors import ServiceBusError
+from .receiver import ServiceBusSession
 
 RENEW_BEFORE_SECONDS = 10.0  # renew this long before a lock lapses (or half way through shorter locks)
 TICK_SECONDS = 0.2
@@ -43,10 +44,10 @@ class AutoLockRenewer:
 
     def register(self, receiver: object, renewable: object, max_lock_renewal_duration: Optional[float] = None,
                  on_lock_renew_failure: Optional[Callable] = None) -> None:
-        """Keep renewable's lock (a received message) alive through receiver."""
+        """Keep renewable's lock (a received message, or a receiver's session) alive through receiver."""
         if not hasattr(receiver, "renew_message_lock"):
             raise TypeError(f"receiver must be a ServiceBusReceiver, got {type(receiver).__name__}")
-        if getattr(renewable, "lock_token", None) is None:
+        if not _is_session(renewable) and getattr(renewable, "lock_token", None) is None:
             raise ValueError("only messages received in PEEK_LOCK mode carry a lock to renew")
         if self._stop.is_set():
             raise ValueError("the AutoLockRenewer is closed")
@@ -84,12 +85,19 @@ class AutoLockRenewer:
         if remaining > item.renew_within:
             return True
         try:
-            item.receiver.renew_message_lock(message)
+            if _is_session(message):
+                message.renew_lock()
+            else:
+                item.receiver.renew_message_lock(message)
             return True
         except ServiceBusError as error:
             if item.on_failure is not None:
                 item.on_failure(message, error)
             return False
+
+
+def _is_session(renewable: object) -> bool:
+    return isinstance(renewable, ServiceBusSession)
 
 
 def _check_duration(value: object) -> float:

@@ -72,20 +72,22 @@ class ServiceBusClient:
 
     def get_queue_receiver(self, queue_name: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
                            sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                           **kwargs: object) -> ServiceBusReceiver:
-        """A receiver of a queue (sub_queue=ServiceBusSubQueue.DEAD_LETTER: of its dead-letter sub-queue)."""
+                           session_id: object = None, **kwargs: object) -> ServiceBusReceiver:
+        """A receiver of a queue (sub_queue=ServiceBusSubQueue.DEAD_LETTER: of its dead-letter sub-queue;
+        session_id=<id> or NEXT_AVAILABLE_SESSION: of one session, locked for this receiver)."""
         self._check_entity_path(queue_name, "queue")
         return ServiceBusReceiver(self._catalog, queue_name, receive_mode=receive_mode, sub_queue=sub_queue,
-                                  prefetch_count=prefetch_count, max_wait_time=max_wait_time, spark=self.spark)
+                                  prefetch_count=prefetch_count, max_wait_time=max_wait_time, session_id=session_id,
+                                  spark=self.spark)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
                                   receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK, sub_queue: object = None,
                                   prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                                  **kwargs: object) -> ServiceBusReceiver:
+                                  session_id: object = None, **kwargs: object) -> ServiceBusReceiver:
         self._check_entity_path(topic_name, "topic")
         return ServiceBusReceiver(self._catalog, subscription_path(topic_name, subscription_name),
                                   receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
-                                  max_wait_time=max_wait_time, spark=self.spark)
+                                  max_wait_time=max_wait_time, session_id=session_id, spark=self.spark)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

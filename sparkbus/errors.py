@@ -49,6 +49,10 @@ class SessionLockLostError(ServiceBusError):
     """The session lock expired or was taken by another receiver."""
 
 
+class SessionCannotBeLockedError(ServiceBusError):
+    """The requested session is locked by another receiver."""
+
+
 class MessageAlreadySettled(ServiceBusError):
     """The message was already completed, abandoned, deferred or dead-lettered."""
 
@@ -73,6 +77,7 @@ __all__ = [
     "ServiceBusServerBusyError",
     "MessageLockLostError",
     "SessionLockLostError",
+    "SessionCannotBeLockedError",
     "MessageAlreadySettled",
     "OperationTimeoutError",
     "PartitionUnavailableError",

@@ -33,11 +33,12 @@ class Policy:
 
 
 def candidates(messages: DeltaTable, locks: DeltaTable, partition: int, queue: str, now: datetime,
-               limit: int, sequence_numbers: Optional[list[int]] = None) -> pa.Table:
+               limit: int, sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None) -> pa.Table:
     """Up to `limit` oldest messages of one partition that a receiver of `queue` may lock now.
 
     queue: ACTIVE (includes expired and over-delivered messages, which the caller moves instead of
-    delivering), DEFERRED or DEAD_LETTERED. sequence_numbers restricts the search (deferred receives).
+    delivering), DEFERRED or DEAD_LETTERED. sequence_numbers restricts the search (deferred receives),
+    session_id to one session's messages.
     """
     now_us = storage.micros(now)
     in_queue = {ACTIVE: f"(l.state IS NULL OR l.state = '{ACTIVE}')",
@@ -45,6 +46,8 @@ def candidates(messages: DeltaTable, locks: DeltaTable, partition: int, queue: s
     scheduled = ("AND (m.scheduled_enqueue_time_utc IS NULL OR "
                  f"CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us})") if queue == ACTIVE else ""
     only = f"AND m.sequence_number IN ({', '.join(map(str, sequence_numbers))})" if sequence_numbers else ""
+    if session_id is not None:
+        only += f" AND m.session_id = {storage.quoted(session_id)}"
     sql = f"""
         SELECT m.*, l.state AS lock_state, COALESCE(l.delivery_count, 0) AS prior_deliveries,
                l.dead_letter_reason AS prior_reason, l.dead_letter_error_description AS prior_description
@@ -78,6 +81,12 @@ def released(rows: pa.Table, state: str, now: datetime) -> pa.Table:
     changes = {"state": pa.array([state] * n, pa.string()), "lock_token": pa.nulls(n, pa.string()),
                "locked_until_utc": pa.nulls(n, TS), "updated_at_utc": pa.array([now] * n, TS)}
     return pa.table([changes.get(f.name, rows[f.name]) for f in LOCKS], schema=LOCKS)
+
+
+def locked_until(rows: pa.Table, until: datetime) -> pa.Table:
+    """State rows with their locks extended to `until`."""
+    index = rows.schema.get_field_index("locked_until_utc")
+    return rows.set_column(index, "locked_until_utc", pa.array([until] * rows.num_rows, TS))
 
 
 def new_state(partition: int, sequence_number: int, state: str, delivery_count: int, now: datetime, *,

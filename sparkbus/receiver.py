@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
 from typing import Iterable, Iterator, Optional, Union
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from . import locks, retention, sequencing, storage
+from . import locks, partitioning, retention, sequencing, sessions, storage
 from .catalog import Catalog
 from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
-                     MessagingEntityDisabledError)
+                     MessagingEntityDisabledError, OperationTimeoutError, SessionCannotBeLockedError,
+                     SessionLockLostError)
 from .locks import Policy
 from .registry import CachedEntity, EntityInfo
 from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, LOCKS
@@ -34,6 +37,13 @@ class ServiceBusReceiveMode(str, Enum):
 
 class ServiceBusSubQueue(str, Enum):
     DEAD_LETTER = "deadletter"
+
+
+class ServiceBusSessionFilter(Enum):
+    NEXT_AVAILABLE = 0
+
+
+NEXT_AVAILABLE_SESSION = ServiceBusSessionFilter.NEXT_AVAILABLE
 
 
 class ServiceBusMessageState(IntEnum):
@@ -73,12 +83,52 @@ class ServiceBusReceivedMessage:
                 f"delivery_count={self.delivery_count})")
 
 
+class ServiceBusSession:
+    """The session a session receiver holds (azure-servicebus shape): its id, lock and durable state."""
+
+    def __init__(self, receiver: "ServiceBusReceiver", row: dict) -> None:
+        self._receiver = receiver
+        self.session_id: str = row["session_id"]
+        self._partition: int = row["partition_id"]
+        self._lock_token: str = row["lock_token"]
+        self.locked_until_utc: datetime = row["locked_until_utc"]
+
+    def get_state(self) -> Optional[bytes]:
+        """The session state last set (bytes), or None."""
+        return self._receiver._session_update(lambda row, info, now: None)["state"]
+
+    def set_state(self, state: Union[str, bytes, bytearray, None]) -> None:
+        """Replace the session state (durable before this returns); at most the entity's max message size."""
+        if isinstance(state, str):
+            state = state.encode("utf-8")
+        if state is not None and not isinstance(state, (bytes, bytearray)):
+            raise TypeError(f"session state must be bytes, str or None, got {type(state).__name__}")
+
+        def stored(row: dict, info: EntityInfo, now: datetime) -> dict:
+            if state is not None and len(state) > info.max_message_bytes:
+                raise ValueError(f"session state of {len(state)} bytes exceeds the {info.max_message_bytes}-byte "
+                                 "maximum message size")
+            return {**row, "state": None if state is None else bytes(state)}
+        self._receiver._session_update(stored)
+
+    def renew_lock(self) -> datetime:
+        """Extend the session lock (and the locks of its unsettled messages) by lock_duration from now."""
+        def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
+            return {**row, "locked_until_utc": now + info.options["lock_duration"]}
+        self.locked_until_utc = self._receiver._session_update(renewed)["locked_until_utc"]
+        self._receiver._extend_message_locks(self.locked_until_utc)
+        return self.locked_until_utc
+
+    def __repr__(self) -> str:
+        return f"ServiceBusSession(session_id={self.session_id!r}, locked_until_utc={self.locked_until_utc})"
+
+
 class ServiceBusReceiver:
-    """Receiver of a queue or subscription (or its dead-letter sub-queue)."""
+    """Receiver of a queue or subscription (or its dead-letter sub-queue); with session_id, of one session."""
 
     def __init__(self, catalog: Catalog, entity_path: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
                  sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                 spark: object = None) -> None:
+                 session_id: Union[str, ServiceBusSessionFilter, None] = None, spark: object = None) -> None:
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self.sub_queue = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
         if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
@@ -93,7 +143,16 @@ class ServiceBusReceiver:
         self._prefetched: list[ServiceBusReceivedMessage] = []
         self._spark = spark
         self._state_lock = threading.RLock()  # AutoLockRenewer renews from its own thread
-        self._check_receivable(self._entity.get())
+        if session_id is not None and not isinstance(session_id, (str, ServiceBusSessionFilter)):
+            raise TypeError(f"session_id must be a str or NEXT_AVAILABLE_SESSION, got {type(session_id).__name__}")
+        self._session_requested = session_id is not None
+        self.session: Optional[ServiceBusSession] = None
+        self._session_held: dict[int, str] = {}  # unsettled messages received under the session: seq -> token
+        self._session_closed = False
+        info = self._entity.get()
+        self._check_receivable(info)
+        if session_id is not None:
+            self.session = ServiceBusSession(self, self._lock_session(info, session_id))
 
     def __enter__(self) -> "ServiceBusReceiver":
         return self
@@ -102,7 +161,16 @@ class ServiceBusReceiver:
         self.close()
 
     def close(self) -> None:
-        """Locks held by this receiver simply expire, as in Service Bus."""
+        """Message locks simply expire, as in Service Bus. A held session is released: the locks of its
+        unsettled messages end now (they are delivered again first), then the session lock."""
+        if self.session is None or self._session_closed:
+            return
+        self._session_closed = True
+        try:
+            self._extend_message_locks(datetime.now(timezone.utc))
+            self._session_update(lambda row, info, now: {**row, "lock_token": None, "locked_until_utc": None})
+        except SessionLockLostError:
+            pass  # another receiver holds the session already
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
         """Yields messages as they arrive; stops once max_wait_time passes without one."""
@@ -168,6 +236,8 @@ class ServiceBusReceiver:
         available = [p for p in range(info.partition_count) if p not in info.unavailable]
         if not available:
             return []
+        if self.session is not None:
+            available = [self.session._partition]
         start = self._next_partition % len(available)
         self._next_partition += 1
         got: list[ServiceBusReceivedMessage] = []
@@ -183,11 +253,18 @@ class ServiceBusReceiver:
         policy = _policy(info)
         delete = self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE
 
+        session = self.session
+
         def attempt() -> list[ServiceBusReceivedMessage]:
             messages, state = self._snapshot(info)
             now = datetime.now(timezone.utc)
-            found = locks.candidates(messages, state, partition, queue, now, count + 16, sequence_numbers)
-            rows, deliver = locks.plan(found, policy, now, queue, delete, count)
+            taking = policy
+            if session is not None:  # message locks end with the session lock, so a takeover finds them free
+                held = self._session_row(info, now)
+                taking = replace(policy, lock_duration=held["locked_until_utc"] - now)
+            found = locks.candidates(messages, state, partition, queue, now, count + 16, sequence_numbers,
+                                     session.session_id if session else None)
+            rows, deliver = locks.plan(found, taking, now, queue, delete, count)
             locks.commit(state, partition, rows)
             kind = _message_state(queue)
             return [ServiceBusReceivedMessage(row, written, kind) for row, written in
@@ -195,6 +272,8 @@ class ServiceBusReceiver:
                         storage.as_rows(rows.slice(0, len(deliver))))]
 
         delivered = self._retrying(info, attempt)
+        if session is not None and not delete:
+            self._session_held.update((m.sequence_number, m.lock_token) for m in delivered)
         self._retain(info, partition)
         return delivered
 
@@ -242,6 +321,8 @@ class ServiceBusReceiver:
         for partition, held in by_partition.items():
             def attempt(partition=partition, held=held) -> None:
                 table, moment = self._table(info, "locks"), datetime.now(timezone.utc)
+                if self.session is not None:
+                    self._session_row(info, moment)
                 current = locks.lock_rows(table, partition, list(held))
                 lost = locks.not_held(current, held, moment)
                 if lost:
@@ -250,6 +331,8 @@ class ServiceBusReceiver:
                 locks.commit(table, partition, locks.released(current, COMPLETED, moment))
             self._retrying(info, attempt)
             self._retain(info, partition)
+        for seq in tokens:
+            self._session_held.pop(seq, None)
         return len(tokens)
 
     # ---- settlement ------------------------------------------------------------------------------------
@@ -285,6 +368,9 @@ class ServiceBusReceiver:
 
     def renew_message_lock(self, message: ServiceBusReceivedMessage) -> datetime:
         """Extend the lock by lock_duration from now; returns the new locked_until_utc."""
+        if self.session is not None:
+            raise TypeError("renewing a message lock is not possible with sessions: renew the session lock "
+                            "(receiver.session.renew_lock()) instead")
         def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
             return {**row, "lock_token": message.lock_token, "locked_until_utc": now + _policy(info).lock_duration}
         written = self._settle(message, renewed, settles=False)
@@ -299,6 +385,8 @@ class ServiceBusReceiver:
         def attempt() -> dict:
             state = self._table(info, "locks")
             now = datetime.now(timezone.utc)
+            if self.session is not None:
+                self._session_row(info, now)
             current = locks.lock_rows(state, partition, [seq])
             if locks.not_held(current, {seq: message.lock_token}, now):
                 raise MessageLockLostError(
@@ -313,6 +401,7 @@ class ServiceBusReceiver:
         self._retain(info, partition)
         if settles:
             message._settled = True
+            self._session_held.pop(seq, None)
         return written
 
     def _check_settleable(self, message: ServiceBusReceivedMessage) -> None:
@@ -324,6 +413,9 @@ class ServiceBusReceiver:
             raise MessageAlreadySettled(f"message {message.sequence_number} was already settled")
         if message.lock_token is None:
             raise InvalidOperationError("peeked messages carry no lock and cannot be settled")
+        if self.session is not None and message.session_id != self.session.session_id:
+            raise InvalidOperationError(f"message {message.sequence_number} belongs to session {message.session_id!r}; "
+                                        f"this receiver holds session {self.session.session_id!r}")
 
     # ---- peek ------------------------------------------------------------------------------------------
 
@@ -343,6 +435,8 @@ class ServiceBusReceiver:
         now = datetime.now(timezone.utc)
         queue = f"l.state = '{DEAD_LETTERED}'" if self.sub_queue else (
             f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
+        if self.session is not None:
+            queue += f" AND m.session_id = {storage.quoted(self.session.session_id)}"
         partition = sequencing.partition_of_sequence(cursor)
         while partition < info.partition_count:
             low = max(cursor, sequencing.compose(partition, 0))
@@ -378,6 +472,84 @@ class ServiceBusReceiver:
         state = self._table(info, "locks")
         return self._table(info, "messages"), state
 
+    # ---- sessions --------------------------------------------------------------------------------------
+
+    def _lock_session(self, info: EntityInfo, requested: Union[str, ServiceBusSessionFilter]) -> dict:
+        """Lock the named session, or any session with available messages, waiting up to max_wait_time."""
+        deadline = time.monotonic() + (self.max_wait_time or 0)
+        pause = POLL_START
+        while True:
+            try:
+                taken = self._try_lock_session(info, requested)
+            except SessionCannotBeLockedError:
+                if time.monotonic() >= deadline:
+                    raise
+                taken = None
+            if taken is not None:
+                return taken
+            if time.monotonic() >= deadline:
+                raise OperationTimeoutError(
+                    f"no unlocked session with available messages in {info.path!r} within {self.max_wait_time or 0} s")
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(pause * 2, POLL_MAX)
+
+    def _try_lock_session(self, info: EntityInfo, requested: Union[str, ServiceBusSessionFilter]) -> Optional[dict]:
+        duration = info.options["lock_duration"]
+        if isinstance(requested, str):
+            partition = partitioning.partition_of(requested, info.partition_count)
+            return self._retrying(info, lambda: sessions.lock(
+                self._table(info, "sessions"), partition, requested, duration, datetime.now(timezone.utc)))
+        available = [p for p in range(info.partition_count) if p not in info.unavailable]
+        start = self._next_partition % max(len(available), 1)
+        for partition in available[start:] + available[:start]:
+            locks_table = self._table(info, "locks")
+            messages, table = self._table(info, "messages"), self._table(info, "sessions")
+            for session_id in sessions.available(messages, locks_table, table, partition, datetime.now(timezone.utc)):
+                try:
+                    return self._retrying(info, lambda: sessions.lock(
+                        self._table(info, "sessions"), partition, session_id, duration, datetime.now(timezone.utc)))
+                except SessionCannotBeLockedError:
+                    continue  # another receiver took it first
+        return None
+
+    def _session_row(self, info: EntityInfo, now: datetime) -> dict:
+        """The held session's row; SessionLockLostError if the lock expired or was taken."""
+        session = self.session
+        return sessions.held(self._table(info, "sessions"), session._partition, session.session_id,
+                             session._lock_token, now)
+
+    def _session_update(self, change) -> dict:
+        """Apply change(row, info, now) to the held session's row (None: read only); returns the row."""
+        info = self._entity.get()
+
+        def attempt() -> dict:
+            now = datetime.now(timezone.utc)
+            row = self._session_row(info, now)
+            written = change(row, info, now)
+            if written is None:
+                return row
+            written["updated_at_utc"] = now
+            sessions.write(self._tables[info.tables["sessions"]], written)
+            return written
+
+        return self._retrying(info, attempt)
+
+    def _extend_message_locks(self, until: datetime) -> None:
+        """Carry the session's unsettled message locks to the renewed session lock."""
+        if not self._session_held:
+            return
+        info, partition, held = self._entity.get(), self.session._partition, dict(self._session_held)
+
+        def attempt() -> None:
+            table = self._table(info, "locks")
+            current = locks.lock_rows(table, partition, list(held))
+            lost = locks.not_held(current, held, datetime.now(timezone.utc))
+            mine = current.filter(pc.invert(pc.is_in(current["sequence_number"], value_set=pa.array(lost, pa.int64()))))
+            if mine.num_rows:
+                locks.commit(table, partition, locks.locked_until(mine, until))
+
+        self._retrying(info, attempt)
+
     def _retain(self, info: EntityInfo, partition: int) -> None:
         """Now and then, let completed messages of the partition leave the tables (sparkbus.retention)."""
         state = self._tables[info.tables["locks"]]
@@ -394,9 +566,14 @@ class ServiceBusReceiver:
         status = info.options.get("status", "Active")
         if status in ("Disabled", "ReceiveDisabled"):
             raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; receiving is not allowed")
-        if info.options.get("requires_session") and self.sub_queue is None:
+        sessionful = bool(info.options.get("requires_session"))
+        if sessionful and self.sub_queue is None and not self._session_requested:
             raise InvalidOperationError(
                 f"{info.kind} {info.path!r} requires sessions: receive with a session receiver (session_id=...)")
+        if self._session_requested and (not sessionful or self.sub_queue is not None):
+            raise InvalidOperationError(
+                f"session receivers need an entity created with requires_session=True (not {info.path!r}"
+                f"{' and not its dead-letter sub-queue' if self.sub_queue is not None else ''})")
 
 
 def _received_schema():

@@ -54,7 +54,17 @@ LOCKS = pa.schema([
     pa.field("updated_at_utc", TS, nullable=False),
 ])
 
-ENTITY_TABLES = {"messages": MESSAGES, "locks": LOCKS}
+# One row per session that was ever locked: its lock and its state (sparkbus.sessions).
+SESSIONS = pa.schema([
+    pa.field("partition_id", pa.int32(), nullable=False),
+    pa.field("session_id", pa.string(), nullable=False),
+    pa.field("lock_token", pa.string()),
+    pa.field("locked_until_utc", TS),
+    pa.field("state", pa.binary()),
+    pa.field("updated_at_utc", TS, nullable=False),
+])
+
+ENTITY_TABLES = {"messages": MESSAGES, "locks": LOCKS, "sessions": SESSIONS}
 
 
 # delta-rs lists the whole _delta_log on every commit, so commit latency grows with the log files kept:
@@ -76,4 +86,5 @@ def table_configuration(stats_columns: str) -> dict[str, str]:
 TABLE_CONFIGURATION = {
     "messages": table_configuration("sequence_number,body_size,header_size,enqueued_time_utc"),
     "locks": table_configuration("sequence_number,locked_until_utc"),
+    "sessions": table_configuration("session_id,locked_until_utc"),
 }

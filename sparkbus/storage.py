@@ -116,6 +116,11 @@ def _without_views(table: pa.Table) -> pa.Table:
     return table.cast(pa.schema([f.with_type(_VIEW_TYPES.get(f.type, f.type)) for f in table.schema]))
 
 
+def quoted(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def retry_on_conflict(operation: Callable[[], T], *, attempts: int = 50, base_delay: float = 0.005) -> T:
     """Run operation, re-running it after a Delta commit conflict (or a log read that lost a race with
     log cleanup) with jittered backoff; the operation must re-read what it decides on."""

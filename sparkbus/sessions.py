@@ -1,0 +1,78 @@
+"""Session locks and session state (seed: sessions guarantee ordering and consistent session state).
+
+A session lives in one partition: its session_id is the message's partition key. Its lock and its state
+are one row of the entity's `sessions` table, partitioned by partition_id and written, like message
+locks, by conditional overwrites whose predicate names the partition and the session: two receivers
+racing for one session conflict and the loser re-reads (and finds it locked); sessions of different
+partitions never conflict. Nothing here knows about the receiver classes.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Optional
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from . import locks, maintenance, storage
+from .errors import SessionCannotBeLockedError, SessionLockLostError
+from .schemas import ACTIVE, SESSIONS
+
+
+def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[dict]:
+    found = storage.query(f"SELECT * FROM sessions WHERE partition_id = {partition} AND session_id = {storage.quoted(session_id)}",
+                          sessions=table)
+    rows = storage.as_rows(found)
+    return rows[0] if rows else None
+
+
+def write(table: DeltaTable, row: dict) -> None:
+    """Upsert one session row, rejected if another writer changed that session since the table's version."""
+    write_deltalake(table, pa.Table.from_pylist([row], schema=SESSIONS), mode="overwrite",
+                    predicate=f"partition_id = {row['partition_id']} AND session_id = {storage.quoted(row['session_id'])}",
+                    post_commithook_properties=storage.NO_HOOKS)
+    maintenance.after_commit(table)
+
+
+def is_locked(row: Optional[dict], now: datetime) -> bool:
+    return row is not None and row["lock_token"] is not None and row["locked_until_utc"] > now
+
+
+def lock(table: DeltaTable, partition: int, session_id: str, duration: timedelta, now: datetime) -> dict:
+    """Take the session's lock (keeping its state); SessionCannotBeLockedError while another holds it."""
+    row = session_row(table, partition, session_id)
+    if is_locked(row, now):
+        raise SessionCannotBeLockedError(
+            f"session {session_id!r} is locked by another receiver until {row['locked_until_utc'].isoformat()}")
+    taken = {"partition_id": partition, "session_id": session_id, "lock_token": locks.new_lock_tokens(1)[0],
+             "locked_until_utc": now + duration, "state": row["state"] if row else None, "updated_at_utc": now}
+    write(table, taken)
+    return taken
+
+
+def held(table: DeltaTable, partition: int, session_id: str, lock_token: str, now: datetime) -> dict:
+    """The session row if this lock still holds it; SessionLockLostError otherwise."""
+    row = session_row(table, partition, session_id)
+    if row is None or row["lock_token"] != lock_token or row["locked_until_utc"] <= now:
+        raise SessionLockLostError(
+            f"the lock on session {session_id!r} expired or was taken by another receiver")
+    return row
+
+
+def available(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTable, partition: int, now: datetime,
+              limit: int = 8) -> list[str]:
+    """Sessions of one partition with a deliverable message and no unexpired lock, oldest message first."""
+    now_us = storage.micros(now)
+    found = storage.query(f"""
+        SELECT m.session_id, MIN(m.sequence_number) AS first
+        FROM messages m
+        LEFT JOIN locks l ON l.partition_id = {partition} AND l.sequence_number = m.sequence_number
+        LEFT JOIN sessions s ON s.partition_id = {partition} AND s.session_id = m.session_id
+        WHERE m.partition_id = {partition} AND m.session_id IS NOT NULL
+          AND (l.state IS NULL OR l.state = '{ACTIVE}')
+          AND (m.scheduled_enqueue_time_utc IS NULL OR CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us})
+          AND CAST(m.expires_at_utc AS BIGINT) > {now_us}
+          AND (s.lock_token IS NULL OR CAST(s.locked_until_utc AS BIGINT) <= {now_us})
+        GROUP BY m.session_id ORDER BY first LIMIT {int(limit)}""",
+        messages=messages, locks=locks_table, sessions=sessions)
+    return found["session_id"].to_pylist()

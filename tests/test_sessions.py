@@ -1,0 +1,177 @@
+"""Sessions: exclusive session locks, in-order delivery, durable session state, takeover after expiry."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import run_spawned
+
+from sparkbus import (NEXT_AVAILABLE_SESSION, AutoLockRenewer, InvalidOperationError,
+                      OperationTimeoutError, ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue,
+                      SessionCannotBeLockedError, SessionLockLostError)
+
+
+def _session_queue(admin, name="s", **options):
+    admin.create_queue(name, requires_session=True, enable_partitioning=True, **options)
+
+
+def _send(client, queue, session, count, start=0):
+    client.get_queue_sender(queue).send_messages(
+        [ServiceBusMessage(f"{session}-{i}", session_id=session) for i in range(start, start + count)])
+
+
+def test_session_receiver_gets_its_session_in_order(admin, client):
+    _session_queue(admin)
+    _send(client, "s", "a", 5)
+    _send(client, "s", "b", 3)
+    _send(client, "s", "a", 2, start=5)
+    receiver = client.get_queue_receiver("s", session_id="a")
+    assert receiver.session.session_id == "a" and receiver.session.locked_until_utc is not None
+    got = receiver.receive_messages(max_message_count=3)
+    assert [str(m) for m in got] == ["a-0", "a-1", "a-2"]
+    receiver.abandon_message(got[0])  # redelivered before later messages of the session
+    receiver.complete_message(got[1])
+    again = receiver.receive_messages(max_message_count=10)
+    assert [str(m) for m in again] == ["a-0", "a-3", "a-4", "a-5", "a-6"]
+    assert again[0].delivery_count == 2
+    receiver.complete_messages(again + [got[2]])
+    assert receiver.receive_messages(max_message_count=10) == []
+    assert [str(m) for m in receiver.peek_messages(10)] == []
+    assert admin.get_queue_runtime_properties("s").active_message_count == 3  # session b is untouched
+
+
+def test_a_locked_session_cannot_be_taken_until_its_lock_expires(admin, client):
+    _session_queue(admin, lock_duration="PT5S")
+    _send(client, "s", "a", 3)
+    first = client.get_queue_receiver("s", session_id="a")
+    held = first.receive_messages(max_message_count=2)
+    start = time.monotonic()
+    with pytest.raises(SessionCannotBeLockedError, match="'a' is locked"):
+        client.get_queue_receiver("s", session_id="a", max_wait_time=1)
+    assert time.monotonic() - start >= 1  # it waited for the lock before giving up
+    time.sleep(5.2)
+    second = client.get_queue_receiver("s", session_id="a")  # takeover after expiry
+    with pytest.raises(SessionLockLostError):
+        first.complete_message(held[0])
+    with pytest.raises(SessionLockLostError):
+        first.receive_messages()
+    with pytest.raises(SessionLockLostError):
+        first.session.set_state(b"late")
+    assert [str(m) for m in second.receive_messages(max_message_count=5)] == ["a-0", "a-1", "a-2"]
+
+
+def test_session_state_and_renewal(admin, client, ns_path):
+    _session_queue(admin, lock_duration="PT5S")
+    _send(client, "s", "cart", 2)
+    receiver = client.get_queue_receiver("s", session_id="cart")
+    assert receiver.session.get_state() is None
+    receiver.session.set_state(b"step-1")
+    assert receiver.session.get_state() == b"step-1"
+    message = receiver.receive_messages()[0]
+    with pytest.raises(TypeError, match="renew the session lock"):
+        receiver.renew_message_lock(message)
+    for _ in range(3):
+        time.sleep(2.5)
+        before = receiver.session.locked_until_utc
+        assert receiver.session.renew_lock() > before
+    receiver.complete_message(message)  # 7.5 s into a 5 s lock: renewal carried the message lock too
+    with pytest.raises(ValueError, match="maximum message size"):
+        receiver.session.set_state(b"x" * (256 * 1024 + 1))
+    with pytest.raises(TypeError):
+        receiver.session.set_state(42)
+    receiver.session.set_state("step-2")
+    other = ServiceBusClient(ns_path)  # another client sees the durable state once the lock is free
+    time.sleep(5.2)
+    assert other.get_queue_receiver("s", session_id="cart").session.get_state() == b"step-2"
+
+
+def test_auto_lock_renewer_keeps_a_session(admin, client):
+    _session_queue(admin, lock_duration="PT5S")
+    _send(client, "s", "a", 1)
+    receiver = client.get_queue_receiver("s", session_id="a")
+    with AutoLockRenewer(max_lock_renewal_duration=30) as renewer:
+        renewer.register(receiver, receiver.session)
+        time.sleep(7)
+        with pytest.raises(SessionCannotBeLockedError):
+            client.get_queue_receiver("s", session_id="a")
+        receiver.complete_message(receiver.receive_messages()[0])
+
+
+def test_next_available_session_and_errors(admin, client):
+    _session_queue(admin)
+    admin.create_queue("plain")
+    with pytest.raises(OperationTimeoutError, match="no unlocked session"):
+        client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.5)
+    _send(client, "s", "x", 2)
+    _send(client, "s", "y", 2)
+    one = client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION)
+    two = client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION)
+    assert {one.session.session_id, two.session.session_id} == {"x", "y"}
+    with pytest.raises(OperationTimeoutError):
+        client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.3)
+    with pytest.raises(InvalidOperationError, match="requires sessions"):
+        client.get_queue_receiver("s")
+    with pytest.raises(InvalidOperationError, match="requires_session=True"):
+        client.get_queue_receiver("plain", session_id="x")
+    with pytest.raises(TypeError):
+        client.get_queue_receiver("s", session_id=5)
+    dead = client.get_queue_receiver("s", sub_queue=ServiceBusSubQueue.DEAD_LETTER)  # no session needed
+    assert dead.receive_messages() == []
+    message = one.receive_messages()[0]
+    one.dead_letter_message(message, reason="bad")
+    assert [m.session_id for m in dead.receive_messages()] == [one.session.session_id]
+    with pytest.raises(InvalidOperationError, match="belongs to session"):
+        one.complete_message(two.receive_messages()[0])  # a message of another session's receiver
+
+
+def test_session_dataframe_receive(spark, admin, ns_path):
+    _session_queue(admin)
+    client = ServiceBusClient(ns_path, spark=spark)
+    _send(client, "s", "a", 4)
+    _send(client, "s", "b", 2)
+    receiver = client.get_queue_receiver("s", session_id="a")
+    df = receiver.receive_dataframe(max_message_count=10)
+    assert [r.session_id for r in df.select("session_id").collect()] == ["a"] * 4
+    assert receiver.complete_dataframe(df) == 4
+    assert admin.get_queue_runtime_properties("s").active_message_count == 2
+
+
+def _work_sessions(path, queue, worker, barrier, results):
+    import sparkbus
+
+    client = sparkbus.ServiceBusClient(path)
+    barrier.wait()
+    seen = []  # (session, body, start, end) per message, in processing order
+    while True:
+        try:
+            receiver = client.get_queue_receiver(queue, session_id=sparkbus.NEXT_AVAILABLE_SESSION, max_wait_time=2)
+        except sparkbus.OperationTimeoutError:
+            break
+        with receiver:
+            while batch := receiver.receive_messages(max_message_count=7):
+                start = time.time()
+                receiver.complete_messages(batch)
+                seen += [(m.session_id, str(m), start, time.time()) for m in batch]
+    results.put(seen)
+
+
+@pytest.mark.slow
+def test_four_receivers_process_twenty_sessions_in_order(spawn, admin, client, ns_path):
+    _session_queue(admin, "work", lock_duration="PT1M")
+    sender = client.get_queue_sender("work")
+    for i in range(50):  # interleaved sends: every session's messages spread over the whole run
+        sender.send_messages([ServiceBusMessage(f"{s:02d}-{i:02d}", session_id=f"session-{s:02d}") for s in range(20)])
+    outcomes = run_spawned(spawn, _work_sessions, [(ns_path, "work", w) for w in range(4)], timeout=600)
+    everything = [item for seen in outcomes for item in seen]
+    assert len(everything) == 1000 and len({body for _, body, _, _ in everything}) == 1000
+    assert sum(1 for seen in outcomes if seen) >= 2
+    for seen in outcomes:  # each receiver saw each session's messages in order
+        for session in {s for s, _, _, _ in seen}:
+            bodies = [body for s, body, _, _ in seen if s == session]
+            assert bodies == sorted(bodies)
+    for session in {s for s, _, _, _ in everything}:  # and no two receivers held one session at once
+        spans = sorted((start, end, w) for w, seen in enumerate(outcomes) for s, _, start, end in seen if s == session)
+        owners = [w for _, _, w in spans]
+        changes = sum(1 for a, b in zip(owners, owners[1:]) if a != b)
+        assert changes == 0, f"{session} moved between receivers while its lock was held"
+    assert admin.get_queue_runtime_properties("work").total_message_count == 0
