@@ -9,7 +9,7 @@ import argparse
 
 import pyarrow as pa
 
-from sparkbus import ServiceBusAdministrationClient, ServiceBusClient, ServiceBusMessage
+from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusAdministrationClient, ServiceBusClient, ServiceBusMessage
 from sparkbus.cli import format_table, namespace_rows
 from sparkbus.definitions import apply_definition, load_definition
 from sparkbus.spark import get_spark
@@ -60,6 +60,12 @@ def main() -> None:
         frame = receiver.receive_dataframe(max_message_count=500)
         print(f"\nreceived {len(first)} messages one by one and {frame.count()} as a DataFrame; "
               f"completed {receiver.complete_dataframe(frame)} of those by lock token")
+    with client.get_queue_receiver("invoices", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1) as receiver:
+        lines = receiver.receive_messages(max_message_count=10)
+        receiver.complete_messages(lines)
+        receiver.session.set_state(f"{len(lines)} lines invoiced".encode())
+        print(f"\nsession {receiver.session.session_id}: {[str(m) for m in lines]} in order; "
+              f"state {receiver.session.get_state()!r}")
     rows = namespace_rows(admin)
     print("\nafter sending and receiving:")
     print(format_table(rows))

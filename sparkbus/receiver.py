@@ -150,7 +150,7 @@ class ServiceBusReceiver:
         self._session_held: dict[int, str] = {}  # unsettled messages received under the session: seq -> token
         self._session_closed = False
         info = self._entity.get()
-        self._check_receivable(info)
+        self._check_receivable(info, receiving=False)
         if session_id is not None:
             self.session = ServiceBusSession(self, self._lock_session(info, session_id))
 
@@ -208,6 +208,7 @@ class ServiceBusReceiver:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
         info = self._entity.get()
+        self._check_receivable(info)
         found: list[ServiceBusReceivedMessage] = []
         for partition in sorted({sequencing.partition_of_sequence(n) for n in numbers}):
             wanted = [n for n in numbers if sequencing.partition_of_sequence(n) == partition]
@@ -562,12 +563,13 @@ class ServiceBusReceiver:
         with self._state_lock:
             return storage.retry_on_conflict(attempt, attempts=200, base_delay=0.002)
 
-    def _check_receivable(self, info: EntityInfo) -> None:
+    def _check_receivable(self, info: EntityInfo, receiving: bool = True) -> None:
+        """Status and session rules; a plain receiver of a session entity may peek but not receive."""
         status = info.options.get("status", "Active")
         if status in ("Disabled", "ReceiveDisabled"):
             raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; receiving is not allowed")
         sessionful = bool(info.options.get("requires_session"))
-        if sessionful and self.sub_queue is None and not self._session_requested:
+        if receiving and sessionful and self.sub_queue is None and not self._session_requested:
             raise InvalidOperationError(
                 f"{info.kind} {info.path!r} requires sessions: receive with a session receiver (session_id=...)")
         if self._session_requested and (not sessionful or self.sub_queue is not None):

@@ -206,7 +206,7 @@ def test_receiver_errors(admin, client):
     admin.create_queue("sessions", requires_session=True)
     admin.create_queue("off", status="ReceiveDisabled")
     with pytest.raises(InvalidOperationError, match="requires sessions"):
-        client.get_queue_receiver("sessions")
+        client.get_queue_receiver("sessions").receive_messages()
     with pytest.raises(MessagingEntityDisabledError, match="ReceiveDisabled"):
         client.get_queue_receiver("off")
     with pytest.raises(ValueError):

@@ -109,8 +109,14 @@ def test_next_available_session_and_errors(admin, client):
     assert {one.session.session_id, two.session.session_id} == {"x", "y"}
     with pytest.raises(OperationTimeoutError):
         client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.3)
-    with pytest.raises(InvalidOperationError, match="requires sessions"):
-        client.get_queue_receiver("s")
+    plain = client.get_queue_receiver("s")  # may peek every session without locking one, not receive
+    peeked = []
+    while batch := plain.peek_messages(10):
+        peeked += [str(m) for m in batch]
+    assert sorted(peeked) == ["x-0", "x-1", "y-0", "y-1"]
+    for call in (plain.receive_messages, lambda: plain.receive_deferred_messages([1])):
+        with pytest.raises(InvalidOperationError, match="requires sessions"):
+            call()
     with pytest.raises(InvalidOperationError, match="requires_session=True"):
         client.get_queue_receiver("plain", session_id="x")
     with pytest.raises(TypeError):
@@ -134,6 +140,22 @@ def test_session_dataframe_receive(spark, admin, ns_path):
     assert [r.session_id for r in df.select("session_id").collect()] == ["a"] * 4
     assert receiver.complete_dataframe(df) == 4
     assert admin.get_queue_runtime_properties("s").active_message_count == 2
+
+
+def _set_state(path, queue, worker, barrier, results):
+    import sparkbus
+
+    barrier.wait()
+    with sparkbus.ServiceBusClient(path).get_queue_receiver(queue, session_id="carried") as receiver:
+        receiver.session.set_state(b"written by another process")
+    results.put(worker)
+
+
+def test_session_state_survives_the_process_that_wrote_it(spawn, admin, client, ns_path):
+    _session_queue(admin)
+    run_spawned(spawn, _set_state, [(ns_path, "s", 0)])
+    with client.get_queue_receiver("s", session_id="carried") as receiver:  # released on close: no wait
+        assert receiver.session.get_state() == b"written by another process"
 
 
 def _work_sessions(path, queue, worker, barrier, results):
