@@ -67,3 +67,24 @@ def run_spawned(spawn, target, argument_lists, timeout: float = 300) -> list:
         p.join(timeout=60)
         assert p.exitcode == 0
     return outcomes
+
+
+def drain(path: str, queue: str, worker: int, barrier, results, batch_size: int = 7, together: bool = False) -> None:
+    """Spawned competing consumer: receive and complete until the queue stays empty for three polls;
+    puts (worker, sequence numbers completed). together: complete each batch with complete_messages."""
+    receiver = sparkbus.ServiceBusClient(path).get_queue_receiver(queue)
+    barrier.wait()
+    done, idle = [], 0
+    while idle < 3:
+        batch = receiver.receive_messages(max_message_count=batch_size, max_wait_time=0.2)
+        if not batch:
+            idle += 1
+            continue
+        idle = 0
+        if together:
+            receiver.complete_messages(batch)  # raises if any lock were not exclusively ours
+        else:
+            for message in batch:
+                receiver.complete_message(message)  # raises if the lock were not exclusively ours
+        done += [m.sequence_number for m in batch]
+    results.put((worker, done))

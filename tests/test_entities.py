@@ -141,7 +141,7 @@ def test_list_and_delete_remove_data(admin, ns_path):
     admin.create_queue("a")
     admin.create_queue("b", enable_partitioning=True)
     tables = admin.get_entity_tables("b")
-    assert set(tables) == {"messages", "locks"}
+    assert set(tables) == {"messages", "locks", "sessions"}
     for uri in tables.values():
         table = DeltaTable(uri)
         assert table.metadata().partition_columns == ["partition_id"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_spawned
+from conftest import drain, run_spawned
 
 from sparkbus import ServiceBusMessage, retention, storage
 from sparkbus.namespace import open_catalog
@@ -106,23 +106,6 @@ def test_small_partitions_are_left_alone(admin, client, ns_path):
     assert _count(admin, "q", "messages") == 20
 
 
-def _consume(path, queue, worker, barrier, results):
-    import sparkbus
-
-    receiver = sparkbus.ServiceBusClient(path).get_queue_receiver(queue)
-    barrier.wait()
-    done, idle = [], 0
-    while idle < 3:
-        batch = receiver.receive_messages(max_message_count=25, max_wait_time=0.2)
-        if not batch:
-            idle += 1
-            continue
-        idle = 0
-        receiver.complete_messages(batch)  # raises if any lock were not exclusively ours
-        done += [m.sequence_number for m in batch]
-    results.put(done)
-
-
 def _retain(path, queue, worker, barrier, results):
     from sparkbus import ServiceBusAdministrationClient, retention, storage
     from sparkbus.namespace import open_catalog
@@ -136,7 +119,7 @@ def _retain(path, queue, worker, barrier, results):
         for partition in range(info.partition_count):
             locks = storage.open_table(uris["locks"])
             removed += retention.run(info, storage.open_table(uris["messages"]), locks, partition, minimum=1)
-    results.put(["retention", removed])
+    results.put(("retention", removed))
 
 
 @pytest.mark.slow
@@ -146,12 +129,15 @@ def test_retention_racing_receivers_loses_and_repeats_nothing(spawn, admin, clie
     for chunk in range(6):
         sender.send_messages([ServiceBusMessage(f"{chunk}-{i}") for i in range(100)])
     outcomes = run_spawned(spawn, _dispatch, [(ns_path, "work", w) for w in range(3)])  # 2 receivers, 1 retention
-    completed = [seq for out in outcomes if out[:1] != ["retention"] for seq in out]
-    removed = next(out[1] for out in outcomes if out[:1] == ["retention"])
+    completed = [seq for who, done in outcomes if who != "retention" for seq in done]
+    removed = next(done for who, done in outcomes if who == "retention")
     assert len(completed) == 600 and len(set(completed)) == 600
     assert removed > 0
     assert admin.get_queue_runtime_properties("work").total_message_count == 0
 
 
 def _dispatch(path, queue, worker, barrier, results):
-    (_retain if worker == 2 else _consume)(path, queue, worker, barrier, results)
+    if worker == 2:
+        _retain(path, queue, worker, barrier, results)
+    else:
+        drain(path, queue, worker, barrier, results, batch_size=25, together=True)

@@ -172,7 +172,7 @@ def test_delete_subscription(admin, topic):
 def test_get_entity_tables(admin, topic):
     admin.create_subscription(topic, "a")
     sub = admin.get_entity_tables("Events/Subscriptions/A")
-    assert set(sub) == {"messages", "locks"} and sub != admin.get_entity_tables("events")
+    assert set(sub) == {"messages", "locks", "sessions"} and sub != admin.get_entity_tables("events")
     with pytest.raises(MessagingEntityNotFoundError):
         admin.get_entity_tables("events/Subscriptions/zzz")
     with pytest.raises(MessagingEntityNotFoundError):
