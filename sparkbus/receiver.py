@@ -235,10 +235,10 @@ class ServiceBusReceiver:
         self._check_receivable(info)
         queue = DEAD_LETTERED if self.sub_queue else ACTIVE
         available = [p for p in range(info.partition_count) if p not in info.unavailable]
+        if self.session is not None:
+            available = [p for p in available if p == self.session._partition]
         if not available:
             return []
-        if self.session is not None:
-            available = [self.session._partition]
         start = self._next_partition % len(available)
         self._next_partition += 1
         got: list[ServiceBusReceivedMessage] = []

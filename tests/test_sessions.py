@@ -197,3 +197,17 @@ def test_four_receivers_process_twenty_sessions_in_order(spawn, admin, client, n
         changes = sum(1 for a, b in zip(owners, owners[1:]) if a != b)
         assert changes == 0, f"{session} moved between receivers while its lock was held"
     assert admin.get_queue_runtime_properties("work").total_message_count == 0
+
+
+def test_a_session_on_an_unavailable_partition_delivers_nothing_until_it_returns(admin, client, ns_path):
+    from sparkbus import set_partition_availability
+
+    _session_queue(admin)
+    _send(client, "s", "a", 2)
+    receiver = client.get_queue_receiver("s", session_id="a")
+    set_partition_availability(ns_path, receiver.session._partition, False, entity_path="s", reason="disk")
+    time.sleep(1.1)  # receivers re-read entity settings at most once a second
+    assert receiver.receive_messages(max_message_count=2) == []
+    set_partition_availability(ns_path, receiver.session._partition, True, entity_path="s")
+    time.sleep(1.1)
+    assert [str(m) for m in receiver.receive_messages(max_message_count=2)] == ["a-0", "a-1"]
