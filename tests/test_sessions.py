@@ -211,3 +211,19 @@ def test_a_session_on_an_unavailable_partition_delivers_nothing_until_it_returns
     set_partition_availability(ns_path, receiver.session._partition, True, entity_path="s")
     time.sleep(1.1)
     assert [str(m) for m in receiver.receive_messages(max_message_count=2)] == ["a-0", "a-1"]
+
+
+def test_subscription_session_receivers(admin, client):
+    admin.create_topic("t")
+    admin.create_subscription("t", "carts", requires_session=True)
+    admin.create_subscription("t", "plain")
+    receiver = client.get_subscription_receiver("t", "carts", session_id="a")
+    receiver.session.set_state(b"kept")
+    with pytest.raises(SessionCannotBeLockedError):
+        client.get_subscription_receiver("t", "carts", session_id="a")
+    with pytest.raises(OperationTimeoutError):  # fan-out into subscriptions comes with the topics issue
+        client.get_subscription_receiver("t", "carts", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.2)
+    with pytest.raises(InvalidOperationError, match="requires_session=True"):
+        client.get_subscription_receiver("t", "plain", session_id="a")
+    receiver.close()
+    assert client.get_subscription_receiver("t", "carts", session_id="a").session.get_state() == b"kept"
