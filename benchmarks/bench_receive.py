@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 
-import sparkbus
+from common import bench_namespace
+
 from sparkbus import ServiceBusClient, ServiceBusMessage
 
 BATCH = 1000
@@ -99,11 +97,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=1_000_000, help="long completed history (0: skip)")
     parser.add_argument("--size", type=int, default=1024, help="body bytes per message")
     args = parser.parse_args()
-    print("command:", " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]))
-    path = tempfile.mkdtemp(prefix="sparkbus-bench-") + "/ns"
-    try:
-        sparkbus.create_namespace(path, credits_per_second=None)
-        admin = sparkbus.ServiceBusAdministrationClient(path)
+    with bench_namespace() as (path, admin):
         if args.single:
             admin.create_queue("single", enable_partitioning=True)
             latency(path, admin, "single", args.single, args.size, "")
@@ -114,9 +108,6 @@ def main() -> None:
             short = history(path, admin, 10_000, 300, args.size)
             long = history(path, admin, args.history, 300, args.size)
             print(f"history: p50 behind {args.history:,} completed is {long / short:.2f}x that behind 10,000")
-    finally:
-        shutil.rmtree(path.rsplit("/", 1)[0], ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -6,13 +6,11 @@ Prints messages/s for the bulk send and p50/p99 latency for single sends, with t
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 
-import sparkbus
+from common import bench_namespace
+
 from sparkbus import ServiceBusClient, ServiceBusMessage
 
 
@@ -58,20 +56,13 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=2_000, help="single-message sends (0: skip)")
     parser.add_argument("--size", type=int, default=1024, help="body bytes per message")
     args = parser.parse_args()
-    print("command:", " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]))
-    path = tempfile.mkdtemp(prefix="sparkbus-bench-") + "/ns"
-    try:
-        sparkbus.create_namespace(path, credits_per_second=None)
-        admin = sparkbus.ServiceBusAdministrationClient(path)
+    with bench_namespace() as (path, admin):
         admin.create_queue("bulk", enable_partitioning=True, max_size_in_megabytes=5120)
         admin.create_queue("single", enable_partitioning=True)
         if args.single:
             single(path, args.single, args.size)
         if args.bulk:
             bulk(path, args.bulk, args.size)
-    finally:
-        shutil.rmtree(path.rsplit("/", 1)[0], ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()
