@@ -34,7 +34,7 @@ def recent_ids(table: DeltaTable, partitions: list[int], now: datetime, window: 
     """Message ids enqueued into the given partitions within the window before now."""
     if table.version() == 0 or not partitions:
         return set()
-    cutoff_us = int((now - window).timestamp() * 1_000_000)
+    cutoff_us = storage.micros(now - window)
     found = storage.query(
         "SELECT message_id FROM messages WHERE partition_id IN ({}) AND CAST(enqueued_time_utc AS BIGINT) >= {}"
         .format(", ".join(str(int(p)) for p in partitions), cutoff_us), messages=table)

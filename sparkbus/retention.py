@@ -12,8 +12,8 @@ reader ever sees a completed message without its state row, which would make it 
 
 A run handles one partition with two conditional deletes naming it; messages go only when the gone
 rows are at least a quarter of the partition (and MIN_REMOVED), so the files it rewrites stay
-proportional to what it removes. Both deletes conflict only with writers of the same partition, and a run that loses a
-race is simply skipped: the next one finds the same rows.
+proportional to what it removes. Both deletes conflict only with writers of the same partition, and a
+run that loses a race is simply skipped: the next one finds the same rows.
 """
 from __future__ import annotations
 
@@ -26,13 +26,11 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from . import maintenance, storage
 from .registry import EntityInfo
-from .schemas import GONE_STATES
+from .schemas import GONE_SQL
 
 RUN_EVERY = 50  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
 MIN_REMOVED = 2_000
 MAX_RANGES = 256  # ranges per delete predicate; what remains goes in a later run
-
-_GONE = ", ".join(f"'{s}'" for s in GONE_STATES)
 
 
 def due(locks: DeltaTable) -> bool:
@@ -63,7 +61,7 @@ def _remove_messages(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, 
         window = f"AND CAST(m.enqueued_time_utc AS BIGINT) < {storage.micros(cutoff)}"
     rows = storage.query(f"""
         SELECT m.sequence_number,
-               l.state IN ({_GONE}) {window}
+               l.state IN ({GONE_SQL}) {window}
                  AND m.sequence_number < MAX(m.sequence_number) OVER () AS removable
         FROM messages m
         LEFT JOIN locks l ON l.partition_id = {partition} AND l.sequence_number = m.sequence_number
@@ -80,14 +78,14 @@ def _remove_messages(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, 
 
 def _remove_states(messages: DeltaTable, locks: DeltaTable, partition: int) -> None:
     rows = storage.query(f"""
-        SELECT l.sequence_number, l.state IN ({_GONE}) AND m.sequence_number IS NULL AS removable
+        SELECT l.sequence_number, l.state IN ({GONE_SQL}) AND m.sequence_number IS NULL AS removable
         FROM locks l
         LEFT JOIN messages m ON m.partition_id = {partition} AND m.sequence_number = l.sequence_number
         WHERE l.partition_id = {partition}
         ORDER BY l.sequence_number""", messages=messages, locks=locks)
     ranges = runs(rows["sequence_number"].to_pylist(), rows["removable"].to_pylist())[:MAX_RANGES]
     if ranges:
-        locks.delete(f"{_ranges_predicate(partition, ranges)} AND state IN ({_GONE})",
+        locks.delete(f"{_ranges_predicate(partition, ranges)} AND state IN ({GONE_SQL})",
                      post_commithook_properties=storage.NO_HOOKS)
         maintenance.after_commit(locks)
 

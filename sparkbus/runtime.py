@@ -5,8 +5,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Optional
 
+from deltalake import DeltaTable
+
 from . import storage
-from .schemas import DEAD_LETTERED, GONE_STATES
+from .schemas import DEAD_LETTERED, GONE_SQL
 
 
 @dataclass(frozen=True)
@@ -21,26 +23,25 @@ class Counts:
 
 def _live_messages(header_copies: int, where: str = "TRUE") -> str:
     """FROM clause over messages still in the entity (not completed or cancelled), with their stored size."""
-    gone = ", ".join(f"'{s}'" for s in GONE_STATES)
     return f"""
         FROM (SELECT m.*, l.state, m.body_size + m.header_size * {int(header_copies)} AS stored_size
               FROM messages m
               LEFT JOIN locks l ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
-              WHERE (l.state IS NULL OR l.state NOT IN ({gone})) AND {where})
+              WHERE (l.state IS NULL OR l.state NOT IN ({GONE_SQL})) AND {where})
     """
 
 
-def open_live(messages_uri: str, locks_uri: str):
-    """(locks, messages), opened in this order: see sparkbus.retention for why locks comes first."""
+def open_live(messages_uri: str, locks_uri: str) -> tuple[DeltaTable, DeltaTable]:
+    """(messages, locks), locks opened first: see sparkbus.retention for why."""
     locks = storage.open_table(locks_uri)
-    return locks, storage.open_table(messages_uri)
+    return storage.open_table(messages_uri), locks
 
 
 def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
                   now: Optional[datetime] = None) -> Counts:
     """Counts over every partition, by state. header_copies: a topic stores headers once per subscription."""
-    now_us = int((now or datetime.now(timezone.utc)).timestamp() * 1_000_000)
-    locks, messages = open_live(messages_uri, locks_uri)
+    now_us = storage.micros(now or datetime.now(timezone.utc))
+    messages, locks = open_live(messages_uri, locks_uri)
     sql = f"""
         SELECT
           COUNT(*) AS total,
@@ -63,6 +64,6 @@ def partition_sizes(messages_uri: str, locks_uri: str, partitions: Iterable[int]
     """Exact stored bytes of the given partitions."""
     ids = ", ".join(str(int(p)) for p in partitions)
     sql = f"SELECT partition_id, SUM(stored_size) AS size {_live_messages(header_copies, f'm.partition_id IN ({ids})')} GROUP BY partition_id"
-    locks, messages = open_live(messages_uri, locks_uri)
+    messages, locks = open_live(messages_uri, locks_uri)
     table = storage.query(sql, messages=messages, locks=locks)
     return dict(zip(table["partition_id"].to_pylist(), (int(v) for v in table["size"].to_pylist())))

@@ -40,6 +40,7 @@ CANCELLED = "cancelled"
 DEAD_LETTERED = "dead_lettered"
 DEFERRED = "deferred"
 GONE_STATES = (COMPLETED, CANCELLED)
+GONE_SQL = ", ".join(f"'{s}'" for s in GONE_STATES)  # for `state IN (...)` in queries
 
 LOCKS = pa.schema([
     pa.field("partition_id", pa.int32(), nullable=False),

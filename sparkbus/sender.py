@@ -126,7 +126,7 @@ class ServiceBusSender:
 def cancel_scheduled(info: EntityInfo, numbers: list[int]) -> None:
     """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions."""
     now = datetime.now(timezone.utc)
-    now_us = int(now.timestamp() * 1_000_000)
+    now_us = storage.micros(now)
     wanted = ", ".join(str(n) for n in numbers)
     messages = storage.open_table(info.tables["messages"])
     found = storage.query(
