@@ -29,7 +29,7 @@ from .errors import MessagingEntityNotFoundError
 from .management import ServiceBusAdministrationClient
 from .names import DEFAULT_RULE_NAME
 from .namespace import create_namespace
-from .rules import CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter
+from .rules import CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter, check_action, check_filter
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,7 +73,10 @@ def _rule(item: dict, where: str) -> tuple[str, object, Optional[SqlRuleAction]]
     else:
         rule_filter = TrueRuleFilter()
     action = SqlRuleAction(options["action"]) if options.get("action") else None
-    return name, rule_filter, action
+    try:  # syntax errors surface while reading the definition, before anything is applied
+        return name, check_filter(rule_filter), check_action(action)
+    except ValueError as error:
+        raise ValueError(f"rule {name!r} in {where}: {error}") from None
 
 
 def _differs(current: object, wanted: dict) -> dict:

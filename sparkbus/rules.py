@@ -1,7 +1,9 @@
 """Subscription rule types (as in azure-servicebus) and their stored form.
 
 Filters decide which topic messages a subscription receives; an action rewrites a copy's properties.
-Rules are stored and returned faithfully here; evaluation comes with topic fan-out.
+Rules are stored and returned faithfully here; check_filter/check_action (create_rule, update_rule and
+namespace definitions) also parse SQL text with sparkbus.language, so a syntax error is a ValueError
+naming the position and nothing is stored. Evaluation lives in sparkbus.language and sparkbus.fanout.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional, Union
 
+from .language import check_action_text, check_filter_text
 from .values import check_properties, decode_properties, encode_properties
 
 MAX_SQL_EXPRESSION_LENGTH = 1024
@@ -132,6 +135,7 @@ class RuleProperties:
 
 
 def check_filter(value: object) -> RuleFilter:
+    """A rule's filter, its SQL parsed (ValueError with the position on a syntax error)."""
     if value is None:
         return TrueRuleFilter()
     if not isinstance(value, (SqlRuleFilter, CorrelationRuleFilter)):
@@ -139,12 +143,17 @@ def check_filter(value: object) -> RuleFilter:
             "filter must be a SqlRuleFilter, CorrelationRuleFilter, TrueRuleFilter or FalseRuleFilter, "
             f"got {type(value).__name__}"
         )
+    if isinstance(value, SqlRuleFilter):
+        check_filter_text(value.sql_expression, value.parameters)
     return value
 
 
 def check_action(value: object) -> Optional[SqlRuleAction]:
+    """A rule's action, its SQL parsed (ValueError with the position on a syntax error)."""
     if value is not None and not isinstance(value, SqlRuleAction):
         raise TypeError(f"action must be a SqlRuleAction or None, got {type(value).__name__}")
+    if value is not None:
+        check_action_text(value.sql_expression, value.parameters)
     return value
 
 

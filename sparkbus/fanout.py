@@ -1,0 +1,430 @@
+"""Topic fan-out: each topic message becomes copies in the subscriptions whose rules select it, exactly once.
+
+Where progress lives. A copy of a topic message from topic partition p goes to partition p of the
+subscription (as in partitioned Service Bus, where a subscription's partition lives beside the topic's;
+keyed messages land where the key would place them anyway). Each subscription's `messages` table carries
+one Delta application transaction per topic partition, app id "sparkbus.fanout.p<p>", whose version is
+the highest topic sequence number (low 48 bits) fanned into that subscription. The copies and that
+version are one Delta commit: either both are there or neither is.
+
+Why nothing is copied twice. A batch reads the subscription's versions at the table version it commits
+against and copies only topic messages above them; the commit names every partition it covers (a
+conditional overwrite, `partition_id = p AND sequence_number > high-water mark`). delta-rs rejects a
+commit when a concurrent commit added rows to those partitions or set the same app ids (measured: two
+commits setting one app id conflict even on different partitions), so a replayed batch (after a crash or
+restart), or a second fan-out running on the same topic by mistake, re-reads the versions and copies
+only what is still missing. delta-rs itself does not refuse a lower or repeated version: the check above,
+inside the conflict-checked commit, is what does.
+
+Why nothing is lost. A topic's own cursor (the same app ids on the topic's `messages` table) advances
+only after every subscription committed the batch; it is the start of the next batch and the bound of
+topic retention (fanned-out rows leave the topic, except each partition's highest row, which keeps
+sequence numbering gap-free). A lost race or a crash leaves the cursor behind, and the next batch
+re-reads messages the subscriptions' versions then skip.
+
+Subscriptions and rules are read from the catalog after the batch's messages were read, so a
+subscription created before a message was sent sees it; one created later starts with messages enqueued
+after its creation. Scheduled topic messages are not part of the cursor's pass: when due they are copied
+one by one under app ids "sparkbus.fanout.s<sequence number>" and then marked completed in the topic's
+`locks` table (cancel_scheduled_messages on the topic marks them cancelled before that).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from collections import Counter
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from . import locks, maintenance, sequencing, storage
+from .catalog import Catalog, Row, Snapshot
+from .durations import MAX_DURATION
+from .language import CompiledRule, MessageView, compile_correlation, compile_sql, select
+from .message import header_sizes
+from .names import key
+from .registry import EntityInfo, resolve
+from .rules import CORRELATION_FIELDS, CorrelationRuleFilter, action_from_json, filter_from_json
+from .schemas import COMPLETED, DEAD_LETTERED, MESSAGES
+from .values import encode_properties
+
+FILTER_EVALUATION_REASON = "FilterEvaluationException"
+MAX_ATTEMPTS = 100
+_LATEST_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
+
+
+def partition_app_id(partition: int) -> str:
+    return f"sparkbus.fanout.p{partition}"
+
+
+def scheduled_app_id(sequence_number: int) -> str:
+    return f"sparkbus.fanout.s{sequence_number}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A subscription as the fan-out sees it: where copies go and the rules that select them."""
+
+    info: EntityInfo
+    rules: tuple[CompiledRule, ...]
+    created_us: int
+    enabled: bool
+
+
+@dataclass
+class FanoutResult:
+    """What one batch did: topic messages handled, filter evaluations (the throttling seam charges one
+    credit each), and copies and dead-letters per subscription path."""
+
+    messages: int = 0
+    evaluations: int = 0
+    copies: dict[str, int] = field(default_factory=dict)
+    dead_lettered: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: "FanoutResult") -> None:
+        self.messages += other.messages
+        self.evaluations += other.evaluations
+        for mine, theirs in ((self.copies, other.copies), (self.dead_lettered, other.dead_lettered)):
+            for path, count in theirs.items():
+                mine[path] = mine.get(path, 0) + count
+
+
+# Filter evaluations per namespace root in this process: the seam where credit-based throttling charges
+# one credit per filter evaluated for a message sent to a topic.
+EVALUATIONS: Counter = Counter()
+
+
+def compile_rule(row: Row) -> CompiledRule:
+    """A stored rule ready to evaluate; a rule that no longer parses keeps its problem (validated here)."""
+    name = row.path.split("/")[-1]
+    try:
+        rule_filter = filter_from_json(row.properties["filter"])
+        action = action_from_json(row.properties["action"])
+    except (ValueError, TypeError, KeyError) as error:
+        return CompiledRule(name, problem=f"the stored rule cannot be read: {error}")
+    action_text = action.sql_expression if action else None
+    action_parameters = action.parameters if action else None
+    if isinstance(rule_filter, CorrelationRuleFilter):
+        fields = {f: getattr(rule_filter, f) for f in CORRELATION_FIELDS}
+        return compile_correlation(name, fields, rule_filter.properties, action_text, action_parameters)
+    return compile_sql(name, rule_filter.sql_expression, rule_filter.parameters, action_text, action_parameters)
+
+
+def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
+    """The topic's subscriptions with their compiled rules, as of one catalog snapshot."""
+    topic_row = snap.get(key(topic.path))
+    found = []
+    for sub in snap.children(topic_row.key, "subscription"):
+        info = resolve(root, snap, sub.path, ("subscription",))
+        rules = tuple(compile_rule(r) for r in snap.children(sub.key, "rule"))
+        found.append(Target(info, rules, storage.micros(sub.created_at_utc),
+                            info.options.get("status", "Active") not in ("Disabled",)))
+    return found
+
+
+def topic_cursors(topic_messages: DeltaTable, partitions: int) -> dict[int, int]:
+    """Per topic partition, the n up to which every message has been fanned out."""
+    return {p: topic_messages.transaction_version(partition_app_id(p)) or 0 for p in range(partitions)}
+
+
+# ---- one batch ------------------------------------------------------------------------------------------
+
+def deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table) -> FanoutResult:
+    """Fan out a batch of topic message rows (MESSAGES columns, any partitions, replays allowed).
+
+    Rows with a scheduled time are left to deliver_scheduled. Returns what was done; raises only for
+    storage failures (the batch can then be run again).
+    """
+    result = FanoutResult()
+    if rows.num_rows == 0:
+        return result
+    rows = rows.select(MESSAGES.names).cast(MESSAGES)
+    partitions = np.asarray(rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    low = np.asarray(rows["sequence_number"].to_numpy(zero_copy_only=False), dtype=np.int64) & sequencing.LOW_MASK
+    ends = {int(p): int(low[partitions == p].max()) for p in np.unique(partitions)}
+    immediate = np.asarray(pc.is_null(rows["scheduled_enqueue_time_utc"]).to_numpy(zero_copy_only=False), dtype=bool)
+    snap = catalog.snapshot()  # after the rows were read: see the module docstring
+    view = MessageView(rows.filter(pa.array(immediate)))
+    result.messages = view.n
+    for target in targets(catalog.root, snap, topic):
+        result.add(_deliver_to(target, view, ends))
+    _advance_topic(topic, ends)
+    EVALUATIONS[catalog.root] += result.evaluations
+    return result
+
+
+def _deliver_to(target: Target, view: MessageView, ends: dict[int, int]) -> FanoutResult:
+    """Copies of the view's rows selected by the target's rules, committed with the batch's versions."""
+    result = FanoutResult()
+    enqueued = np.asarray(view.rows["enqueued_time_utc"].cast(pa.int64()).to_numpy(zero_copy_only=False))
+    eligible = (enqueued >= target.created_us) if target.enabled else np.zeros(view.n, dtype=bool)
+    copies = select(list(target.rules), view, eligible)
+    result.evaluations = copies.evaluations
+    built = _copies_table(target, view, copies)
+    table = storage.open_table(target.info.tables["messages"])
+    for attempt in range(MAX_ATTEMPTS):
+        try:
+            committed = _commit_copies(target, table, built, ends)
+            break
+        except CommitFailedError:
+            table = storage.refresh(table)
+        except (DeltaError, FileNotFoundError) as error:
+            if not storage.is_expired_version(error):
+                raise
+            table = storage.refresh(table)
+    else:
+        raise CommitFailedError(f"could not commit fan-out copies to {target.info.path!r} after {MAX_ATTEMPTS} attempts")
+    if committed is not None:
+        data, numbers = committed
+        dead = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)[data]
+        _dead_letter(target, numbers[dead], built.reasons.take(pa.array(data[dead])).to_pylist())
+        result.copies[target.info.path] = int((~dead).sum())
+        result.dead_lettered[target.info.path] = int(dead.sum())
+    return result
+
+
+@dataclass
+class _Built:
+    """Copies in MESSAGES columns, sorted by topic order, with their source numbers and dead-letter reasons."""
+
+    rows: pa.Table
+    sources: np.ndarray  # topic n (low bits) of each copy
+    reasons: pa.Array    # dead-letter reason, null for a normal copy
+
+
+def _copies_table(target: Target, view: MessageView, copies) -> _Built:
+    parts, order, reasons = [], [], []
+    for rank, (rows, source) in enumerate(_copy_sources(view, copies)):
+        if source is None:
+            continue
+        parts.append(source)
+        order.append(np.stack([rows, np.full(len(rows), rank)], axis=1))
+        reasons.append(pa.array([copies.reasons[i] for i in rows.tolist()], pa.string()) if rank == 0
+                       else pa.nulls(len(rows), pa.string()))
+    if not parts:
+        empty = MESSAGES.empty_table()
+        return _Built(empty, np.zeros(0, dtype=np.int64), pa.array([], pa.string()))
+    table = pa.concat_tables(parts)
+    keys = np.concatenate(order)
+    sort = np.lexsort((keys[:, 1], keys[:, 0]))
+    table = _for_subscription(target, table.take(pa.array(sort)))
+    sources = np.asarray(table["sequence_number"].to_numpy(zero_copy_only=False), dtype=np.int64) & sequencing.LOW_MASK
+    return _Built(table, sources, pa.concat_arrays(reasons).take(pa.array(sort)))
+
+
+def _copy_sources(view: MessageView, copies):
+    """(row positions, rows) of dead-letter copies first (rank 0), then plain copies, then each action's."""
+    dead = np.flatnonzero(copies.dead_letter)
+    yield dead, (view.rows.take(pa.array(dead)) if len(dead) else None)
+    plain = np.flatnonzero(copies.plain)
+    yield plain, (view.rows.take(pa.array(plain)) if len(plain) else None)
+    for _, rows, changed in copies.actions:
+        yield rows, _changed_rows(changed)
+
+
+def _changed_rows(view: MessageView) -> pa.Table:
+    """The rows of a view after an action: application properties and changed system columns written back."""
+    table = view.rows
+    encoded = pa.array([encode_properties(p) for p in view.properties()], pa.string())
+    table = table.set_column(table.schema.get_field_index("application_properties"), "application_properties", encoded)
+    for column, values in view.system_overrides().items():
+        table = table.set_column(table.schema.get_field_index(column), column, values.cast(pa.string()))
+    sizes = header_sizes(table)
+    return table.set_column(table.schema.get_field_index("header_size"), "header_size", sizes).cast(MESSAGES)
+
+
+def _for_subscription(target: Target, rows: pa.Table) -> pa.Table:
+    """Topic rows as the subscription stores them: expiry = enqueued + min(message TTL, subscription default)."""
+    default = target.info.options.get("default_message_time_to_live", MAX_DURATION)
+    if default >= MAX_DURATION:
+        return rows
+    default_ms = default // timedelta(milliseconds=1)
+    ttl = pc.fill_null(rows["time_to_live_ms"], default_ms)
+    ttl = np.minimum(np.asarray(ttl.to_numpy(zero_copy_only=False), dtype=np.int64), default_ms)
+    enqueued = np.asarray(rows["enqueued_time_utc"].cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+    expires = np.minimum(enqueued + ttl * 1000, _LATEST_US)
+    column = pa.array(expires, pa.int64()).cast(MESSAGES.field("expires_at_utc").type)
+    return rows.set_column(rows.schema.get_field_index("expires_at_utc"), "expires_at_utc", column)
+
+
+def _commit_copies(target: Target, table: DeltaTable, built: _Built,
+                   ends: dict[int, int]) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """One conditional commit of the copies not yet in the subscription, with the new versions.
+
+    Returns (positions in built of the copies committed, their sequence numbers), or None when the
+    subscription already has the whole batch."""
+    done = {p: table.transaction_version(partition_app_id(p)) or 0 for p in ends}
+    moving = {p: e for p, e in ends.items() if e > done[p]}
+    if not moving:
+        return None
+    partitions = np.asarray(built.rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    wanted = np.array([p in moving and s > done[p] for p, s in zip(partitions.tolist(), built.sources.tolist())],
+                      dtype=bool)
+    positions = np.flatnonzero(wanted)
+    data = built.rows.take(pa.array(positions))
+    marks = sequencing.high_water_marks(table)
+    numbers, _ = sequencing.number(partitions[positions], marks)
+    data = data.set_column(data.schema.get_field_index("sequence_number"), "sequence_number",
+                           pa.array(numbers, pa.int64()))
+    versions = [Transaction(partition_app_id(p), e) for p, e in sorted(moving.items())]
+    write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(marks, sorted(moving)),
+                    commit_properties=CommitProperties(app_transactions=versions),
+                    post_commithook_properties=storage.NO_HOOKS)
+    maintenance.after_commit(table)
+    return positions, numbers
+
+
+def _dead_letter(target: Target, numbers: np.ndarray, reasons: list[str]) -> None:
+    """State rows moving fresh copies to the dead-letter sub-queue (one conditional commit per partition)."""
+    if not len(numbers):
+        return
+    now = datetime.now(timezone.utc)
+    by_partition: dict[int, list] = {}
+    for number, reason in zip(numbers.tolist(), reasons):
+        p = sequencing.partition_of_sequence(number)
+        by_partition.setdefault(p, []).append(locks.new_state(p, number, DEAD_LETTERED, 0, now,
+                                                              reason=FILTER_EVALUATION_REASON, description=reason))
+    for p, states in by_partition.items():
+        rows = pa.Table.from_pylist(states, schema=locks.LOCKS)
+
+        def commit(p=p, rows=rows) -> None:
+            locks.commit(storage.open_table(target.info.tables["locks"]), p, rows)
+
+        storage.retry_on_conflict(commit)
+
+
+def _advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
+    """Move the topic's cursor to the batch's ends and let fanned-out rows leave the topic (one commit).
+
+    Skipped when it loses a race: the next batch starts from the old cursor and the subscriptions'
+    versions skip what they already have."""
+    def attempt() -> None:
+        table = storage.open_table(topic.tables["messages"])
+        cursors = topic_cursors(table, topic.partition_count)
+        moving = {p: e for p, e in ends.items() if e > cursors[p]}
+        if not moving:
+            return
+        marks = sequencing.high_water_marks(table)
+        spans = " OR ".join(
+            f"(partition_id = {p} AND sequence_number <= {sequencing.compose(p, min(e, marks.get(p, 0) - 1))})"
+            for p, e in sorted(moving.items()))
+        versions = [Transaction(partition_app_id(p), e) for p, e in sorted(moving.items())]
+        # An overwrite with no rows deletes what the predicate names and, unlike delete(), commits (and so
+        # records the versions) even when nothing matches.
+        write_deltalake(table, MESSAGES.empty_table(), mode="overwrite",
+                        predicate=f"({spans}) AND scheduled_enqueue_time_utc IS NULL",
+                        commit_properties=CommitProperties(app_transactions=versions),
+                        post_commithook_properties=storage.NO_HOOKS)
+        maintenance.after_commit(table)
+
+    try:
+        storage.retry_on_conflict(attempt, attempts=10)
+    except CommitFailedError:
+        pass
+
+
+# ---- scheduled topic messages ---------------------------------------------------------------------------
+
+def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetime] = None) -> FanoutResult:
+    """Fan out scheduled topic messages whose time has come and that were not cancelled or fanned out."""
+    now_us = storage.micros(now or datetime.now(timezone.utc))
+    topic_locks = storage.open_table(topic.tables["locks"])
+    topic_messages = storage.open_table(topic.tables["messages"])
+    due = storage.query(f"""
+        SELECT m.* FROM messages m
+        LEFT JOIN locks l ON l.partition_id = m.partition_id AND l.sequence_number = m.sequence_number
+        WHERE m.scheduled_enqueue_time_utc IS NOT NULL AND CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us}
+          AND l.sequence_number IS NULL
+        ORDER BY m.partition_id, m.sequence_number""", messages=topic_messages, locks=topic_locks)
+    result = FanoutResult()
+    if due.num_rows == 0:
+        return result
+    due = due.select(MESSAGES.names).cast(MESSAGES)
+    snap = catalog.snapshot()
+    view = MessageView(due)
+    numbers = due["sequence_number"].to_pylist()
+    result.messages = view.n
+    for target in targets(catalog.root, snap, topic):
+        result.add(_deliver_scheduled_to(target, view, numbers))
+    states = [locks.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
+              for n in numbers]
+    table = pa.Table.from_pylist(states, schema=locks.LOCKS)
+    for p in sorted({s["partition_id"] for s in states}):
+        part = table.filter(pc.equal(table["partition_id"], p))
+        storage.retry_on_conflict(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part))
+    EVALUATIONS[catalog.root] += result.evaluations
+    return result
+
+
+def _deliver_scheduled_to(target: Target, view: MessageView, numbers: list[int]) -> FanoutResult:
+    """Scheduled copies: like a batch, but each topic message is its own app id (they come out of order)."""
+    result = FanoutResult()
+    enqueued = np.asarray(view.rows["enqueued_time_utc"].cast(pa.int64()).to_numpy(zero_copy_only=False))
+    eligible = (enqueued >= target.created_us) if target.enabled else np.zeros(view.n, dtype=bool)
+    copies = select(list(target.rules), view, eligible)
+    result.evaluations = copies.evaluations
+    built = _copies_table(target, view, copies)
+    built.rows = built.rows.set_column(built.rows.schema.get_field_index("scheduled_enqueue_time_utc"),
+                                       "scheduled_enqueue_time_utc", pa.nulls(built.rows.num_rows, MESSAGES.field(
+                                           "scheduled_enqueue_time_utc").type))
+
+    def attempt() -> Optional[tuple[np.ndarray, np.ndarray]]:
+        table = storage.open_table(target.info.tables["messages"])
+        missing = [n for n in numbers if table.transaction_version(scheduled_app_id(n)) is None]
+        if not missing:
+            return None
+        wanted_sources = set(missing)
+        partitions = np.asarray(built.rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+        wanted = np.array([sequencing.compose(p, s) in wanted_sources for p, s in
+                           zip(partitions.tolist(), built.sources.tolist())], dtype=bool)
+        positions = np.flatnonzero(wanted)
+        data = built.rows.take(pa.array(positions))
+        marks = sequencing.high_water_marks(table)
+        sequence, _ = sequencing.number(partitions[positions], marks)
+        data = data.set_column(data.schema.get_field_index("sequence_number"), "sequence_number",
+                               pa.array(sequence, pa.int64()))
+        touched = sorted({sequencing.partition_of_sequence(n) for n in missing})
+        write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(marks, touched),
+                        commit_properties=CommitProperties(app_transactions=[Transaction(scheduled_app_id(n), 1)
+                                                                             for n in missing]),
+                        post_commithook_properties=storage.NO_HOOKS)
+        maintenance.after_commit(table)
+        return positions, sequence
+
+    committed = storage.retry_on_conflict(attempt)
+    if committed is not None:
+        positions, sequence = committed
+        dead = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)[positions]
+        _dead_letter(target, sequence[dead], built.reasons.take(pa.array(positions[dead])).to_pylist())
+        result.copies[target.info.path] = int((~dead).sum())
+        result.dead_lettered[target.info.path] = int(dead.sum())
+    return result
+
+
+# ---- without Spark: read pending messages with delta-rs ---------------------------------------------------
+
+def pending(topic: EntityInfo, limit: int = 100_000) -> pa.Table:
+    """Topic rows above the topic's cursor, oldest first per partition, at most `limit` in all."""
+    table = storage.open_table(topic.tables["messages"])
+    cursors = topic_cursors(table, topic.partition_count)
+    where = " OR ".join(f"(partition_id = {p} AND sequence_number > {sequencing.compose(p, n)})"
+                        for p, n in cursors.items())
+    return storage.query(f"SELECT * FROM messages WHERE {where} ORDER BY sequence_number LIMIT {int(limit)}",
+                         messages=table)
+
+
+def drain(catalog: Catalog, topic_path: str, *, batch_size: int = 100_000) -> FanoutResult:
+    """Fan out everything pending on one topic now, in batches, without Spark (tests, small jobs)."""
+    total = FanoutResult()
+    while True:
+        topic = resolve(catalog.root, catalog.snapshot(), topic_path, ("topic",))
+        rows = pending(topic, batch_size)
+        if rows.num_rows == 0:
+            break
+        total.add(deliver(catalog, topic, rows))
+    total.add(deliver_scheduled(catalog, resolve(catalog.root, catalog.snapshot(), topic_path, ("topic",))))
+    return total
