@@ -27,6 +27,7 @@ from .values import encode_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
 
     from .enqueue import EntityWriter
 
@@ -50,10 +51,12 @@ def placement_udf(requires_duplicate_detection: bool, partition_count: int):
     return place
 
 
-def _check_columns(df: "DataFrame") -> dict[str, object]:
+def check_columns(schema: "StructType") -> dict[str, object]:
+    """The message columns of a DataFrame schema (send_dataframe and the streaming sink); ValueError or
+    TypeError names what is wrong and what is allowed."""
     from pyspark.sql import types as T
 
-    fields = {f.name: f.dataType for f in df.schema.fields}
+    fields = {f.name: f.dataType for f in schema.fields}
     if "body" not in fields:
         raise ValueError(f"send_dataframe needs a 'body' column (string or binary); the DataFrame has {sorted(fields)}")
     unknown = sorted(set(fields) - {"body", *OPTIONAL_COLUMNS})
@@ -88,6 +91,8 @@ def complete_batch(batch: pa.RecordBatch, requires_duplicate_detection: bool, pa
     """OUTGOING rows plus placement codes for one Arrow batch: missing message ids generated, typed
     properties encoded, durations in ms, and partitioning.partition_codes applied."""
     n = batch.num_rows
+    if "body" in batch.schema.names and pa.types.is_string(batch.schema.field("body").type):
+        batch = batch.set_column(batch.schema.get_field_index("body"), "body", pc.cast(batch.column("body"), pa.binary()))
     columns = {}
     for field in OUTGOING:
         present = field.name in batch.schema.names
@@ -132,7 +137,7 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
 
 def send_dataframe(writer: "EntityWriter", df: "DataFrame") -> EnqueueResult:
     """Send every row of df in one atomic commit; returns counts and per-partition (first, last) numbers."""
-    fields = _check_columns(df)
+    fields = check_columns(df.schema)
     info = writer.info()
     staging = os.path.join(info.namespace.path, STAGING_DIR, uuid.uuid4().hex)
     os.makedirs(staging)

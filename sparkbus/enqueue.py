@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from . import duplicates, maintenance, partitioning, sequencing, storage
@@ -97,11 +97,15 @@ class EntityWriter:
         return self._info_source()
 
     def append(self, rows: pa.Table, *, codes: Optional[np.ndarray] = None, batch_limit: bool = True,
-               info: Optional[EntityInfo] = None, with_sequence_numbers: bool = True) -> EnqueueResult:
+               info: Optional[EntityInfo] = None, with_sequence_numbers: bool = True,
+               app_transaction: Optional[tuple[str, int]] = None) -> EnqueueResult:
         """Send rows (OUTGOING schema) as one atomic commit.
 
         codes: placement codes computed elsewhere (the Spark UDF); batch_limit: apply the tier's batch size
-        limit (not for DataFrames); with_sequence_numbers: report each row's number (not for bulk sends).
+        limit (not for DataFrames); with_sequence_numbers: report each row's number (not for bulk sends);
+        app_transaction: (app id, version) recorded with the commit; when the table already has that app id
+        at this version or later, nothing is written (a replayed streaming batch). delta-rs rejects two
+        concurrent commits of one app id, and the check is made at the version the commit is based on.
         """
         info = info or self.info()
         rows = rows.select(OUTGOING.names).cast(OUTGOING)
@@ -117,7 +121,10 @@ class EntityWriter:
         for attempt in range(MAX_ATTEMPTS):
             table = self._open(info)
             try:
-                return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers)
+                if app_transaction is not None and (table.transaction_version(app_transaction[0]) or -1) >= app_transaction[1]:
+                    return EnqueueResult()
+                return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers,
+                                    app_transaction)
             except CommitFailedError:
                 self._table = storage.refresh(table)
                 time.sleep(random.uniform(0, 0.002 * min(attempt + 1, 20)))
@@ -134,7 +141,8 @@ class EntityWriter:
         return self._table
 
     def _commit(self, info: EntityInfo, table: DeltaTable, rows: pa.Table, placed: np.ndarray, keep: np.ndarray,
-                body: np.ndarray, header: np.ndarray, dedup: bool, with_sequence_numbers: bool) -> EnqueueResult:
+                body: np.ndarray, header: np.ndarray, dedup: bool, with_sequence_numbers: bool,
+                app_transaction: Optional[tuple[str, int]] = None) -> EnqueueResult:
         now = datetime.now(timezone.utc)
         accept = keep.copy()
         if dedup and accept.any():
@@ -159,7 +167,9 @@ class EntityWriter:
         accepted = rows if len(index) == rows.num_rows else rows.take(pa.array(index))
         data = _stored_rows(info, accepted, partitions, sequence, body[index], header[index], now)
         base_version = table.version()
+        versions = [Transaction(*app_transaction)] if app_transaction else None
         write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(self._marks, touched),
+                        commit_properties=CommitProperties(app_transactions=versions),
                         post_commithook_properties=storage.NO_HOOKS)
         for pid, (_, last) in ranges.items():
             self._marks[pid] = last & sequencing.LOW_MASK

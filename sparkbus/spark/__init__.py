@@ -1,5 +1,7 @@
-"""SparkSession helper: local[*] by default, settings from a spark-defaults style file, Python workers
-started with the running interpreter (PySpark otherwise starts `python3` from PATH, which lacks the venv).
+"""Spark-specific code (imported lazily: the message API never needs it). This module: the SparkSession
+helper (local[*] by default, settings from a spark-defaults style file, Python workers
+started with the running interpreter (PySpark otherwise starts `python3` from PATH, which lacks the venv)), and
+register() for sessions that do not import the "sparkbus" data source at start-up.
 """
 from __future__ import annotations
 
@@ -50,3 +52,12 @@ def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_
     for k, v in merged.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
+
+
+def register(spark) -> None:
+    """Make .format("sparkbus") available in a session. Sessions of Spark 4 import it on their own (the
+    installed module pyspark_sparkbus; spark.sql.pyspark.dataSource.staticImport.enabled): this serves
+    sessions where that import is off."""
+    from .datasource import SparkbusDataSource
+
+    spark.dataSource.register(SparkbusDataSource)

@@ -1,0 +1,242 @@
+"""The "sparkbus" Spark data source: batch and streaming reads of an entity's messages, and a streaming
+sink that sends each micro-batch exactly once.
+
+Reads are non-destructive (a tap: nothing is locked or settled). Offsets are, per entity and partition,
+the low 48 bits of the last sequence number read: {"<entity path>": {"<partition>": n}}. Sequence numbers
+are gap-free and increasing in commit order per partition, so (start, end] names exactly the messages
+committed in between; a message completed and removed by retention before a micro-batch reads it is not
+seen. Executors read with delta-rs; Spark never opens the Delta tables itself.
+
+The sink stages each micro-batch's rows as Arrow files on the executors (as send_dataframe does) and
+commits them in one Delta commit that records the batch id as a Delta application transaction keyed on
+the checkpoint location: a batch replayed after a crash finds its id recorded and writes nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamArrowWriter, DataSourceStreamReader,
+                                    InputPartition, WriterCommitMessage)
+from pyspark.sql.types import StructType
+
+from .. import dataframes, sequencing, storage
+from ..catalog import Catalog
+from ..enqueue import EntityWriter
+from ..fanout import topic_cursors
+from ..registry import EntityInfo, resolve
+from ..schemas import GONE_SQL, MESSAGES
+
+FORMAT = "sparkbus"
+ALL_TOPICS = "*topics"  # entity option of the fan-out query: every topic, including ones created later
+SCHEMA = (
+    "entity string, partition_id int, sequence_number long, message_id string, session_id string, "
+    "partition_key string, correlation_id string, content_type string, subject string, `to` string, "
+    "reply_to string, reply_to_session_id string, application_properties string, body binary, "
+    "time_to_live_ms long, enqueued_time_utc timestamp, scheduled_enqueue_time_utc timestamp, "
+    "expires_at_utc timestamp, body_size long, header_size long")
+_ARROW = pa.schema([pa.field("entity", pa.string())] + [f.with_nullable(True) for f in MESSAGES])
+
+
+@dataclass(frozen=True)
+class Slice(InputPartition):
+    """Messages (start, end] of one partition of one entity (low sequence bits)."""
+
+    entity: str
+    messages_uri: str
+    locks_uri: str
+    partition: int
+    start: int
+    end: int
+
+
+def read_slice(piece: Slice) -> Iterator[pa.RecordBatch]:
+    """The slice's messages that are not completed or cancelled, oldest first."""
+    locks = storage.open_table(piece.locks_uri)  # before messages: see sparkbus.retention
+    messages = storage.open_table(piece.messages_uri)
+    low, high = sequencing.compose(piece.partition, piece.start), sequencing.compose(piece.partition, piece.end)
+    rows = storage.query(f"""
+        SELECT m.* FROM messages m
+        LEFT JOIN locks l ON l.partition_id = {piece.partition} AND l.sequence_number = m.sequence_number
+        WHERE m.partition_id = {piece.partition} AND m.sequence_number > {low} AND m.sequence_number <= {high}
+          AND (l.state IS NULL OR l.state NOT IN ({GONE_SQL}))
+        ORDER BY m.sequence_number""", messages=messages, locks=locks)
+    rows = rows.select(MESSAGES.names).cast(MESSAGES)
+    table = pa.Table.from_arrays([pa.array([piece.entity] * rows.num_rows, pa.string()), *rows.columns], schema=_ARROW)
+    yield from table.to_batches()
+
+
+class _Entities:
+    """The entities a reader covers (one, or every topic) and their partitions' high-water marks."""
+
+    def __init__(self, options: dict) -> None:
+        if "namespace" not in options or "entity" not in options:
+            raise ValueError("the sparkbus source needs .option('namespace', <namespace path>) and "
+                             ".option('entity', <queue, topic or '<topic>/Subscriptions/<name>'>)")
+        self.root = storage.local_path(options["namespace"])  # plain data: readers are pickled to workers
+        self.entity = options["entity"]
+        position = options.get("startingPosition", "earliest").lower()
+        if position not in ("earliest", "latest"):
+            raise ValueError(f"startingPosition must be 'earliest' or 'latest', got {options['startingPosition']!r}")
+        self.latest_start = position == "latest"
+        if self.entity != ALL_TOPICS:
+            self.infos()  # fails early for an unknown entity
+
+    def infos(self) -> list[EntityInfo]:
+        snap = Catalog(self.root).snapshot()
+        if self.entity == ALL_TOPICS:
+            return [resolve(self.root, snap, row.path, ("topic",)) for row in snap.of_kind("topic")]
+        return [resolve(self.root, snap, self.entity, ("queue", "topic", "subscription"))]
+
+    def marks(self) -> dict[str, dict[str, int]]:
+        found = {}
+        for info in self.infos():
+            marks = sequencing.high_water_marks(storage.open_table(info.tables["messages"]))
+            found[info.path] = {str(p): marks.get(p, 0) for p in range(info.partition_count)}
+        return found
+
+    def starts(self) -> dict[str, dict[str, int]]:
+        """Where a new query starts: a topic at its fan-out cursor, anything else at its first message."""
+        if self.latest_start:
+            return self.marks()
+        found = {}
+        for info in self.infos():
+            if info.kind == "topic":
+                cursors = topic_cursors(storage.open_table(info.tables["messages"]), info.partition_count)
+            else:
+                cursors = {p: 0 for p in range(info.partition_count)}
+            found[info.path] = {str(p): n for p, n in cursors.items()}
+        return found
+
+    def slices(self, start: dict, end: dict) -> list[Slice]:
+        infos = {info.path: info for info in self.infos()}
+        pieces = []
+        for path, partitions in end.items():
+            info = infos.get(path)
+            if info is None:  # deleted since
+                continue
+            for p, last in partitions.items():
+                first = start.get(path, {}).get(p, 0)
+                if last > first:
+                    pieces.append(Slice(path, info.tables["messages"], info.tables["locks"], int(p), first, last))
+        return pieces
+
+
+class SparkbusStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict) -> None:
+        self.entities = _Entities(options)
+
+    def initialOffset(self) -> dict:
+        return self.entities.starts()
+
+    def latestOffset(self, start: Optional[dict] = None, limit: object = None) -> dict:
+        latest = self.entities.marks()
+        if start:  # topics created later start at their cursor; nothing ever moves back
+            fresh = self.entities.starts() if any(path not in start for path in latest) else {}
+            for path, partitions in latest.items():
+                begin = start.get(path) or fresh.get(path, {})
+                for p in partitions:
+                    partitions[p] = max(partitions[p], begin.get(p, 0))
+        return latest
+
+    def partitions(self, start: dict, end: dict) -> list[Slice]:
+        return self.entities.slices(start, end)
+
+    def read(self, partition: Slice) -> Iterator[pa.RecordBatch]:
+        return read_slice(partition)
+
+
+class SparkbusReader(DataSourceReader):
+    """A snapshot of the entity's messages that are not completed or cancelled."""
+
+    def __init__(self, options: dict) -> None:
+        self.entities = _Entities(options)
+
+    def partitions(self) -> list[Slice]:
+        return self.entities.slices({}, self.entities.marks())
+
+    def read(self, partition: Slice) -> Iterator[pa.RecordBatch]:
+        return read_slice(partition)
+
+
+@dataclass
+class Staged(WriterCommitMessage):
+    path: Optional[str]
+
+
+class SparkbusStreamWriter(DataSourceStreamArrowWriter):
+    """Sends each micro-batch to a queue or topic in one commit, exactly once per batch id."""
+
+    def __init__(self, options: dict, schema: StructType) -> None:
+        if "namespace" not in options or "entity" not in options:
+            raise ValueError("the sparkbus sink needs .option('namespace', P) and .option('entity', <queue or topic>)")
+        checkpoint = options.get("checkpointLocation") or options.get("checkpointlocation")
+        if not checkpoint:
+            raise ValueError("the sparkbus sink needs .option('checkpointLocation', <directory>): the batch ids "
+                             "it records for exactly-once delivery are keyed on it")
+        dataframes.check_columns(schema)
+        self.root = storage.local_path(options["namespace"])
+        self.entity = options["entity"]
+        info = resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic"))
+        self.dedup = bool(info.options.get("requires_duplicate_detection"))
+        self.partition_count = info.partition_count
+        self.staging = os.path.join(self.root, dataframes.STAGING_DIR, "sink")
+        self.app_id = "sparkbus.sink." + hashlib.sha1(os.path.abspath(checkpoint).encode()).hexdigest()[:16]
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
+        path, writer = os.path.join(self.staging, f"{uuid.uuid4().hex}.arrow"), None
+        for batch in iterator:
+            rows = dataframes.complete_batch(batch, self.dedup, self.partition_count)
+            if writer is None:
+                os.makedirs(self.staging, exist_ok=True)
+                writer = pa.ipc.new_file(path, rows.schema)
+            writer.write_table(rows)
+        if writer is None:
+            return Staged(None)
+        writer.close()
+        return Staged(path)
+
+    def commit(self, messages: list, batchId: int) -> None:
+        paths = [m.path for m in messages if m is not None and m.path]
+        try:
+            tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
+            writer = EntityWriter(lambda: resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic")))
+            if tables:
+                staged = pa.concat_tables(tables)
+                codes = np.asarray(staged[dataframes.CODE].to_numpy(zero_copy_only=False), dtype=np.int32)
+                writer.append(staged.drop_columns([dataframes.CODE]), codes=codes, batch_limit=False,
+                              with_sequence_numbers=False, app_transaction=(self.app_id, batchId))
+        finally:
+            for p in paths:
+                if os.path.exists(p):
+                    os.remove(p)
+
+    def abort(self, messages: list, batchId: int) -> None:
+        for m in messages:
+            if m is not None and m.path and os.path.exists(m.path):
+                os.remove(m.path)
+
+
+class SparkbusDataSource(DataSource):
+    """spark.read / readStream / writeStream .format("sparkbus") with options namespace and entity."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> SparkbusReader:
+        return SparkbusReader(self.options)
+
+    def streamReader(self, schema: StructType) -> SparkbusStreamReader:
+        return SparkbusStreamReader(self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> SparkbusStreamWriter:
+        return SparkbusStreamWriter(self.options, schema)
