@@ -44,7 +44,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from . import locks, maintenance, sequencing, storage
 from .catalog import Catalog, Row, Snapshot
 from .durations import MAX_DURATION
-from .language import CompiledRule, MessageView, compile_correlation, compile_sql, select
+from .language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select
 from .message import header_sizes
 from .names import key
 from .registry import EntityInfo, resolve
@@ -196,9 +196,10 @@ class _Built:
     reasons: pa.Array    # dead-letter reason, null for a normal copy
 
 
-def _copies_table(target: Target, view: MessageView, copies) -> _Built:
+def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
     parts, order, reasons = [], [], []
-    for rank, (rows, source) in enumerate(_copy_sources(view, copies)):
+    dead_letter = bool(target.info.options.get("dead_lettering_on_filter_evaluation_exceptions", True))
+    for rank, (rows, source) in enumerate(_copy_sources(view, copies, dead_letter)):
         if source is None:
             continue
         parts.append(source)
@@ -216,9 +217,11 @@ def _copies_table(target: Target, view: MessageView, copies) -> _Built:
     return _Built(table, sources, pa.concat_arrays(reasons).take(pa.array(sort)))
 
 
-def _copy_sources(view: MessageView, copies):
-    """(row positions, rows) of dead-letter copies first (rank 0), then plain copies, then each action's."""
-    dead = np.flatnonzero(copies.dead_letter)
+def _copy_sources(view: MessageView, copies: Copies, dead_letter: bool):
+    """(row positions, rows) of dead-letter copies first (rank 0; none unless the subscription dead-letters
+    filter evaluation errors: otherwise such a message is not delivered to it), then plain copies, then
+    each action's."""
+    dead = np.flatnonzero(copies.dead_letter) if dead_letter else np.zeros(0, dtype=np.int64)
     yield dead, (view.rows.take(pa.array(dead)) if len(dead) else None)
     plain = np.flatnonzero(copies.plain)
     yield plain, (view.rows.take(pa.array(plain)) if len(plain) else None)

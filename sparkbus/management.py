@@ -10,7 +10,7 @@ import os
 import uuid
 from typing import Callable, Optional, Union
 
-from . import entities, storage, tiers
+from . import entities, fanout, storage, tiers
 from .availability import require_available, unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .connection import parse_connection_string
@@ -390,7 +390,10 @@ class ServiceBusAdministrationClient:
     def _runtime(self, snap: Snapshot, row: Row) -> object:
         uris = table_uris(self._catalog.root, row)
         subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
-        counts = entity_counts(uris["messages"], uris["locks"],
+        cursors = None
+        if row.kind == "topic":  # rows already fanned out to the subscriptions are not the topic's any more
+            cursors = fanout.topic_cursors(storage.open_table(uris["messages"]), row.partition_count)
+        counts = entity_counts(uris["messages"], uris["locks"], fanned_out=cursors,
                                header_copies=len(subscriptions) if row.kind == "topic" else 1)
         extra = {"subscription_count": len(subscriptions)} if row.kind == "topic" else {}
         if row.kind == "subscription":

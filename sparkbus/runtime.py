@@ -38,10 +38,16 @@ def open_live(messages_uri: str, locks_uri: str) -> tuple[DeltaTable, DeltaTable
 
 
 def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
-                  now: Optional[datetime] = None) -> Counts:
-    """Counts over every partition, by state. header_copies: a topic stores headers once per subscription."""
+                  now: Optional[datetime] = None, fanned_out: Optional[dict[int, int]] = None) -> Counts:
+    """Counts over every partition, by state. header_copies: a topic stores headers once per subscription;
+    fanned_out: a topic's cursors (partition -> n), below which unscheduled rows are already copied out."""
     now_us = storage.micros(now or datetime.now(timezone.utc))
     messages, locks = open_live(messages_uri, locks_uri)
+    where = "TRUE"
+    if fanned_out:
+        where = " AND ".join(
+            f"NOT (m.partition_id = {p} AND m.sequence_number <= {(p << 48) | n} AND m.scheduled_enqueue_time_utc IS NULL)"
+            for p, n in fanned_out.items() if n) or "TRUE"
     sql = f"""
         SELECT
           COUNT(*) AS total,
@@ -50,7 +56,7 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
                             AND CAST(scheduled_enqueue_time_utc AS BIGINT) > {now_us} THEN 1 ELSE 0 END), 0)
             AS scheduled,
           COALESCE(SUM(stored_size), 0) AS size_in_bytes
-        {_live_messages(header_copies)}
+        {_live_messages(header_copies, where)}
     """
     row = storage.query(sql, messages=messages, locks=locks).to_pylist()[0]
     commits = [t for t in (storage.last_commit_time_ms(messages), storage.last_commit_time_ms(locks)) if t]

@@ -1,0 +1,279 @@
+"""Topics that deliver: rules select copies, actions change them, evaluation errors dead-letter, and
+fan-out is exactly once across replays, crashes and concurrent fan-outs (real Delta tables and processes)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import sparkbus
+from sparkbus import (CorrelationRuleFilter, FalseRuleFilter, ServiceBusMessage, ServiceBusSubQueue, SqlRuleAction,
+                      SqlRuleFilter, TrueRuleFilter, fanout, sequencing)
+from sparkbus.catalog import Catalog
+
+from conftest import stored_messages
+
+
+def drain(ns_path, topic="events"):
+    return fanout.drain(Catalog(os.path.abspath(ns_path)), topic)
+
+
+def received(client, sub, *, dead_letter=False, session_id=None, topic="events"):
+    kwargs = {"sub_queue": ServiceBusSubQueue.DEAD_LETTER} if dead_letter else {}
+    if session_id is not None:
+        kwargs["session_id"] = session_id
+    with client.get_subscription_receiver(topic, sub, **kwargs) as receiver:
+        messages = receiver.receive_messages(200, max_wait_time=0.5)
+        for m in messages:
+            receiver.complete_message(m)
+    return messages
+
+
+def only_rules(admin, sub, rules, topic="events", **options):
+    admin.create_subscription(topic, sub, **options)
+    admin.delete_rule(topic, sub, "$Default")
+    for name, rule_filter, action in rules:
+        admin.create_rule(topic, sub, name, filter=rule_filter, action=action)
+
+
+@pytest.fixture
+def topic(admin):
+    admin.create_topic("events", enable_partitioning=True)
+    return admin
+
+
+def send(client, messages, topic="events"):
+    with client.get_topic_sender(topic) as sender:
+        sender.send_messages(messages)
+
+
+def orders(count=6):
+    return [ServiceBusMessage(f"m{i}", application_properties={"color": ["red", "blue"][i % 2], "n": i},
+                              subject="orders" if i < 4 else "other", correlation_id=f"c{i}", message_id=f"id{i}")
+            for i in range(count)]
+
+
+def test_each_subscription_receives_exactly_its_copies(topic, client, ns_path):
+    topic.create_subscription("events", "all")                                # $Default: TrueRuleFilter
+    only_rules(topic, "red", [("red", SqlRuleFilter("color = @c", {"@c": "red"}), None)])
+    only_rules(topic, "corr", [("c", CorrelationRuleFilter(subject="orders", properties={"n": 2}), None)])
+    only_rules(topic, "none", [("f", FalseRuleFilter(), None)])
+    only_rules(topic, "empty", [])
+    only_rules(topic, "two", [("big", SqlRuleFilter("n >= 3"), None), ("odd", SqlRuleFilter("n % 2 = 1"), None),
+                              ("tag", SqlRuleFilter("n >= 4"), SqlRuleAction("SET level = n * 10; SET sys.Label = 'x'")),
+                              ("all", TrueRuleFilter(), SqlRuleAction("REMOVE color"))])
+    send(client, orders())
+    result = drain(ns_path)
+    assert result.messages == 6
+    assert result.evaluations == 6 * (1 + 1 + 1 + 1 + 0 + 4)
+    assert sorted(str(m) for m in received(client, "all")) == [f"m{i}" for i in range(6)]
+    assert sorted(str(m) for m in received(client, "red")) == ["m0", "m2", "m4"]
+    assert [str(m) for m in received(client, "corr")] == ["m2"]
+    assert received(client, "none") == [] and received(client, "empty") == []
+    two = received(client, "two")
+    plain = sorted(str(m) for m in two if "RuleName" not in m.application_properties)
+    assert plain == ["m1", "m3", "m4", "m5"]                       # big OR odd: one copy each
+    tagged = sorted((str(m), m.application_properties["level"], m.subject) for m in two
+                    if m.application_properties.get("RuleName") == "tag")
+    assert tagged == [("m4", 40, "x"), ("m5", 50, "x")]
+    removed = [m for m in two if m.application_properties.get("RuleName") == "all"]
+    assert len(removed) == 6 and all("color" not in m.application_properties for m in removed)
+    assert all(m.subject in ("orders", "other") for m in removed)   # actions change only their own copy
+    assert drain(ns_path).messages == 0                              # nothing pending, nothing twice
+
+
+def test_copies_keep_properties_and_get_their_own_numbers(topic, client, ns_path):
+    topic.create_subscription("events", "all", default_message_time_to_live=timedelta(minutes=5))
+    msg = ServiceBusMessage(b"\x00body", application_properties={"when": datetime(2026, 1, 1, tzinfo=timezone.utc)},
+                            message_id="mid", partition_key="pk", content_type="ct", correlation_id="cid", to="t",
+                            reply_to="r", time_to_live=timedelta(hours=1))
+    send(client, [msg, ServiceBusMessage("second", partition_key="pk")])
+    drain(ns_path)
+    copies = received(client, "all")
+    first = copies[0]
+    assert first.body == b"\x00body" and first.message_id == "mid" and first.partition_key == "pk"
+    assert (first.content_type, first.correlation_id, first.to, first.reply_to) == ("ct", "cid", "t", "r")
+    assert first.application_properties == {"when": datetime(2026, 1, 1, tzinfo=timezone.utc)}
+    partition = sequencing.partition_of_sequence(first.sequence_number)
+    assert [m.sequence_number & sequencing.LOW_MASK for m in copies] == [1, 2]   # numbering from 1
+    assert all(sequencing.partition_of_sequence(m.sequence_number) == partition for m in copies)
+    assert timedelta(minutes=4) < first.expires_at_utc - first.enqueued_time_utc <= timedelta(minutes=5)
+
+
+def test_evaluation_errors_dead_letter_or_skip_per_subscription(topic, client, ns_path):
+    bad = SqlRuleFilter("n / (n - 3) >= 0")                           # division by zero for n = 3
+    only_rules(topic, "dlq", [("div", bad, None)])
+    only_rules(topic, "skip", [("div", bad, None)], dead_lettering_on_filter_evaluation_exceptions=False)
+    only_rules(topic, "act", [("a", TrueRuleFilter(), SqlRuleAction("SET x = color * 2"))])
+    topic.create_subscription("events", "fine")
+    send(client, orders(5))
+    result = drain(ns_path)
+    assert sorted(str(m) for m in received(client, "dlq")) == ["m0", "m1", "m4"]
+    [dead] = received(client, "dlq", dead_letter=True)
+    assert str(dead) == "m3" and dead.dead_letter_reason == "FilterEvaluationException"
+    assert "rule 'div'" in dead.dead_letter_error_description and "division by zero" in dead.dead_letter_error_description
+    assert sorted(str(m) for m in received(client, "skip")) == ["m0", "m1", "m4"]
+    assert received(client, "skip", dead_letter=True) == []
+    assert received(client, "act") == [] and len(received(client, "act", dead_letter=True)) == 5
+    assert len(received(client, "fine")) == 5                        # other subscriptions unaffected
+    assert result.dead_lettered["events/Subscriptions/dlq"] == 1
+
+
+def test_stored_rule_that_no_longer_parses_is_an_evaluation_error(topic, client, ns_path):
+    only_rules(topic, "old", [("r", SqlRuleFilter("n = 1"), None)])
+    catalog = Catalog(os.path.abspath(ns_path))
+    row = next(r for r in catalog.snapshot().of_kind("rule") if r.path.endswith("/r"))
+    broken = dict(row.properties, filter=row.properties["filter"].replace("n = 1", "n = = 1"))
+    catalog.transact(lambda snap: sparkbus.catalog.Change(upserts=[row.updated(broken)]))
+    send(client, orders(2))
+    drain(ns_path)
+    dead = received(client, "old", dead_letter=True)
+    assert len(dead) == 2 and "does not parse" in dead[0].dead_letter_error_description
+
+
+def test_syntax_errors_are_refused_and_nothing_is_stored(topic):
+    topic.create_subscription("events", "s")
+    with pytest.raises(ValueError, match="position 6"):
+        topic.create_rule("events", "s", "bad", filter=SqlRuleFilter("n = 1 1"))
+    with pytest.raises(ValueError, match="SET or REMOVE"):
+        topic.create_rule("events", "s", "bad", action=SqlRuleAction("PUT x = 1"))
+    with pytest.raises(ValueError, match="not defined"):
+        topic.update_rule("events", "s", "$Default", filter=SqlRuleFilter("n = @missing"))
+    assert [r.name for r in topic.list_rules("events", "s")] == ["$Default"]
+    assert isinstance(topic.get_rule("events", "s", "$Default").filter, TrueRuleFilter)
+
+
+def test_new_subscriptions_and_rule_changes_apply_to_later_messages(topic, client, ns_path):
+    topic.create_subscription("events", "early")
+    send(client, orders(2))
+    time.sleep(0.01)
+    topic.create_subscription("events", "late")
+    send(client, [ServiceBusMessage("after")])
+    drain(ns_path)
+    assert len(received(client, "early")) == 3
+    assert [str(m) for m in received(client, "late")] == ["after"]
+    topic.update_rule("events", "early", "$Default", filter=SqlRuleFilter("color = 'blue'"))
+    send(client, orders(2))
+    drain(ns_path)
+    assert [str(m) for m in received(client, "early")] == ["m1"]
+
+
+def test_session_subscription_gets_session_ids(topic, client, ns_path):
+    topic.create_subscription("events", "sessions", requires_session=True)
+    send(client, [ServiceBusMessage(f"{s}-{i}", session_id=s) for s in ("a", "b") for i in range(3)])
+    drain(ns_path)
+    assert [str(m) for m in received(client, "sessions", session_id="b")] == ["b-0", "b-1", "b-2"]
+    assert [str(m) for m in received(client, "sessions", session_id="a")] == ["a-0", "a-1", "a-2"]
+
+
+def test_scheduled_topic_messages_reach_subscriptions_at_their_time(topic, client, ns_path):
+    topic.create_subscription("events", "all")
+    with client.get_topic_sender("events") as sender:
+        soon, later = sender.schedule_messages([ServiceBusMessage("soon"), ServiceBusMessage("cancelled")],
+                                               datetime.now(timezone.utc) + timedelta(seconds=1.5))
+        sender.send_messages(ServiceBusMessage("now"))
+        sender.cancel_scheduled_messages(later)
+    drain(ns_path)
+    assert [str(m) for m in received(client, "all")] == ["now"]
+    assert topic.get_topic_runtime_properties("events").scheduled_message_count == 1
+    time.sleep(1.6)
+    drain(ns_path)
+    drain(ns_path)
+    assert [str(m) for m in received(client, "all")] == ["soon"]
+    assert topic.get_topic_runtime_properties("events").scheduled_message_count == 0
+
+
+def test_topic_runtime_properties(topic, client, ns_path):
+    topic.create_subscription("events", "a")
+    topic.create_subscription("events", "b")
+    send(client, [ServiceBusMessage("x" * 100, application_properties={"k": "v"})])
+    props = topic.get_topic_runtime_properties("events")
+    row = stored_messages(topic, "events").to_pylist()[0]
+    assert props.subscription_count == 2
+    assert props.size_in_bytes == row["body_size"] + 2 * row["header_size"]    # N x (body + header x subs)
+    drain(ns_path)
+    assert topic.get_topic_runtime_properties("events").size_in_bytes == 0     # fanned out: left the topic
+    assert topic.get_subscription_runtime_properties("events", "a").active_message_count == 1
+    assert stored_messages(topic, "events").num_rows == 1                       # the partition's highest row stays
+
+
+def test_fanned_out_messages_leave_the_topic(topic, client, ns_path):
+    topic.create_subscription("events", "a")
+    for _ in range(3):
+        send(client, [ServiceBusMessage("p", partition_key="k") for _ in range(20)])
+        drain(ns_path)
+    assert stored_messages(topic, "events").num_rows == 1
+    assert len(received(client, "a")) == 60
+
+
+def _fanout_forever(ns_path, barrier, results):
+    from sparkbus import fanout
+    from sparkbus.catalog import Catalog
+
+    barrier.wait()
+    total = fanout.FanoutResult()
+    for _ in range(3):
+        total.add(fanout.drain(Catalog(ns_path), "events", batch_size=50))
+    results.put(sum(total.copies.values()))
+
+
+def _many_subscriptions(topic, client, count=6, messages=400):
+    for i in range(count):
+        only_rules(topic, f"s{i}", [("even", SqlRuleFilter("n % 2 = 0"), None),
+                                     ("act", SqlRuleFilter("n % 3 = 0"), SqlRuleAction(f"SET sub = {i}"))])
+    for start in range(0, messages, 100):
+        send(client, [ServiceBusMessage(f"m{n}", application_properties={"n": n}) for n in range(start, start + 100)])
+
+
+def _check_each_copy_once(topic, count=6, messages=400):
+    expected = sorted([f"m{n}" for n in range(messages) if n % 2 == 0] + [f"m{n}" for n in range(messages) if n % 3 == 0])
+    for i in range(count):
+        rows = stored_messages(topic, f"events/Subscriptions/s{i}")
+        assert sorted(b.decode() for b in rows["body"].to_pylist()) == expected
+        numbers = [n & sequencing.LOW_MASK for n in rows["sequence_number"].to_pylist()]
+        by_partition = {}
+        for seq, p in zip(numbers, rows["partition_id"].to_pylist()):
+            by_partition.setdefault(p, []).append(seq)
+        assert all(sorted(v) == list(range(1, len(v) + 1)) for v in by_partition.values())   # gap-free
+
+
+@pytest.mark.slow
+def test_two_concurrent_fanouts_neither_duplicate_nor_lose(topic, client, ns_path, spawn):
+    from conftest import run_spawned
+
+    _many_subscriptions(topic, client)
+    path = os.path.abspath(ns_path)
+    run_spawned(spawn, _fanout_forever, [(path,), (path,)])
+    _check_each_copy_once(topic)
+
+
+def _fanout_slowly(ns_path):
+    from sparkbus import fanout
+    from sparkbus.catalog import Catalog
+
+    while fanout.drain(Catalog(ns_path), "events", batch_size=40).messages:
+        pass
+
+
+@pytest.mark.slow
+def test_fanout_killed_mid_batch_then_restarted(topic, client, ns_path, spawn):
+    _many_subscriptions(topic, client)
+    path = os.path.abspath(ns_path)
+    process = spawn.Process(target=_fanout_slowly, args=(path,))
+    process.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:   # kill once some subscription is ahead of another: mid-batch
+        counts = [stored_messages(topic, f"events/Subscriptions/s{i}").num_rows for i in range(6)]
+        if counts[0] > 0 and len(set(counts)) > 1:
+            break
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+    assert len(set(counts)) > 1
+    drain(ns_path)
+    drain(ns_path)
+    _check_each_copy_once(topic)
