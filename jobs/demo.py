@@ -13,6 +13,7 @@ from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusAdministrationClient, Ser
 from sparkbus.cli import format_table, namespace_rows
 from sparkbus.definitions import apply_definition, load_definition
 from sparkbus.spark import get_spark
+from sparkbus.streaming import fanout_once
 
 
 def main() -> None:
@@ -51,7 +52,22 @@ def main() -> None:
         for i in range(3):
             sender.send_messages(ServiceBusMessage(f"invoice line {i}", session_id="customer-7"), transaction=txn)
     with client.get_topic_sender("events") as sender:
-        sender.send_messages([ServiceBusMessage("order placed", subject="order", application_properties={"region": "eu"})])
+        sender.send_messages([
+            ServiceBusMessage("order 1 placed", subject="order",
+                              application_properties={"region": "eu", "amount": 250, "audited": True}),
+            ServiceBusMessage("order 2 placed", subject="order", application_properties={"region": "us", "amount": 40}),
+            ServiceBusMessage("refund 7 issued", subject="refund", application_properties={"region": "eu", "amount": 5}),
+        ])
+    fanout_once(spark, args.namespace, "events")  # a Structured Streaming query run with trigger(availableNow)
+    print("\nafter fan-out, what each subscription of events received:")
+    for sub in admin.list_subscriptions("events"):
+        with client.get_subscription_receiver("events", sub.name, max_wait_time=1) as receiver:
+            copies = receiver.receive_messages(max_message_count=20)
+            receiver.complete_messages(copies)
+        rules = ", ".join(f"{r.name}: {r.filter!r}" for r in admin.list_rules("events", sub.name))
+        print(f"  {sub.name} ({rules})")
+        for m in copies:
+            print(f"    {str(m)!r} {m.application_properties}")
     with client.get_queue_receiver("orders", max_wait_time=1) as receiver:
         first = receiver.receive_messages(max_message_count=3)
         receiver.complete_message(first[0])

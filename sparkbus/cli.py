@@ -63,6 +63,25 @@ def _partition(args: argparse.Namespace) -> None:
     print(f"partition {args.partition} of {args.entity or 'every entity'} is {state}")
 
 
+def _fanout(args: argparse.Namespace) -> None:
+    """Fan out with a SparkSession of its own: once (everything pending), or until interrupted."""
+    from .spark import get_spark
+    from .streaming import fanout_once, start_fanout
+
+    spark = get_spark("sparkbus-fanout")
+    if args.once:
+        fanout_once(spark, args.namespace, args.topic)
+        print(f"fanned out everything pending on {args.topic or 'every topic'}")
+        return
+    query = start_fanout(spark, args.namespace, args.topic,
+                         trigger={"processingTime": f"{args.trigger_ms} milliseconds"})
+    print(f"fanning out {args.topic or 'every topic'} (Ctrl-C stops)")
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkbus", description="Azure Service Bus on Spark and Delta Lake")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -79,7 +98,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     state.add_argument("--available", dest="available", action="store_true")
     part.add_argument("--reason", default="")
     part.set_defaults(run=_partition)
-    for sub in (apply, show, part):
+    fan = commands.add_parser("fanout", help="copy topic messages to their subscriptions (a Spark streaming query)")
+    fan.add_argument("--topic", help="one topic; default: every topic, including topics created later")
+    fan.add_argument("--once", action="store_true", help="fan out everything pending, then exit")
+    fan.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval when running continuously")
+    fan.set_defaults(run=_fanout)
+    for sub in (apply, show, part, fan):
         sub.add_argument("--namespace", required=True, help="namespace directory or file:// URI")
     args = parser.parse_args(argv)
     try:

@@ -121,8 +121,10 @@ class EntityWriter:
         for attempt in range(MAX_ATTEMPTS):
             table = self._open(info)
             try:
-                if app_transaction is not None and (table.transaction_version(app_transaction[0]) or -1) >= app_transaction[1]:
-                    return EnqueueResult()
+                if app_transaction is not None:
+                    done = table.transaction_version(app_transaction[0])
+                    if done is not None and done >= app_transaction[1]:
+                        return EnqueueResult()
                 return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers,
                                     app_transaction)
             except CommitFailedError:

@@ -1,0 +1,152 @@
+"""Spark: the fan-out streaming query, the sparkbus source (snapshot and tap) and the exactly-once sink,
+on the shared SparkSession and real Delta tables."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sparkbus import ServiceBusMessage, SqlRuleAction, SqlRuleFilter
+from sparkbus.streaming import fanout_once, start_fanout
+
+pytestmark = pytest.mark.spark
+
+
+def copies(client, topic, sub):
+    with client.get_subscription_receiver(topic, sub, max_wait_time=0.5) as receiver:
+        found = receiver.receive_messages(500)
+        receiver.complete_messages(found)
+    return found
+
+
+def test_dataframe_sent_to_a_topic_is_fanned_out_once(spark, admin, client, ns_path):
+    admin.create_topic("events", enable_partitioning=True)
+    admin.create_subscription("events", "big")
+    admin.delete_rule("events", "big", "$Default")
+    admin.create_rule("events", "big", "big", filter=SqlRuleFilter("sys.Label = 'big'"),
+                      action=SqlRuleAction("SET seen = TRUE"))
+    admin.create_subscription("events", "all")
+    frame = spark.range(40).selectExpr("concat('m', id) AS body", "IF(id % 4 = 0, 'big', 'small') AS subject")
+    with client.get_topic_sender("events") as sender:
+        sender.send_dataframe(frame)
+    fanout_once(spark, ns_path, "events")
+    fanout_once(spark, ns_path)                                   # every topic; nothing left to copy
+    big = copies(client, "events", "big")
+    assert sorted(str(m) for m in big) == sorted(f"m{i}" for i in range(0, 40, 4))
+    assert all(m.application_properties == {"seen": True, "RuleName": "big"} for m in big)
+    assert len(copies(client, "events", "all")) == 40
+
+
+def test_running_fanout_serves_topics_created_later(spark, admin, client, ns_path):
+    admin.create_topic("first")
+    admin.create_subscription("first", "s")
+    query = start_fanout(spark, ns_path, trigger={"processingTime": "200 milliseconds"})
+    try:
+        with client.get_topic_sender("first") as sender:
+            sender.send_messages(ServiceBusMessage("one"))
+        admin.create_topic("second", enable_partitioning=True)
+        admin.create_subscription("second", "s")
+        with client.get_topic_sender("second") as sender:
+            sender.send_messages([ServiceBusMessage(f"two-{i}") for i in range(3)])
+        deadline, got = time.monotonic() + 60, []
+        while time.monotonic() < deadline and len(got) < 3:
+            got += copies(client, "second", "s")
+        assert sorted(str(m) for m in got) == ["two-0", "two-1", "two-2"]
+        assert [str(m) for m in copies(client, "first", "s")] == ["one"]
+    finally:
+        query.stop()
+
+
+def test_source_snapshot_and_tap(spark, admin, client, ns_path):
+    admin.create_queue("q", enable_partitioning=True)
+    with client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", application_properties={"n": i}) for i in range(10)])
+    with client.get_queue_receiver("q") as receiver:
+        receiver.complete_messages(receiver.receive_messages(3, max_wait_time=1))
+    snapshot = spark.read.format("sparkbus").option("namespace", ns_path).option("entity", "q").load()
+    assert snapshot.count() == 7                                  # completed messages are not there
+    row = snapshot.orderBy("sequence_number").first()
+    assert row.entity == "q" and isinstance(row.body, (bytes, bytearray)) and '"n":["int",' in row.application_properties
+    seen = []
+
+    def collect(df, batch_id):
+        seen.extend(r.body.decode() for r in df.collect())
+
+    def tap(**options):
+        reader = spark.readStream.format("sparkbus").option("namespace", ns_path).option("entity", "q")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        query = reader.load().writeStream.foreachBatch(collect).trigger(availableNow=True).start()
+        query.awaitTermination()
+
+    tap()
+    assert len(seen) == 7
+    seen.clear()
+    tap(startingPosition="latest")
+    assert seen == []
+    with client.get_queue_receiver("q") as receiver:            # the tap took nothing: all still receivable
+        assert len(receiver.receive_messages(20, max_wait_time=1)) == 7
+    with pytest.raises(Exception, match="startingPosition"):
+        spark.readStream.format("sparkbus").option("namespace", ns_path).option("entity", "q") \
+            .option("startingPosition", "middle").load().writeStream.foreachBatch(collect).start().awaitTermination()
+
+
+def test_sink_sends_each_batch_once_even_when_replayed(spark, admin, client, ns_path, tmp_path):
+    admin.create_queue("source")
+    admin.create_queue("target", enable_partitioning=True)
+    with client.get_queue_sender("source") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(25)])
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run():
+        query = (spark.readStream.format("sparkbus").option("namespace", ns_path).option("entity", "source").load()
+                 .selectExpr("body", "concat('copy-', message_id) AS message_id", "'k' AS partition_key")
+                 .writeStream.format("sparkbus").option("namespace", ns_path).option("entity", "target")
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    run()
+    assert admin.get_queue_runtime_properties("target").active_message_count == 25
+    # A crash after the Delta commit but before Spark recorded the batch: Spark replays it on restart.
+    commits = os.path.join(checkpoint, "commits")
+    for marker in os.listdir(commits):                            # the batch files and their .crc files
+        os.remove(os.path.join(commits, marker))
+    run()
+    assert admin.get_queue_runtime_properties("target").active_message_count == 25
+    with client.get_queue_sender("source") as sender:
+        sender.send_messages([ServiceBusMessage("late")])
+    run()
+    with client.get_queue_receiver("target") as receiver:
+        bodies = sorted(str(m) for m in receiver.receive_messages(100, max_wait_time=1))
+    assert bodies == sorted([f"m{i}" for i in range(25)] + ["late"])
+
+
+def test_sink_refuses_bad_options(spark, admin, ns_path):
+    admin.create_queue("target")
+    stream = spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS body", "1 AS bad")
+    with pytest.raises(Exception, match="unknown message column"):
+        stream.writeStream.format("sparkbus").option("namespace", ns_path).option("entity", "target") \
+            .option("checkpointLocation", ns_path + "/ck").start().awaitTermination(5)
+
+
+STATIC_IMPORT = """
+import sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+print(spark.read.format("sparkbus").option("namespace", sys.argv[1]).option("entity", "q").load().count())
+"""
+
+
+@pytest.mark.slow
+def test_a_fresh_session_finds_the_source_without_registration(admin, client, ns_path):
+    admin.create_queue("q")
+    with client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    done = subprocess.run([sys.executable, "-c", STATIC_IMPORT, ns_path], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "2"
