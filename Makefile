@@ -7,7 +7,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast bench bench-send bench-receive clean
+.PHONY: install demo test test-fast bench bench-send bench-receive bench-fanout clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,13 +31,16 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow'
 
-bench: bench-send bench-receive
+bench: bench-send bench-receive bench-fanout
 
 bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
 
 bench-receive: install
 	$(BIN)/python benchmarks/bench_receive.py --messages 200000 --processes 1,2,4 --single 1000 --history 1000000
+
+bench-fanout: install
+	$(BIN)/python benchmarks/bench_fanout.py --messages 1000000 --latency 200
 
 clean:
 	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info

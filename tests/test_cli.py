@@ -59,7 +59,8 @@ def test_cli_apply_show_and_partition(ns_path, capsys):
     assert lines["orders"][:5] == ["queue", "orders", "16", "Active", "Limited"]
     assert lines["events/Subscriptions/eu-orders"][:3] == ["subscription", "events/Subscriptions/eu-orders", "16"]
     assert set(lines) == {"orders", "invoices", "audit-archive", "events", "events/Subscriptions/all",
-                          "events/Subscriptions/eu-orders", "events/Subscriptions/audit"}
+                          "events/Subscriptions/eu-orders", "events/Subscriptions/audit",
+                          "events/Subscriptions/large-orders"}
 
 
 def test_cli_errors_are_reported_not_raised(tmp_path, capsys):

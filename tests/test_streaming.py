@@ -150,3 +150,16 @@ def test_a_fresh_session_finds_the_source_without_registration(admin, client, ns
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "2"
+
+
+def test_cli_fanout_once(spark, admin, client, ns_path, capsys):
+    from sparkbus.cli import main
+
+    admin.create_topic("events")
+    admin.create_subscription("events", "s")
+    with client.get_topic_sender("events") as sender:
+        sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+    assert main(["fanout", "--namespace", ns_path, "--topic", "events", "--once"]) == 0
+    assert "fanned out everything pending on events" in capsys.readouterr().out
+    assert admin.get_subscription_runtime_properties("events", "s").active_message_count == 2
+    assert main(["fanout", "--namespace", ns_path, "--topic", "nope", "--once"]) == 1

@@ -135,6 +135,7 @@ class Token:
         return "end of text" if self.kind == "end" else repr(self.text)
 
 
+_DIGITS = "0123456789"  # str.isdigit() also accepts characters such as '²' that are not numbers here
 _NUMBER = re.compile(r"(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 _REGULAR = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _OPERATORS = ("<>", "!=", ">=", "<=", "=", ">", "<", "+", "-", "*", "/", "%", "(", ")", ",", ".", ";")
@@ -167,7 +168,7 @@ def tokenize(text: str) -> list[Token]:
         if c.isspace():
             i += 1
             continue
-        if c.isdigit() or (c == "." and i + 1 < len(text) and text[i + 1].isdigit()):
+        if c in _DIGITS or (c == "." and i + 1 < len(text) and text[i + 1] in _DIGITS):
             m = _NUMBER.match(text, i)
             literal = m.group(0)
             if m.group(2) or "." in literal:

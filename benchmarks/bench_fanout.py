@@ -1,0 +1,101 @@
+"""Fan-out benchmark: a topic with 10 subscriptions of 3 SQL rules each.
+
+    make bench-fanout     # or: python benchmarks/bench_fanout.py --messages 1000000 --latency 200
+1. Throughput: --messages 1 KiB messages are sent (DataFrame send), then fan-out runs (fanout_once, a
+   Structured Streaming query with trigger availableNow): messages evaluated per second, each against every
+   subscription's rules (1 filter evaluation = 1 rule x 1 message x 1 subscription).
+2. Latency: with a running fan-out query (500 ms trigger), --latency single sends, each timed from
+   send to receivable in a subscription: p50 and p99.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from common import bench_namespace
+
+from sparkbus import ServiceBusClient, ServiceBusMessage, SqlRuleFilter, fanout
+
+SUBSCRIPTIONS = 10
+
+
+def setup(admin) -> None:
+    admin.create_topic("events", enable_partitioning=True)
+    for i in range(SUBSCRIPTIONS):
+        admin.create_subscription("events", f"s{i}")
+        admin.delete_rule("events", f"s{i}", "$Default")
+        admin.create_rule("events", f"s{i}", "region", filter=SqlRuleFilter(f"region = 'r{i}' AND amount > 900"))
+        admin.create_rule("events", f"s{i}", "big", filter=SqlRuleFilter(f"amount * 10 >= {9990 - i}"))
+        admin.create_rule("events", f"s{i}", "label", filter=SqlRuleFilter(f"sys.Label LIKE 'kind-{i}%' AND n % 100 = {i}"))
+
+
+def throughput(spark, path: str, count: int) -> None:
+    from pyspark.sql import functions as F
+
+    from sparkbus.streaming import fanout_once
+
+    client = ServiceBusClient(path, spark=spark)
+    df = spark.range(0, count, 1, 16).select(
+        F.expr("repeat('x', 1000)").alias("body"),
+        F.expr("concat('kind-', CAST(id % 10 AS STRING))").alias("subject"),
+        F.create_map(F.lit("region"), F.expr("concat('r', CAST(id % 12 AS STRING))"),
+                     F.lit("amount"), F.expr("CAST(id % 1000 AS STRING)"),
+                     F.lit("n"), F.expr("CAST(id % 1000 AS STRING)")).alias("application_properties"))
+    with client.get_topic_sender("events") as sender:
+        sent = time.perf_counter()
+        sender.send_dataframe(df)
+        print(f"sent {count:,} messages in {time.perf_counter() - sent:.1f} s")
+    before = sum(fanout.EVALUATIONS.values())
+    start = time.perf_counter()
+    fanout_once(spark, path, "events")
+    took = time.perf_counter() - start
+    evaluations = sum(fanout.EVALUATIONS.values()) - before
+    print(f"fan-out of {count:,} messages to {SUBSCRIPTIONS} subscriptions x 3 SQL rules: {took:.1f} s, "
+          f"{count / took:,.0f} messages/s, {evaluations / took:,.0f} filter evaluations/s")
+
+
+def latency(spark, path: str, count: int) -> None:
+    from sparkbus.streaming import start_fanout
+
+    client = ServiceBusClient(path)
+    query = start_fanout(spark, path, "events", trigger={"processingTime": "500 milliseconds"})
+    figures = []
+    try:
+        with client.get_topic_sender("events") as sender, \
+                client.get_subscription_receiver("events", "s3") as receiver:
+            for i in range(count):
+                start = time.perf_counter()
+                sender.send_messages(ServiceBusMessage("x", subject="kind-3", application_properties={"n": 3, "amount": 1}))
+                got = []
+                while not got:
+                    got = receiver.receive_messages(1, max_wait_time=0.05)
+                receiver.complete_messages(got)
+                figures.append(time.perf_counter() - start)
+    finally:
+        query.stop()
+    figures.sort()
+    print(f"send to receivable with a running query (500 ms trigger), {count} messages: "
+          f"p50 {statistics.median(figures) * 1000:.0f} ms, p99 {figures[int(len(figures) * 0.99) - 1] * 1000:.0f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--latency", type=int, default=200)
+    args = parser.parse_args()
+    from sparkbus.spark import get_spark
+
+    spark = get_spark("sparkbus-bench", settings={"spark.ui.enabled": "false", "spark.driver.memory": "8g",
+                                                  "spark.driver.maxResultSize": "4g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    with bench_namespace() as (path, admin):
+        setup(admin)
+        if args.messages:
+            throughput(spark, path, args.messages)
+        if args.latency:
+            latency(spark, path, args.latency)
+
+
+if __name__ == "__main__":
+    main()
