@@ -25,7 +25,7 @@ def setup(admin) -> None:
     for i in range(SUBSCRIPTIONS):
         admin.create_subscription("events", f"s{i}")
         admin.delete_rule("events", f"s{i}", "$Default")
-        admin.create_rule("events", f"s{i}", "region", filter=SqlRuleFilter(f"region = 'r{i}' AND amount > 900"))
+        admin.create_rule("events", f"s{i}", "region", filter=SqlRuleFilter(f"region = {i} AND amount > 900"))
         admin.create_rule("events", f"s{i}", "big", filter=SqlRuleFilter(f"amount * 10 >= {9990 - i}"))
         admin.create_rule("events", f"s{i}", "label", filter=SqlRuleFilter(f"sys.Label LIKE 'kind-{i}%' AND n % 100 = {i}"))
 
@@ -39,9 +39,8 @@ def throughput(spark, path: str, count: int) -> None:
     df = spark.range(0, count, 1, 16).select(
         F.expr("repeat('x', 1000)").alias("body"),
         F.expr("concat('kind-', CAST(id % 10 AS STRING))").alias("subject"),
-        F.create_map(F.lit("region"), F.expr("concat('r', CAST(id % 12 AS STRING))"),
-                     F.lit("amount"), F.expr("CAST(id % 1000 AS STRING)"),
-                     F.lit("n"), F.expr("CAST(id % 1000 AS STRING)")).alias("application_properties"))
+        F.create_map(F.lit("region"), F.expr("id % 12"), F.lit("amount"), F.expr("id % 1000"),
+                     F.lit("n"), F.expr("id % 1000")).alias("application_properties"))
     with client.get_topic_sender("events") as sender:
         sent = time.perf_counter()
         sender.send_dataframe(df)

@@ -420,6 +420,14 @@ def pending(topic: EntityInfo, limit: int = 100_000) -> pa.Table:
                          messages=table)
 
 
+def read_ranges(topic: EntityInfo, ranges: dict[int, tuple[int, int]]) -> pa.Table:
+    """Topic rows with sequence numbers in [low, high] per partition (a micro-batch of the fan-out query)."""
+    table = storage.open_table(topic.tables["messages"])
+    where = " OR ".join(f"(partition_id = {int(p)} AND sequence_number >= {int(low)} AND sequence_number <= {int(high)})"
+                        for p, (low, high) in ranges.items())
+    return storage.query(f"SELECT * FROM messages WHERE {where} ORDER BY sequence_number", messages=table)
+
+
 def drain(catalog: Catalog, topic_path: str, *, batch_size: int = 100_000) -> FanoutResult:
     """Fan out everything pending on one topic now, in batches, without Spark (tests, small jobs)."""
     total = FanoutResult()

