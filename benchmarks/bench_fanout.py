@@ -15,6 +15,7 @@ import time
 
 from common import bench_namespace
 
+import sparkbus
 from sparkbus import ServiceBusClient, ServiceBusMessage, SqlRuleFilter, fanout
 
 SUBSCRIPTIONS = 10
@@ -57,15 +58,19 @@ def throughput(spark, path: str, count: int) -> None:
 def latency(spark, path: str, count: int) -> None:
     from sparkbus.streaming import start_fanout
 
+    admin = sparkbus.ServiceBusAdministrationClient(path)
+    admin.create_subscription("events", "latency")  # empty: earlier copies must not answer the receives
+    admin.delete_rule("events", "latency", "$Default")
+    admin.create_rule("events", "latency", "mine", filter=SqlRuleFilter("sys.Label = 'latency' AND n = 3"))
     client = ServiceBusClient(path)
     query = start_fanout(spark, path, "events", trigger={"processingTime": "500 milliseconds"})
     figures = []
     try:
         with client.get_topic_sender("events") as sender, \
-                client.get_subscription_receiver("events", "s3") as receiver:
+                client.get_subscription_receiver("events", "latency") as receiver:
             for i in range(count):
                 start = time.perf_counter()
-                sender.send_messages(ServiceBusMessage("x", subject="kind-3", application_properties={"n": 3, "amount": 1}))
+                sender.send_messages(ServiceBusMessage("x", subject="latency", application_properties={"n": 3}))
                 got = []
                 while not got:
                     got = receiver.receive_messages(1, max_wait_time=0.05)
