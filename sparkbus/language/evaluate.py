@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from ..values import decode_properties
 from . import vectors
 from .syntax import (Binary, Call, Constant, Exists, In, IsNull, Like, Node, Parameter, Property, RemoveStatement,
-                     SetStatement, Statement, Unary)
+                     Statement, Unary)
 from .vectors import Vec
 
 # System property -> (column, type tag); Label is Subject's older name.
