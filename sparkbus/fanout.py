@@ -33,13 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from collections import Counter
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError
 
 from . import locks, maintenance, sequencing, storage
 from .catalog import Catalog, Row, Snapshot
@@ -151,37 +151,30 @@ def deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table) -> FanoutResult
     view = MessageView(rows.filter(pa.array(immediate)))
     result.messages = view.n
     for target in targets(catalog.root, snap, topic):
-        result.add(_deliver_to(target, view, ends))
+        result.add(_deliver_to(target, view, _batch_plan(ends)))
     _advance_topic(topic, ends)
     EVALUATIONS[catalog.root] += result.evaluations
     return result
 
 
-def _deliver_to(target: Target, view: MessageView, ends: dict[int, int]) -> FanoutResult:
-    """Copies of the view's rows selected by the target's rules, committed with the batch's versions."""
+def _deliver_to(target: Target, view: MessageView, plan: "Plan", *, scheduled: bool = False) -> FanoutResult:
+    """Copies of the view's rows selected by the target's rules, committed as `plan` says (retried on
+    conflicts, re-planned each time). scheduled: the rows are due scheduled messages, enqueued now."""
     result = FanoutResult()
     enqueued = np.asarray(view.rows["enqueued_time_utc"].cast(pa.int64()).to_numpy(zero_copy_only=False))
     eligible = (enqueued >= target.created_us) if target.enabled else np.zeros(view.n, dtype=bool)
     copies = select(list(target.rules), view, eligible)
     result.evaluations = copies.evaluations
     built = _copies_table(target, view, copies)
-    table = storage.open_table(target.info.tables["messages"])
-    for attempt in range(MAX_ATTEMPTS):
-        try:
-            committed = _commit_copies(target, table, built, ends)
-            break
-        except CommitFailedError:
-            table = storage.refresh(table)
-        except (DeltaError, FileNotFoundError) as error:
-            if not storage.is_expired_version(error):
-                raise
-            table = storage.refresh(table)
-    else:
-        raise CommitFailedError(f"could not commit fan-out copies to {target.info.path!r} after {MAX_ATTEMPTS} attempts")
+    if scheduled:
+        column = MESSAGES.field("scheduled_enqueue_time_utc")
+        built.rows = built.rows.set_column(built.rows.schema.get_field_index(column.name), column.name,
+                                           pa.nulls(built.rows.num_rows, column.type))
+    committed = storage.retry_on_conflict(lambda: _commit(target, built, plan), attempts=MAX_ATTEMPTS)
     if committed is not None:
-        data, numbers = committed
-        dead = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)[data]
-        _dead_letter(target, numbers[dead], built.reasons.take(pa.array(data[dead])).to_pylist())
+        positions, numbers = committed
+        dead = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)[positions]
+        _dead_letter(target, numbers[dead], built.reasons.take(pa.array(positions[dead])).to_pylist())
         result.copies[target.info.path] = int((~dead).sum())
         result.dead_lettered[target.info.path] = int(dead.sum())
     return result
@@ -254,27 +247,55 @@ def _for_subscription(target: Target, rows: pa.Table) -> pa.Table:
     return rows.set_column(rows.schema.get_field_index("expires_at_utc"), "expires_at_utc", column)
 
 
-def _commit_copies(target: Target, table: DeltaTable, built: _Built,
-                   ends: dict[int, int]) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """One conditional commit of the copies not yet in the subscription, with the new versions.
+# What to commit, decided at the subscription table's version: (positions in _Built of the copies still
+# missing, the partitions the commit must name, the application transactions it records), or None when
+# the subscription already has everything.
+Plan = Callable[[DeltaTable, _Built], Optional[tuple[np.ndarray, list[int], list[Transaction]]]]
 
-    Returns (positions in built of the copies committed, their sequence numbers), or None when the
-    subscription already has the whole batch."""
-    done = {p: table.transaction_version(partition_app_id(p)) or 0 for p in ends}
-    moving = {p: e for p, e in ends.items() if e > done[p]}
-    if not moving:
+
+def _batch_plan(ends: dict[int, int]) -> Plan:
+    """A batch: copies above the subscription's version of each topic partition; new versions = the ends."""
+    def plan(table: DeltaTable, built: _Built) -> Optional[tuple[np.ndarray, list[int], list[Transaction]]]:
+        done = {p: table.transaction_version(partition_app_id(p)) or 0 for p in ends}
+        moving = {p: e for p, e in ends.items() if e > done[p]}
+        if not moving:
+            return None
+        partitions = built.rows["partition_id"].to_pylist()
+        wanted = [p in moving and s > done[p] for p, s in zip(partitions, built.sources.tolist())]
+        versions = [Transaction(partition_app_id(p), e) for p, e in sorted(moving.items())]
+        return np.flatnonzero(np.array(wanted, dtype=bool)), sorted(moving), versions
+    return plan
+
+
+def _scheduled_plan(numbers: list[int]) -> Plan:
+    """Due scheduled messages: each topic message is its own app id (they come out of sequence order)."""
+    def plan(table: DeltaTable, built: _Built) -> Optional[tuple[np.ndarray, list[int], list[Transaction]]]:
+        missing = {n for n in numbers if table.transaction_version(scheduled_app_id(n)) is None}
+        if not missing:
+            return None
+        partitions = built.rows["partition_id"].to_pylist()
+        wanted = [sequencing.compose(p, s) in missing for p, s in zip(partitions, built.sources.tolist())]
+        touched = sorted({sequencing.partition_of_sequence(n) for n in missing})
+        return (np.flatnonzero(np.array(wanted, dtype=bool)), touched,
+                [Transaction(scheduled_app_id(n), 1) for n in sorted(missing)])
+    return plan
+
+
+def _commit(target: Target, built: _Built, plan: Plan) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """One conditional commit of the planned copies, numbered above the subscription's high-water marks,
+    with the plan's versions. Returns (positions in built, sequence numbers), or None if nothing was due."""
+    table = storage.open_table(target.info.tables["messages"])
+    planned = plan(table, built)
+    if planned is None:
         return None
+    positions, touched, versions = planned
     partitions = np.asarray(built.rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
-    wanted = np.array([p in moving and s > done[p] for p, s in zip(partitions.tolist(), built.sources.tolist())],
-                      dtype=bool)
-    positions = np.flatnonzero(wanted)
-    data = built.rows.take(pa.array(positions))
     marks = sequencing.high_water_marks(table)
     numbers, _ = sequencing.number(partitions[positions], marks)
+    data = built.rows.take(pa.array(positions))
     data = data.set_column(data.schema.get_field_index("sequence_number"), "sequence_number",
                            pa.array(numbers, pa.int64()))
-    versions = [Transaction(partition_app_id(p), e) for p, e in sorted(moving.items())]
-    write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(marks, sorted(moving)),
+    write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(marks, touched),
                     commit_properties=CommitProperties(app_transactions=versions),
                     post_commithook_properties=storage.NO_HOOKS)
     maintenance.after_commit(table)
@@ -352,7 +373,7 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
     numbers = due["sequence_number"].to_pylist()
     result.messages = view.n
     for target in targets(catalog.root, snap, topic):
-        result.add(_deliver_scheduled_to(target, view, numbers))
+        result.add(_deliver_to(target, view, _scheduled_plan(numbers), scheduled=True))
     states = [locks.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
               for n in numbers]
     table = pa.Table.from_pylist(states, schema=locks.LOCKS)
@@ -360,51 +381,6 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
         part = table.filter(pc.equal(table["partition_id"], p))
         storage.retry_on_conflict(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part))
     EVALUATIONS[catalog.root] += result.evaluations
-    return result
-
-
-def _deliver_scheduled_to(target: Target, view: MessageView, numbers: list[int]) -> FanoutResult:
-    """Scheduled copies: like a batch, but each topic message is its own app id (they come out of order)."""
-    result = FanoutResult()
-    enqueued = np.asarray(view.rows["enqueued_time_utc"].cast(pa.int64()).to_numpy(zero_copy_only=False))
-    eligible = (enqueued >= target.created_us) if target.enabled else np.zeros(view.n, dtype=bool)
-    copies = select(list(target.rules), view, eligible)
-    result.evaluations = copies.evaluations
-    built = _copies_table(target, view, copies)
-    built.rows = built.rows.set_column(built.rows.schema.get_field_index("scheduled_enqueue_time_utc"),
-                                       "scheduled_enqueue_time_utc", pa.nulls(built.rows.num_rows, MESSAGES.field(
-                                           "scheduled_enqueue_time_utc").type))
-
-    def attempt() -> Optional[tuple[np.ndarray, np.ndarray]]:
-        table = storage.open_table(target.info.tables["messages"])
-        missing = [n for n in numbers if table.transaction_version(scheduled_app_id(n)) is None]
-        if not missing:
-            return None
-        wanted_sources = set(missing)
-        partitions = np.asarray(built.rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
-        wanted = np.array([sequencing.compose(p, s) in wanted_sources for p, s in
-                           zip(partitions.tolist(), built.sources.tolist())], dtype=bool)
-        positions = np.flatnonzero(wanted)
-        data = built.rows.take(pa.array(positions))
-        marks = sequencing.high_water_marks(table)
-        sequence, _ = sequencing.number(partitions[positions], marks)
-        data = data.set_column(data.schema.get_field_index("sequence_number"), "sequence_number",
-                               pa.array(sequence, pa.int64()))
-        touched = sorted({sequencing.partition_of_sequence(n) for n in missing})
-        write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(marks, touched),
-                        commit_properties=CommitProperties(app_transactions=[Transaction(scheduled_app_id(n), 1)
-                                                                             for n in missing]),
-                        post_commithook_properties=storage.NO_HOOKS)
-        maintenance.after_commit(table)
-        return positions, sequence
-
-    committed = storage.retry_on_conflict(attempt)
-    if committed is not None:
-        positions, sequence = committed
-        dead = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)[positions]
-        _dead_letter(target, sequence[dead], built.reasons.take(pa.array(positions[dead])).to_pylist())
-        result.copies[target.info.path] = int((~dead).sum())
-        result.dead_lettered[target.info.path] = int(dead.sum())
     return result
 
 

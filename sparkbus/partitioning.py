@@ -1,4 +1,4 @@
-"""Partition assignment (DESIGN.md, exact and stable across releases).
+"""Partition assignment (exact and stable across releases).
 
 Key precedence: session_id > partition_key > message_id (only when the entity requires duplicate
 detection) > none. A keyed message goes to mmh3(key, seed 0, unsigned) % partition_count; a keyless one

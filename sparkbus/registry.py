@@ -57,7 +57,7 @@ class EntityInfo:
 
     @property
     def header_copies(self) -> int:
-        """A topic stores header bytes once per subscription (DESIGN.md sizes)."""
+        """A topic stores header bytes once per subscription: N x (body + header x subscriptions)."""
         return self.subscription_count if self.kind == "topic" else 1
 
 

@@ -7,7 +7,7 @@ from typing import Iterable, Optional
 
 from deltalake import DeltaTable
 
-from . import storage
+from . import sequencing, storage
 from .schemas import DEAD_LETTERED, GONE_SQL
 
 
@@ -46,7 +46,7 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
     where = "TRUE"
     if fanned_out:
         where = " AND ".join(
-            f"NOT (m.partition_id = {p} AND m.sequence_number <= {(p << 48) | n} AND m.scheduled_enqueue_time_utc IS NULL)"
+            f"NOT (m.partition_id = {p} AND m.sequence_number <= {sequencing.compose(p, n)} AND m.scheduled_enqueue_time_utc IS NULL)"
             for p, n in fanned_out.items() if n) or "TRUE"
     sql = f"""
         SELECT

@@ -1,4 +1,4 @@
-"""Arrow schemas of the per-entity Delta tables (the storage shape in DESIGN.md).
+"""Arrow schemas of the per-entity Delta tables.
 
 Every per-entity table is partitioned by partition_id. `messages` holds each message as sent (append
 mostly, one row per message); `locks` holds the receive state of messages that left the initial

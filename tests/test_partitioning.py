@@ -1,4 +1,4 @@
-"""Partition assignment: the exact DESIGN.md function, precedence, round-robin, and the Spark UDF."""
+"""Partition assignment: the exact placement function, precedence, round-robin, and the Spark UDF."""
 from __future__ import annotations
 
 import random
