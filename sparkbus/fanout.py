@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import numpy as np
@@ -44,7 +45,7 @@ from deltalake.exceptions import CommitFailedError
 from . import locks, maintenance, sequencing, storage
 from .catalog import Catalog, Row, Snapshot
 from .durations import MAX_DURATION
-from .language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select
+from .language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
 from .message import header_sizes
 from .names import key
 from .registry import EntityInfo, resolve
@@ -53,7 +54,11 @@ from .schemas import COMPLETED, DEAD_LETTERED, MESSAGES
 from .values import encode_properties
 
 FILTER_EVALUATION_REASON = "FilterEvaluationException"
+# What Service Bus says when a copy without a session id reaches a session-enabled subscription.
+SESSION_ID_NULL_REASON = "Session id is null."
+SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
 MAX_ATTEMPTS = 100
+BATCH_ROWS = 200_000  # topic messages fanned out at once (1 KiB bodies: about 200 MB in memory)
 _LATEST_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
 
 
@@ -133,28 +138,38 @@ def topic_cursors(topic_messages: DeltaTable, partitions: int) -> dict[int, int]
 
 # ---- one batch ------------------------------------------------------------------------------------------
 
-def deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table) -> FanoutResult:
+def deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table, *, advance: bool = True) -> FanoutResult:
     """Fan out a batch of topic message rows (MESSAGES columns, any partitions, replays allowed).
 
-    Rows with a scheduled time are left to deliver_scheduled. Returns what was done; raises only for
-    storage failures (the batch can then be run again).
+    Rows with a scheduled time are left to deliver_scheduled. advance: move the topic's cursor past the
+    batch and let its rows leave the topic (a caller delivering several batches in a row does it once,
+    with advance_topic, at the end). Returns what was done; raises only for storage failures (the batch
+    can then be run again).
     """
     result = FanoutResult()
     if rows.num_rows == 0:
         return result
     rows = rows.select(MESSAGES.names).cast(MESSAGES)
-    partitions = np.asarray(rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
-    low = np.asarray(rows["sequence_number"].to_numpy(zero_copy_only=False), dtype=np.int64) & sequencing.LOW_MASK
-    ends = {int(p): int(low[partitions == p].max()) for p in np.unique(partitions)}
+    ends = batch_ends(rows)
     immediate = np.asarray(pc.is_null(rows["scheduled_enqueue_time_utc"]).to_numpy(zero_copy_only=False), dtype=bool)
     snap = catalog.snapshot()  # after the rows were read: see the module docstring
-    view = MessageView(rows.filter(pa.array(immediate)))
+    view = MessageView(rows if immediate.all() else take_rows(rows, np.flatnonzero(immediate)))
     result.messages = view.n
-    for target in targets(catalog.root, snap, topic):
-        result.add(_deliver_to(target, view, _batch_plan(ends)))
-    _advance_topic(topic, ends)
+    with ThreadPoolExecutor(2, thread_name_prefix="sparkbus-fanout") as pool:  # Arrow and delta-rs free the GIL
+        for done in pool.map(lambda target: _deliver_to(target, view, _batch_plan(ends)),
+                             targets(catalog.root, snap, topic)):
+            result.add(done)
+    if advance:
+        advance_topic(topic, ends)
     EVALUATIONS[catalog.root] += result.evaluations
     return result
+
+
+def batch_ends(rows: pa.Table) -> dict[int, int]:
+    """Per topic partition, the highest n (low sequence bits) among the rows."""
+    partitions = np.asarray(rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    low = np.asarray(rows["sequence_number"].to_numpy(zero_copy_only=False), dtype=np.int64) & sequencing.LOW_MASK
+    return {int(p): int(low[partitions == p].max()) for p in np.unique(partitions)}
 
 
 def _deliver_to(target: Target, view: MessageView, plan: "Plan", *, scheduled: bool = False) -> FanoutResult:
@@ -171,10 +186,15 @@ def _deliver_to(target: Target, view: MessageView, plan: "Plan", *, scheduled: b
         built.rows = built.rows.set_column(built.rows.schema.get_field_index(column.name), column.name,
                                            pa.nulls(built.rows.num_rows, column.type))
     committed = storage.retry_on_conflict(lambda: _commit(target, built, plan), attempts=MAX_ATTEMPTS)
+    positions, numbers = committed if committed is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    dead_letters = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)
+    dead = dead_letters[positions]
+    states = dict(zip(positions[dead].tolist(), numbers[dead].tolist()))
+    stored_before = np.setdiff1d(np.flatnonzero(dead_letters), positions)
+    if len(stored_before):  # a replay: their dead-lettering may have been cut short by a crash
+        states.update(_stored_copies(target, built, stored_before))
+    _dead_letter(target, built, states)
     if committed is not None:
-        positions, numbers = committed
-        dead = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)[positions]
-        _dead_letter(target, numbers[dead], built.reasons.take(pa.array(positions[dead])).to_pylist())
         result.copies[target.info.path] = int((~dead).sum())
         result.dead_lettered[target.info.path] = int(dead.sum())
     return result
@@ -182,32 +202,44 @@ def _deliver_to(target: Target, view: MessageView, plan: "Plan", *, scheduled: b
 
 @dataclass
 class _Built:
-    """Copies in MESSAGES columns, sorted by topic order, with their source numbers and dead-letter reasons."""
+    """Copies in MESSAGES columns, sorted by topic order, with their source numbers and, for copies that
+    go to the dead-letter sub-queue, the reason and description."""
 
     rows: pa.Table
-    sources: np.ndarray  # topic n (low bits) of each copy
-    reasons: pa.Array    # dead-letter reason, null for a normal copy
+    sources: np.ndarray     # topic n (low bits) of each copy
+    reasons: pa.Array       # dead-letter reason, null for a normal copy
+    descriptions: pa.Array  # dead-letter error description
 
 
 def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
-    parts, order, reasons = [], [], []
+    """The target's copies, in topic order (a message's copies in rule order). A filter evaluation error
+    dead-letters the copy when the subscription says so; a copy without a session id (after its action)
+    is dead-lettered by a session-enabled subscription, as Service Bus does."""
+    parts, order, descriptions = [], [], []
     dead_letter = bool(target.info.options.get("dead_lettering_on_filter_evaluation_exceptions", True))
     for rank, (rows, source) in enumerate(_copy_sources(view, copies, dead_letter)):
         if source is None:
             continue
         parts.append(source)
         order.append(np.stack([rows, np.full(len(rows), rank)], axis=1))
-        reasons.append(pa.array([copies.reasons[i] for i in rows.tolist()], pa.string()) if rank == 0
-                       else pa.nulls(len(rows), pa.string()))
+        descriptions.append(pa.array([copies.reasons[i] for i in rows.tolist()], pa.string()) if rank == 0
+                            else pa.nulls(len(rows), pa.string()))
     if not parts:
-        empty = MESSAGES.empty_table()
-        return _Built(empty, np.zeros(0, dtype=np.int64), pa.array([], pa.string()))
+        none = pa.array([], pa.string())
+        return _Built(MESSAGES.empty_table(), np.zeros(0, dtype=np.int64), none, none)
     table = pa.concat_tables(parts)
     keys = np.concatenate(order)
-    sort = np.lexsort((keys[:, 1], keys[:, 0]))
-    table = _for_subscription(target, table.take(pa.array(sort)))
+    sort = pa.array(np.lexsort((keys[:, 1], keys[:, 0])))
+    table = _for_subscription(target, table.take(sort))
     sources = np.asarray(table["sequence_number"].to_numpy(zero_copy_only=False), dtype=np.int64) & sequencing.LOW_MASK
-    return _Built(table, sources, pa.concat_arrays(reasons).take(pa.array(sort)))
+    described = pa.concat_arrays(descriptions).take(sort)
+    reasons = pc.if_else(pc.is_valid(described), FILTER_EVALUATION_REASON, pa.nulls(len(described), pa.string()))
+    if target.info.options.get("requires_session"):
+        sessionless = pc.and_(pc.is_null(table["session_id"]), pc.is_null(reasons))
+        reasons = pc.if_else(sessionless, SESSION_ID_NULL_REASON, reasons)
+        described = pc.if_else(sessionless, SESSION_ID_NULL_DESCRIPTION, described)
+    return _Built(table, sources, reasons.combine_chunks() if isinstance(reasons, pa.ChunkedArray) else reasons,
+                  described.combine_chunks() if isinstance(described, pa.ChunkedArray) else described)
 
 
 def _copy_sources(view: MessageView, copies: Copies, dead_letter: bool):
@@ -215,9 +247,9 @@ def _copy_sources(view: MessageView, copies: Copies, dead_letter: bool):
     filter evaluation errors: otherwise such a message is not delivered to it), then plain copies, then
     each action's."""
     dead = np.flatnonzero(copies.dead_letter) if dead_letter else np.zeros(0, dtype=np.int64)
-    yield dead, (view.rows.take(pa.array(dead)) if len(dead) else None)
+    yield dead, (view.rows_at(dead) if len(dead) else None)
     plain = np.flatnonzero(copies.plain)
-    yield plain, (view.rows.take(pa.array(plain)) if len(plain) else None)
+    yield plain, (view.rows_at(plain) if len(plain) else None)
     for _, rows, changed in copies.actions:
         yield rows, _changed_rows(changed)
 
@@ -302,26 +334,56 @@ def _commit(target: Target, built: _Built, plan: Plan) -> Optional[tuple[np.ndar
     return positions, numbers
 
 
-def _dead_letter(target: Target, numbers: np.ndarray, reasons: list[str]) -> None:
-    """State rows moving fresh copies to the dead-letter sub-queue (one conditional commit per partition)."""
-    if not len(numbers):
-        return
-    now = datetime.now(timezone.utc)
-    by_partition: dict[int, list] = {}
-    for number, reason in zip(numbers.tolist(), reasons):
-        p = sequencing.partition_of_sequence(number)
-        by_partition.setdefault(p, []).append(locks.new_state(p, number, DEAD_LETTERED, 0, now,
-                                                              reason=FILTER_EVALUATION_REASON, description=reason))
-    for p, states in by_partition.items():
-        rows = pa.Table.from_pylist(states, schema=locks.LOCKS)
+def _stored_copies(target: Target, built: _Built, positions: np.ndarray) -> dict[int, int]:
+    """{position in built: sequence number} of stored copies equal to those copies (same partition,
+    message id, enqueue time, body, properties and session). Copies equal in all of these are
+    interchangeable; each stored copy answers for one."""
+    wanted = built.rows.take(pa.array(positions))
+    columns = ["partition_id", "message_id", "enqueued_time_utc", "body", "application_properties", "session_id"]
+    enqueued = sorted(set(wanted["enqueued_time_utc"].cast(pa.int64()).to_pylist()))
+    partitions = sorted(set(wanted["partition_id"].to_pylist()))
+    stored = storage.query(f"""
+        SELECT sequence_number, {", ".join(columns)} FROM messages
+        WHERE partition_id IN ({", ".join(map(str, partitions))})
+          AND CAST(enqueued_time_utc AS BIGINT) IN ({", ".join(map(str, enqueued))})
+        ORDER BY sequence_number""", messages=storage.open_table(target.info.tables["messages"]))
+    available: dict[tuple, list[int]] = {}
+    for row in stored.to_pylist():
+        available.setdefault(tuple(row[c] for c in columns), []).append(row["sequence_number"])
+    found = {}
+    for position, row in zip(positions.tolist(), wanted.select(columns).to_pylist()):
+        numbers = available.get(tuple(row[c] for c in columns))
+        if numbers:
+            found[position] = numbers.pop(0)
+    return found
 
-        def commit(p=p, rows=rows) -> None:
-            locks.commit(storage.open_table(target.info.tables["locks"]), p, rows)
+
+def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
+    """Move copies (position in built -> sequence number) to the dead-letter sub-queue with their reasons:
+    per partition, one conditional commit of state rows for the copies that have none yet (a copy a
+    receiver or another fan-out already gave a state keeps it)."""
+    if not states:
+        return
+    reasons, descriptions = built.reasons.to_pylist(), built.descriptions.to_pylist()
+    by_partition: dict[int, dict[int, int]] = {}
+    for position, number in states.items():
+        by_partition.setdefault(sequencing.partition_of_sequence(number), {})[number] = position
+    for p, wanted in by_partition.items():
+        def commit(p=p, wanted=wanted) -> None:
+            table = storage.open_table(target.info.tables["locks"])
+            predicate = locks.rows_predicate(p, sorted(wanted))
+            have = set(storage.query(f"SELECT sequence_number FROM locks WHERE {predicate}", locks=table)
+                       ["sequence_number"].to_pylist())
+            now = datetime.now(timezone.utc)
+            rows = [locks.new_state(p, n, DEAD_LETTERED, 0, now, reason=reasons[i], description=descriptions[i])
+                    for n, i in sorted(wanted.items()) if n not in have]
+            if rows:
+                locks.commit(table, p, pa.Table.from_pylist(rows, schema=locks.LOCKS))
 
         storage.retry_on_conflict(commit)
 
 
-def _advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
+def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
     """Move the topic's cursor to the batch's ends and let fanned-out rows leave the topic (one commit).
 
     Skipped when it loses a race: the next batch starts from the old cursor and the subscriptions'
@@ -402,6 +464,31 @@ def read_ranges(topic: EntityInfo, ranges: dict[int, tuple[int, int]]) -> pa.Tab
     where = " OR ".join(f"(partition_id = {int(p)} AND sequence_number >= {int(low)} AND sequence_number <= {int(high)})"
                         for p, (low, high) in ranges.items())
     return storage.query(f"SELECT * FROM messages WHERE {where} ORDER BY sequence_number", messages=table)
+
+
+def deliver_ranges(catalog: Catalog, topic: EntityInfo, ranges: dict[int, tuple[int, int]], *,
+                   batch_rows: int = BATCH_ROWS) -> FanoutResult:
+    """Fan out the topic messages in [low, high] (sequence numbers) per partition, in rounds of at most
+    about batch_rows messages (memory stays bounded by a round), each round a complete batch except that
+    the topic's cursor and retention move once, after the last (deleting part of a file rewrites the rest:
+    doing it per round copied the topic's bodies once per round). A crash in between re-reads the rounds
+    done; the subscriptions' versions skip them."""
+    total, ends = FanoutResult(), {}
+    sizes = {p: high - low + 1 for p, (low, high) in ranges.items() if high >= low}
+    rounds = max(1, -(-sum(sizes.values()) // batch_rows)) if sizes else 0
+    pieces = [{p: (ranges[p][0] + size * r // rounds, ranges[p][0] + size * (r + 1) // rounds - 1)
+               for p, size in sizes.items() if size * (r + 1) // rounds > size * r // rounds}
+              for r in range(rounds)]
+    with ThreadPoolExecutor(1, thread_name_prefix="sparkbus-fanout-read") as reader:
+        ahead = reader.submit(read_ranges, topic, pieces[0]) if pieces else None
+        for r in range(rounds):  # the next round is read while this one is evaluated and committed
+            rows = ahead.result()
+            ahead = reader.submit(read_ranges, topic, pieces[r + 1]) if r + 1 < rounds else None
+            total.add(deliver(catalog, topic, rows, advance=False))
+            ends.update(batch_ends(rows) if rows.num_rows else {})
+    if ends:
+        advance_topic(topic, ends)
+    return total
 
 
 def drain(catalog: Catalog, topic_path: str, *, batch_size: int = 100_000) -> FanoutResult:

@@ -6,6 +6,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -263,3 +264,61 @@ def test_random_text_parses_or_raises_value_error(text):
             assert matched.dtype == np.bool_ and failed.dtype == np.bool_
         else:
             run_action(tree, view(), {"@n": 1})
+
+
+# ---- reading one user property out of the stored texts (vectorised) must equal decoding every row ----------
+
+_KEYS = st.sampled_from(["amount", "Amount", "AMOUNT", "n", "kind", "a\"b", "a\\b", "größe", "K", "\u212a",
+                         "x,y", "{x}", "[y]"]) | st.text(max_size=6)
+_VALUES = (st.none() | st.booleans() | st.integers(min_value=-2 ** 63, max_value=2 ** 63 - 1)
+           | st.floats(allow_nan=False) | st.text(max_size=8)
+           | st.sampled_from(['","amount":["int",1]', "]", "NaN", b"\x00\xff", uuid.UUID(int=7),
+                              datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=timezone.utc), float("inf"), 10 ** 18]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(_KEYS, _VALUES, max_size=4), max_size=6), st.sampled_from(
+    ["amount", "AMOUNT", "n", "kind", "a\"b", "a\\b", "GRÖSSE", "k", "x,y", "{x}", "missing"]))
+def test_vectorised_property_read_equals_decoding_each_row(rows, name):
+    from sparkbus.language.properties import user_property
+    from sparkbus.values import encode_properties
+
+    texts = pa.array([encode_properties(r) for r in rows], pa.string())
+    expected, present = [], []
+    for r in rows:
+        hits = [v for k, v in sorted(r.items()) if k.lower() == name.lower()]  # stored with sorted keys
+        expected.append(hits[-1] if hits else None)
+        present.append(bool(hits))
+    got = user_property(texts, name)
+    assert got.exists.tolist() == present
+    assert got.values() == expected
+
+
+def test_vectorised_property_read_of_every_type_and_of_numbers_beyond_64_bits():
+    from sparkbus.language.properties import user_property
+    from sparkbus.values import encode_properties
+
+    values = [7, -2 ** 63, 2.5, float("-inf"), True, False, None, "s", b"\x01", uuid.UUID(int=1),
+              datetime(2024, 5, 6, tzinfo=timezone.utc)]
+    texts = pa.array([encode_properties({"P": v}) for v in values] + [None, "{}"], pa.string())
+    got = user_property(texts, "p")
+    assert got.values() == values + [None, None]
+    assert got.exists.tolist() == [True] * len(values) + [False, False]
+    assert set(got.parts) == {"int", "float", "bool", "str", "bytes", "uuid", "datetime"}
+    with pytest.raises(ValueError, match="64 bits"):
+        user_property(pa.array([encode_properties({"p": 2 ** 64})]), "p")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=5), max_size=5),
+       st.lists(st.integers(min_value=0, max_value=30), max_size=20))
+def test_take_rows_of_a_many_chunk_table_equals_arrow_take(chunk_sizes, wanted):
+    from sparkbus.language import take_rows
+
+    start, batches = 0, []
+    for size in chunk_sizes:
+        batches.append(pa.record_batch({"x": pa.array(range(start, start + size), pa.int64())}))
+        start += size
+    table = pa.Table.from_batches(batches, pa.schema([("x", pa.int64())]))
+    positions = np.array([w % start for w in wanted] if start else [], dtype=np.int64)
+    assert take_rows(table, positions).column("x").to_pylist() == table.take(pa.array(positions)).column("x").to_pylist()

@@ -94,6 +94,24 @@ def test_source_snapshot_and_tap(spark, admin, client, ns_path):
             .option("startingPosition", "middle").load().writeStream.foreachBatch(collect).start().awaitTermination()
 
 
+def test_source_ranges_content_names_each_partitions_new_sequence_numbers(spark, admin, client, ns_path):
+    from sparkbus.sequencing import compose
+
+    admin.create_queue("q", enable_partitioning=True)
+    with client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", partition_key=f"k{i % 3}") for i in range(12)])
+    stored = spark.read.format("sparkbus").option("namespace", ns_path).option("entity", "q").load() \
+        .groupBy("partition_id").count().collect()
+    ranges = spark.read.format("sparkbus").option("namespace", ns_path).option("entity", "q") \
+        .option("content", "ranges").load().collect()
+    assert sorted((r.partition_id, r.first_sequence_number, r.last_sequence_number) for r in ranges) == \
+        sorted((s.partition_id, compose(s.partition_id, 1), compose(s.partition_id, s["count"])) for s in stored)
+    assert {r.entity for r in ranges} == {"q"} and len(ranges) == 3
+    with pytest.raises(Exception, match="content must be one of messages, ranges"):
+        spark.read.format("sparkbus").option("namespace", ns_path).option("entity", "q") \
+            .option("content", "bodies").load().collect()
+
+
 def test_sink_sends_each_batch_once_even_when_replayed(spark, admin, client, ns_path, tmp_path):
     admin.create_queue("source")
     admin.create_queue("target", enable_partitioning=True)

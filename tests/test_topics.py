@@ -169,6 +169,22 @@ def test_session_subscription_gets_session_ids(topic, client, ns_path):
     assert [str(m) for m in received(client, "sessions", session_id="a")] == ["a-0", "a-1", "a-2"]
 
 
+def test_session_subscription_dead_letters_copies_without_a_session_id(topic, client, ns_path):
+    only_rules(topic, "sessions", [("all", TrueRuleFilter(), None),
+                                   ("act", SqlRuleFilter("n = 1"), SqlRuleAction("SET x = 1"))], requires_session=True)
+    send(client, [ServiceBusMessage("keyed", session_id="s", application_properties={"n": 0}),
+                  ServiceBusMessage("plain", application_properties={"n": 1})])
+    result = drain(ns_path)
+    assert [str(m) for m in received(client, "sessions", session_id="s")] == ["keyed"]
+    dead = received(client, "sessions", dead_letter=True)
+    assert [(str(m), m.session_id, m.application_properties) for m in dead] == \
+        [("plain", None, {"n": 1}), ("plain", None, {"n": 1, "x": 1, "RuleName": "act"})]
+    assert {m.dead_letter_reason for m in dead} == {"Session id is null."}
+    assert {m.dead_letter_error_description for m in dead} == \
+        {"Session enabled entity doesn't allow a message whose session identifier is null."}
+    assert result.dead_lettered["events/Subscriptions/sessions"] == 2
+
+
 def test_scheduled_topic_messages_reach_subscriptions_at_their_time(topic, client, ns_path):
     topic.create_subscription("events", "all")
     with client.get_topic_sender("events") as sender:
@@ -277,3 +293,31 @@ def test_fanout_killed_mid_batch_then_restarted(topic, client, ns_path, spawn):
     drain(ns_path)
     drain(ns_path)
     _check_each_copy_once(topic)
+
+
+def _fanout_dying_before_dead_lettering(ns_path):
+    from sparkbus import fanout
+    from sparkbus.catalog import Catalog
+
+    def die(target, built, states):
+        if states:
+            os.kill(os.getpid(), signal.SIGKILL)   # the copies are committed, their dead-letter states are not
+
+    fanout._dead_letter = die
+    fanout.drain(Catalog(ns_path), "events")
+
+
+def test_crash_between_copies_and_their_dead_lettering_is_repaired(topic, client, ns_path, spawn):
+    only_rules(topic, "dlq", [("div", SqlRuleFilter("n / (n - 3) >= 0"), None)])   # n = 3: division by zero
+    send(client, orders(6))
+    process = spawn.Process(target=_fanout_dying_before_dead_lettering, args=(os.path.abspath(ns_path),))
+    process.start()
+    process.join(120)
+    assert process.exitcode == -signal.SIGKILL
+    assert stored_messages(topic, "events/Subscriptions/dlq").num_rows == 5        # m3's copy is there, active
+    drain(ns_path)                                                                 # the replay repairs it
+    assert sorted(str(m) for m in received(client, "dlq")) == ["m0", "m1", "m4", "m5"]
+    [dead] = received(client, "dlq", dead_letter=True)
+    assert str(dead) == "m3" and dead.dead_letter_reason == "FilterEvaluationException"
+    drain(ns_path)
+    assert stored_messages(topic, "events/Subscriptions/dlq").num_rows == 5        # nothing copied twice

@@ -3,8 +3,8 @@ batch at a time over Arrow columns (vectors, evaluate), and subscription rules c
 (compiled). Pure: no I/O, no Spark."""
 from .compiled import (CompiledRule, Copies, check_action_text, check_filter_text, compile_correlation, compile_sql,
                        select)
-from .evaluate import MessageView, condition, evaluate, run_action
+from .evaluate import MessageView, condition, evaluate, run_action, take_rows
 from .syntax import parse_action, parse_filter
 
 __all__ = ["CompiledRule", "Copies", "MessageView", "check_action_text", "check_filter_text", "compile_correlation",
-           "compile_sql", "condition", "evaluate", "parse_action", "parse_filter", "run_action", "select"]
+           "compile_sql", "condition", "evaluate", "parse_action", "parse_filter", "run_action", "select", "take_rows"]

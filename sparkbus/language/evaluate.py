@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from ..values import decode_properties
 from . import vectors
+from .properties import simple_rows, user_property
 from .syntax import (Binary, Call, Constant, Exists, In, IsNull, Like, Node, Parameter, Property, RemoveStatement,
                      Statement, Unary)
 from .vectors import Vec
@@ -43,6 +44,8 @@ class MessageView:
         self._lowered: Optional[list[dict]] = None
         self._users: dict[str, Vec] = {}  # by lower-case name: every rule of every subscription shares them
         self._system: dict[str, pa.Array] = {}
+        self._texts: Optional[pa.Array] = None  # stored application property texts, and which are simple
+        self._simple: Optional[np.ndarray] = None
 
     def properties(self) -> list[dict]:
         """Decoded application properties per row (decoded on first use)."""
@@ -55,6 +58,12 @@ class MessageView:
         """A user property by name, matched case-insensitively; absent -> NULL, EXISTS false."""
         low = name.lower()
         if low in self._users:
+            return self._users[low]
+        if self._properties is None:  # the stored texts are current: read the one property, vectorised
+            if self._texts is None:
+                self._texts = self.rows["application_properties"].combine_chunks() if self.n else pa.array([], pa.string())
+                self._simple = simple_rows(self._texts)
+            self._users[low] = user_property(self._texts, name, self._simple)
             return self._users[low]
         if self._lowered is None:
             self._lowered = [{k.lower(): v for k, v in p.items()} if p else {} for p in self.properties()]
@@ -86,11 +95,15 @@ class MessageView:
             return pc.cast(self.rows[name].combine_chunks(), dtype)
         return pa.repeat(pa.scalar(default, dtype), self.n)
 
+    def rows_at(self, positions: np.ndarray) -> pa.Table:
+        """The stored rows at the given positions, in that order."""
+        return take_rows(self.rows, positions)
+
     def take(self, rows: np.ndarray) -> "MessageView":
         """The given rows as a new view, with copies of their properties and changed system columns."""
         positions = rows.tolist()
         properties = self.properties()
-        view = MessageView(self.rows.take(rows), [dict(properties[i]) for i in positions])
+        view = MessageView(self.rows_at(rows), [dict(properties[i]) for i in positions])
         view._system = {name: values.take(rows) for name, values in self._system.items()}
         return view
 
@@ -112,6 +125,22 @@ class MessageView:
     def system_overrides(self) -> dict[str, pa.Array]:
         """Changed system columns (column name -> values) after actions ran."""
         return {SYSTEM_COLUMNS[name][0]: values for name, values in self._system.items()}
+
+
+def take_rows(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    """table.take(positions) at a cost proportional to the rows taken: Arrow's take on a table of many
+    chunks concatenates every chunk first (0.5 s for 200,000 rows of 1 KiB, however few are taken)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    batches = table.to_batches()
+    if len(batches) <= 1:
+        return table.take(pa.array(positions))
+    starts = np.cumsum([0] + [b.num_rows for b in batches])
+    chunk = np.searchsorted(starts, positions, side="right") - 1
+    order = np.argsort(chunk, kind="stable")
+    pieces = [pa.Table.from_batches([batches[c]]).take(pa.array(positions[chunk == c] - starts[c]))
+              for c in np.unique(chunk)]
+    grouped = pa.concat_tables(pieces) if pieces else table.schema.empty_table()
+    return grouped.combine_chunks().take(pa.array(np.argsort(order, kind="stable")))
 
 
 def evaluate(node: Node, view: MessageView, parameters: dict) -> Vec:

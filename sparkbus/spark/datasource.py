@@ -41,6 +41,12 @@ SCHEMA = (
     "time_to_live_ms long, enqueued_time_utc timestamp, scheduled_enqueue_time_utc timestamp, "
     "expires_at_utc timestamp, body_size long, header_size long")
 _ARROW = pa.schema([pa.field("entity", pa.string())] + [f.with_nullable(True) for f in MESSAGES])
+# .option("content", "ranges"): one row per entity partition and micro-batch naming the sequence numbers
+# it covers, no message read (the fan-out and forwarding queries read the rows themselves, on the driver).
+RANGES_SCHEMA = "entity string, partition_id int, first_sequence_number long, last_sequence_number long"
+_RANGES_ARROW = pa.schema([("entity", pa.string()), ("partition_id", pa.int32()),
+                           ("first_sequence_number", pa.int64()), ("last_sequence_number", pa.int64())])
+CONTENTS = ("messages", "ranges")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,22 @@ def read_slice(piece: Slice) -> Iterator[pa.RecordBatch]:
     yield from table.to_batches()
 
 
+@dataclass(frozen=True)
+class Ranges(InputPartition):
+    """Every slice of a micro-batch in one Spark task (content "ranges": nothing to read, so one task)."""
+
+    slices: tuple[Slice, ...]
+
+
+def read_ranges(piece: Ranges) -> Iterator[pa.RecordBatch]:
+    """One row of RANGES_SCHEMA per slice: sequence numbers start+1 .. end of its partition."""
+    yield pa.record_batch([pa.array([s.entity for s in piece.slices], pa.string()),
+                           pa.array([s.partition for s in piece.slices], pa.int32()),
+                           pa.array([sequencing.compose(s.partition, s.start + 1) for s in piece.slices], pa.int64()),
+                           pa.array([sequencing.compose(s.partition, s.end) for s in piece.slices], pa.int64())],
+                          schema=_RANGES_ARROW)
+
+
 class _Entities:
     """The entities a reader covers (one, or every topic) and their partitions' high-water marks."""
 
@@ -84,6 +106,9 @@ class _Entities:
         if position not in ("earliest", "latest"):
             raise ValueError(f"startingPosition must be 'earliest' or 'latest', got {options['startingPosition']!r}")
         self.latest_start = position == "latest"
+        self.content = options.get("content", "messages").lower()
+        if self.content not in CONTENTS:
+            raise ValueError(f"content must be one of {', '.join(CONTENTS)}, got {options['content']!r}")
         if self.entity != ALL_TOPICS:
             self.infos()  # fails early for an unknown entity
 
@@ -112,6 +137,16 @@ class _Entities:
                 cursors = {p: 0 for p in range(info.partition_count)}
             found[info.path] = {str(p): n for p, n in cursors.items()}
         return found
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        """Spark's input partitions: one per slice, or all slices in one for content "ranges"."""
+        pieces = self.slices(start, end)
+        if self.content == "ranges":
+            return [Ranges(tuple(pieces))] if pieces else []
+        return pieces
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_ranges(partition) if isinstance(partition, Ranges) else read_slice(partition)
 
     def slices(self, start: dict, end: dict) -> list[Slice]:
         infos = {info.path: info for info in self.infos()}
@@ -144,11 +179,11 @@ class SparkbusStreamReader(DataSourceStreamReader):
                     partitions[p] = max(partitions[p], begin.get(p, 0))
         return latest
 
-    def partitions(self, start: dict, end: dict) -> list[Slice]:
-        return self.entities.slices(start, end)
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return self.entities.partitions(start, end)
 
-    def read(self, partition: Slice) -> Iterator[pa.RecordBatch]:
-        return read_slice(partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.entities.read(partition)
 
 
 class SparkbusReader(DataSourceReader):
@@ -157,11 +192,11 @@ class SparkbusReader(DataSourceReader):
     def __init__(self, options: dict) -> None:
         self.entities = _Entities(options)
 
-    def partitions(self) -> list[Slice]:
-        return self.entities.slices({}, self.entities.marks())
+    def partitions(self) -> list[InputPartition]:
+        return self.entities.partitions({}, self.entities.marks())
 
-    def read(self, partition: Slice) -> Iterator[pa.RecordBatch]:
-        return read_slice(partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.entities.read(partition)
 
 
 @dataclass
@@ -230,7 +265,7 @@ class SparkbusDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        return SCHEMA
+        return RANGES_SCHEMA if self.options.get("content", "").lower() == "ranges" else SCHEMA
 
     def reader(self, schema: StructType) -> SparkbusReader:
         return SparkbusReader(self.options)
