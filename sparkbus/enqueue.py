@@ -179,7 +179,7 @@ class EntityWriter:
         # If delta-rs rebased the commit over other writers' commits (to other partitions), the cached marks
         # of those partitions are stale at the new version: keep them only when nothing came in between.
         self._cached_version = table.version() if table.version() == base_version + 1 else -1
-        maintenance.after_commit(table)  # may move the table past other writers' commits
+        maintenance.after_commit(table)
         result.message_count = len(index)
         result.partitions = ranges
         if with_sequence_numbers:

@@ -270,3 +270,18 @@ def test_sender_idle_longer_than_log_retention(admin, client):
     rows = stored_messages(admin, "idle")
     assert [n & ((1 << 48) - 1) for n in rows["sequence_number"].to_pylist()] == list(range(1, 28))
     assert rows["body"].to_pylist()[-1] == b"after"
+
+
+def test_small_files_are_compacted_in_the_background_without_changing_a_message(admin, client):
+    from sparkbus import maintenance, storage
+
+    admin.create_queue("q")
+    with client.get_queue_sender("q") as sender:
+        for i in range(2 * maintenance.COMPACT_EVERY + 5):              # one commit, one small file each
+            sender.send_messages(ServiceBusMessage(f"m{i}"))
+    assert maintenance.wait_idle(60)
+    table = storage.open_table(admin.get_entity_tables("q")["messages"])
+    assert len(table.file_uris()) < maintenance.COMPACT_EVERY        # compacted twice: at most 6 files left
+    rows = stored_messages(admin, "q")
+    assert [b.decode() for b in rows["body"].to_pylist()] == [f"m{i}" for i in range(2 * maintenance.COMPACT_EVERY + 5)]
+    assert rows["sequence_number"].to_pylist() == list(range(1, 2 * maintenance.COMPACT_EVERY + 6))
