@@ -7,7 +7,7 @@ from .client import ServiceBusClient
 from .entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                        SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
 from .enqueue import EnqueueResult
-from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
+from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
                      MessageSizeExceededError, MessagingEntityAlreadyExistsError, MessagingEntityDisabledError,
                      MessagingEntityNotFoundError, OperationTimeoutError,
                      PartitionUnavailableError, ServiceBusError, ServiceBusQuotaExceededError,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
-from .errors import ServiceBusError
+from .exceptions import ServiceBusError
 from .receiver import ServiceBusSession
 
 RENEW_BEFORE_SECONDS = 10.0  # renew this long before a lock lapses (or half way through shorter locks)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .catalog import Change, Row, Snapshot
-from .errors import MessagingEntityNotFoundError, PartitionUnavailableError
+from .exceptions import MessagingEntityNotFoundError, PartitionUnavailableError
 from .names import key
 from .namespace import open_catalog
 

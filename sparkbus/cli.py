@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 from .availability import set_partition_availability
 from .definitions import apply_definition, load_definition
-from .errors import ServiceBusError
+from .exceptions import ServiceBusError
 from .management import ServiceBusAdministrationClient
 
 COLUMNS = ("kind", "path", "partitions", "status", "availability", "active", "dead_letter", "scheduled",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from . import entities
-from .errors import MessagingEntityNotFoundError
+from .exceptions import MessagingEntityNotFoundError
 from .management import ServiceBusAdministrationClient
 from .names import DEFAULT_RULE_NAME
 from .namespace import create_namespace

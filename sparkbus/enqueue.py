@@ -19,7 +19,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from . import duplicates, maintenance, partitioning, sequencing, storage
 from .durations import MAX_DURATION
-from .errors import (InvalidOperationError, MessageSizeExceededError, MessagingEntityDisabledError,
+from .exceptions import (InvalidOperationError, MessageSizeExceededError, MessagingEntityDisabledError,
                      ServiceBusQuotaExceededError)
 from .message import OUTGOING, body_sizes, header_sizes
 from .registry import EntityInfo

@@ -14,7 +14,7 @@ from . import entities, fanout, storage, tiers
 from .availability import require_available, unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .connection import parse_connection_string
-from .errors import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
+from .exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
                      ServiceBusQuotaExceededError)
 from .names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_path, subscription_path,
                     validate_child_name, validate_entity_name)

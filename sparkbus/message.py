@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import MessageSizeExceededError
+from .exceptions import MessageSizeExceededError
 from .schemas import MESSAGES
 from .values import check_properties, encode_properties
 

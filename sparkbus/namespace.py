@@ -8,7 +8,7 @@ from typing import Optional
 
 from . import tiers
 from .catalog import NAMESPACE_KEY, Catalog, Row
-from .errors import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
+from .exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
 from .storage import local_path
 
 FORMAT_VERSION = 1

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from . import locks, partitioning, retention, sequencing, sessions, storage
 from .catalog import Catalog
-from .errors import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
+from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
                      MessagingEntityDisabledError, OperationTimeoutError, SessionCannotBeLockedError,
                      SessionLockLostError)
 from .locks import Policy

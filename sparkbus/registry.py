@@ -9,7 +9,7 @@ from typing import Optional
 from . import entities, tiers
 from .availability import unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Row, Snapshot
-from .errors import InvalidOperationError, MessagingEntityNotFoundError
+from .exceptions import InvalidOperationError, MessagingEntityNotFoundError
 from .names import key
 from .namespace import NamespaceProperties, namespace_properties
 from .schemas import ENTITY_TABLES

@@ -9,7 +9,7 @@ import pyarrow as pa
 from . import maintenance, sequencing, storage
 from .catalog import Catalog
 from .enqueue import EnqueueResult, EntityWriter
-from .errors import MessageNotFoundError
+from .exceptions import MessageNotFoundError
 from .message import ServiceBusMessage, ServiceBusMessageBatch, _utc, to_outgoing
 from .registry import CachedEntity, EntityInfo
 from .schemas import CANCELLED, LOCKS

@@ -15,7 +15,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from . import locks, maintenance, storage
-from .errors import SessionCannotBeLockedError, SessionLockLostError
+from .exceptions import SessionCannotBeLockedError, SessionLockLostError
 from .schemas import ACTIVE, SESSIONS
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 
 from . import partitioning
 from .enqueue import check_rows
-from .errors import InvalidOperationError
+from .exceptions import InvalidOperationError
 from .message import ServiceBusMessage, to_outgoing
 
 if TYPE_CHECKING:

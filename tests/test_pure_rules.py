@@ -116,3 +116,14 @@ def test_connection_strings(conn, namespace, entity):
 def test_malformed_connection_strings(conn):
     with pytest.raises(ValueError, match="Endpoint=sparkbus://<namespace path or URI>"):
         parse_connection_string(conn)
+
+
+def test_sdk_module_names_exist():
+    import sparkbus
+    import sparkbus.exceptions
+    import sparkbus.management
+
+    for name in sparkbus.exceptions.__all__:
+        error = getattr(sparkbus.exceptions, name)
+        assert getattr(sparkbus, name) is error and issubclass(error, sparkbus.exceptions.ServiceBusError)
+    assert sparkbus.management.ServiceBusAdministrationClient is sparkbus.ServiceBusAdministrationClient

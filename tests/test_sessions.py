@@ -227,3 +227,32 @@ def test_subscription_session_receivers(admin, client):
         client.get_subscription_receiver("t", "plain", session_id="a")
     receiver.close()
     assert client.get_subscription_receiver("t", "carts", session_id="a").session.get_state() == b"kept"
+
+
+def _complete_one_by_one(path, queue, worker, barrier, results):
+    import sparkbus
+
+    client = sparkbus.ServiceBusClient(path)
+    barrier.wait()
+    done = []
+    while True:
+        try:
+            receiver = client.get_queue_receiver(queue, session_id=sparkbus.NEXT_AVAILABLE_SESSION, max_wait_time=2)
+        except sparkbus.OperationTimeoutError:
+            break
+        with receiver:
+            for message in receiver.receive_messages(max_message_count=10, max_wait_time=1):
+                receiver.complete_message(message)      # raises SessionLockLostError if the 5 s lock lapsed
+                done.append(str(message))
+    results.put(done)
+
+
+@pytest.mark.slow
+def test_four_session_receivers_complete_one_by_one_within_a_five_second_lock(spawn, admin, client, ns_path):
+    _session_queue(admin, "orders", lock_duration="PT5S")
+    with client.get_queue_sender("orders") as sender:
+        sender.send_messages([ServiceBusMessage(f"{s:02d}-{i}", session_id=f"s{s:02d}") for s in range(16) for i in range(10)])
+    outcomes = run_spawned(spawn, _complete_one_by_one, [(ns_path, "orders", w) for w in range(4)], timeout=600)
+    done = sorted(body for bodies in outcomes for body in bodies)   # a worker that lost a lock exits non-zero
+    assert done == sorted(f"{s:02d}-{i}" for s in range(16) for i in range(10))
+    assert admin.get_queue_runtime_properties("orders").total_message_count == 0

@@ -1,4 +1,5 @@
-"""The sparkbus error hierarchy (names as in azure-servicebus).
+"""The sparkbus error classes, importable as in azure-servicebus: `from sparkbus.exceptions import ...`
+(`azure.servicebus.exceptions`); every one is also exported from `sparkbus`.
 
 Invalid argument values raise ValueError or TypeError; violations of Service Bus rules raise these.
 """

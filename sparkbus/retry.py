@@ -1,0 +1,93 @@
+"""One retry policy for every transient condition, configured as azure-servicebus configures it.
+
+Delta commits are optimistic. A commit that loses to another writer's commit (a conflict), or whose
+table object needs log entries another process's cleanup removed (an expired snapshot), is transient:
+the operation re-reads what it decides on and is planned again. Under contention that is routine, so a
+round of up to REPLANS immediate re-plans (a few ms of jitter apart) is part of every operation. When a
+whole round fails, the client's policy takes over: up to `total` more rounds, each after a backoff
+(exponential: backoff_factor x 2^(retry-1), or fixed: backoff_factor; at most backoff_max; with jitter),
+and then the last conflict is raised as CommitConflictError, a ServiceBusServerBusyError: a delta-rs
+CommitFailedError never reaches a caller. A failed commit wrote nothing, so retrying a send never
+duplicates a message.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, TypeVar
+
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from . import storage
+from .exceptions import ServiceBusServerBusyError
+
+T = TypeVar("T")
+REPLANS = 20          # immediate re-plans in one round
+REPLAN_DELAY = 0.002  # seconds: the jitter between them grows to REPLAN_DELAY x 8
+MODES = ("exponential", "fixed")
+
+
+class CommitConflictError(ServiceBusServerBusyError):
+    """Other writers kept changing what the operation read, through every round the retry policy allows."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """ServiceBusClient(retry_total=, retry_backoff_factor=, retry_backoff_max=, retry_mode=)."""
+
+    total: int = 3
+    backoff_factor: float = 0.8
+    backoff_max: float = 120.0
+    mode: str = "exponential"
+
+    def __post_init__(self) -> None:
+        for name in ("total", "backoff_factor", "backoff_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"retry_{name} must be a number, got {type(value).__name__}")
+            if value < 0:
+                raise ValueError(f"retry_{name} must be >= 0, got {value}")
+        if self.mode not in MODES:
+            raise ValueError(f"retry_mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (1-based), jitter included."""
+        base = self.backoff_factor if self.mode == "fixed" else self.backoff_factor * 2 ** (retry - 1)
+        return min(base, self.backoff_max) * random.uniform(0.8, 1.2)
+
+
+DEFAULT = RetryPolicy()
+
+
+def is_transient(error: BaseException) -> bool:
+    """A commit conflict or an expired snapshot: planning again may succeed."""
+    if isinstance(error, CommitFailedError):
+        return True
+    return isinstance(error, (DeltaError, FileNotFoundError)) and storage.is_expired_version(error)
+
+
+def run(operation: Callable[[], T], policy: RetryPolicy = DEFAULT, *, what: str = "the operation",
+        on_transient: Optional[Callable[[], None]] = None) -> T:
+    """Run operation (which re-reads what it decides on) under the policy; on_transient runs after each
+    transient failure (to refresh cached tables). Raises CommitConflictError when the policy is exhausted,
+    and any other error at once."""
+    retry = 0
+    while True:
+        for replan in range(REPLANS):
+            try:
+                return operation()
+            except (CommitFailedError, DeltaError, FileNotFoundError) as error:
+                if not is_transient(error):
+                    raise
+                last = error
+                if on_transient is not None:
+                    on_transient()
+                if replan < REPLANS - 1:
+                    time.sleep(random.uniform(0, REPLAN_DELAY * 2 ** min(replan, 3)))
+        if retry >= policy.total:
+            raise CommitConflictError(
+                f"{what} lost to other writers' commits {REPLANS * (retry + 1)} times in a row "
+                f"(retry_total={policy.total}); try again later or allow more retries") from last
+        retry += 1
+        time.sleep(policy.backoff(retry))
