@@ -18,7 +18,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import maintenance, storage
+from . import maintenance, retry, storage
 from .schemas import TS
 
 T = TypeVar("T")
@@ -165,7 +165,7 @@ class Catalog:
                 self._merge(snap, change)
             return change.result
 
-        return storage.retry_on_conflict(attempt)
+        return retry.run(attempt, what="changing the namespace catalog")
 
     def _merge(self, snap: Snapshot, change: Change) -> None:
         placeholders = [Row(key=k, kind="", path="", properties={}) for k in change.deletes]

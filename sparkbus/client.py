@@ -8,24 +8,22 @@ from .connection import parse_connection_string
 from .namespace import open_catalog
 from .names import subscription_path
 from .receiver import ServiceBusReceiveMode, ServiceBusReceiver
+from .retry import RetryPolicy
 from .sender import ServiceBusSender
 from .transactions import ServiceBusTransaction
 
 
 class ServiceBusClient:
-    """Client of the namespace at `path`; retry settings follow azure-servicebus' exponential backoff.
+    """Client of the namespace at `path`. The retry settings are azure-servicebus': one policy for every
+    transient condition of the client's senders and receivers (sparkbus.retry).
 
     spark: an optional SparkSession for DataFrame sends and receives; message operations never need one.
     """
 
     def __init__(self, path: str, *, retry_total: int = 3, retry_backoff_factor: float = 0.8,
-                 retry_backoff_max: float = 120, spark: object = None, **kwargs: object) -> None:
-        for name, value in (("retry_total", retry_total), ("retry_backoff_factor", retry_backoff_factor),
-                            ("retry_backoff_max", retry_backoff_max)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+                 retry_backoff_max: float = 120, retry_mode: str = "exponential", spark: object = None,
+                 **kwargs: object) -> None:
+        self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
         self._catalog = open_catalog(path)
         self.retry_total = int(retry_total)
         self.retry_backoff_factor = float(retry_backoff_factor)
@@ -64,11 +62,11 @@ class ServiceBusClient:
     def get_queue_sender(self, queue_name: str, **kwargs: object) -> ServiceBusSender:
         """A sender for a queue; the queue is looked up at the first send, as the SDK connects lazily."""
         self._check_entity_path(queue_name, "queue")
-        return ServiceBusSender(self._catalog, queue_name, self.spark)
+        return ServiceBusSender(self._catalog, queue_name, self.spark, retry=self._retry)
 
     def get_topic_sender(self, topic_name: str, **kwargs: object) -> ServiceBusSender:
         self._check_entity_path(topic_name, "topic")
-        return ServiceBusSender(self._catalog, topic_name, self.spark)
+        return ServiceBusSender(self._catalog, topic_name, self.spark, retry=self._retry)
 
     def get_queue_receiver(self, queue_name: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
                            sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
@@ -78,7 +76,7 @@ class ServiceBusClient:
         self._check_entity_path(queue_name, "queue")
         return ServiceBusReceiver(self._catalog, queue_name, receive_mode=receive_mode, sub_queue=sub_queue,
                                   prefetch_count=prefetch_count, max_wait_time=max_wait_time, session_id=session_id,
-                                  spark=self.spark)
+                                  spark=self.spark, retry=self._retry)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
                                   receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK, sub_queue: object = None,
@@ -87,7 +85,8 @@ class ServiceBusClient:
         self._check_entity_path(topic_name, "topic")
         return ServiceBusReceiver(self._catalog, subscription_path(topic_name, subscription_name),
                                   receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
-                                  max_wait_time=max_wait_time, session_id=session_id, spark=self.spark)
+                                  max_wait_time=max_wait_time, session_id=session_id, spark=self.spark,
+                                  retry=self._retry)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

@@ -5,8 +5,6 @@ partitions, or none does. Nothing here knows about the azure-shaped API classes.
 """
 from __future__ import annotations
 
-import random
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Optional
@@ -15,18 +13,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import duplicates, maintenance, partitioning, sequencing, storage
+from . import duplicates, maintenance, partitioning, retry, sequencing, storage
 from .durations import MAX_DURATION
 from .exceptions import (InvalidOperationError, MessageSizeExceededError, MessagingEntityDisabledError,
                      ServiceBusQuotaExceededError)
 from .message import OUTGOING, body_sizes, header_sizes
 from .registry import EntityInfo
+from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .runtime import partition_sizes
 from .schemas import MESSAGES
 
-MAX_ATTEMPTS = 200
 # Service Bus reports DateTime.MaxValue as the expiry of a message that never expires.
 LATEST_TIME_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
 
@@ -82,8 +79,9 @@ def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[
 class EntityWriter:
     """Appends to one entity's messages table, keeping its table handle and high-water marks between sends."""
 
-    def __init__(self, info_source: Callable[[], EntityInfo]) -> None:
+    def __init__(self, info_source: Callable[[], EntityInfo], *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self._info_source = info_source
+        self._retry = retry
         self._round_robin: Optional[partitioning.RoundRobin] = None
         self._table: Optional[DeltaTable] = None
         self._table_uri: Optional[str] = None
@@ -118,23 +116,19 @@ class EntityWriter:
         placed = partitioning.resolve(codes, set(info.unavailable), self._round_robin, info.partition_count)
         dedup = bool(info.options.get("requires_duplicate_detection"))
         keep = duplicates.first_occurrences(rows["message_id"].to_pylist()) if dedup else np.ones(rows.num_rows, bool)
-        for attempt in range(MAX_ATTEMPTS):
+        def attempt() -> EnqueueResult:
             table = self._open(info)
-            try:
-                if app_transaction is not None:
-                    done = table.transaction_version(app_transaction[0])
-                    if done is not None and done >= app_transaction[1]:
-                        return EnqueueResult()
-                return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers,
-                                    app_transaction)
-            except CommitFailedError:
-                self._table = storage.refresh(table)
-                time.sleep(random.uniform(0, 0.002 * min(attempt + 1, 20)))
-            except (DeltaError, FileNotFoundError) as error:  # log entries this version needs were cleaned up
-                if not storage.is_expired_version(error):
-                    raise
-                self._table = storage.refresh(table)
-        raise CommitFailedError(f"could not commit to {info.path!r} after {MAX_ATTEMPTS} conflicting attempts")
+            if app_transaction is not None:
+                done = table.transaction_version(app_transaction[0])
+                if done is not None and done >= app_transaction[1]:
+                    return EnqueueResult()
+            return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers,
+                                app_transaction)
+
+        def refresh() -> None:  # the conflict or the cleaned-up log says the table moved on
+            self._table = storage.refresh(self._table) if self._table is not None else None
+
+        return retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
 
     def _open(self, info: EntityInfo) -> DeltaTable:
         uri = info.tables["messages"]

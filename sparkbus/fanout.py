@@ -40,9 +40,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
 
-from . import locks, maintenance, sequencing, storage
+from . import locks, maintenance, retry, sequencing, storage
 from .catalog import Catalog, Row, Snapshot
 from .durations import MAX_DURATION
 from .language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
@@ -57,7 +56,7 @@ FILTER_EVALUATION_REASON = "FilterEvaluationException"
 # What Service Bus says when a copy without a session id reaches a session-enabled subscription.
 SESSION_ID_NULL_REASON = "Session id is null."
 SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
-MAX_ATTEMPTS = 100
+NO_RETRY = retry.RetryPolicy(total=0)  # the cursor: one round of re-plans, then left to the next batch
 BATCH_ROWS = 200_000  # topic messages fanned out at once (1 KiB bodies: about 200 MB in memory)
 _LATEST_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
 
@@ -185,7 +184,7 @@ def _deliver_to(target: Target, view: MessageView, plan: "Plan", *, scheduled: b
         column = MESSAGES.field("scheduled_enqueue_time_utc")
         built.rows = built.rows.set_column(built.rows.schema.get_field_index(column.name), column.name,
                                            pa.nulls(built.rows.num_rows, column.type))
-    committed = storage.retry_on_conflict(lambda: _commit(target, built, plan), attempts=MAX_ATTEMPTS)
+    committed = retry.run(lambda: _commit(target, built, plan), what=f"fanning out to {target.info.path!r}")
     positions, numbers = committed if committed is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     dead_letters = np.asarray(pc.is_valid(built.reasons).to_numpy(zero_copy_only=False), dtype=bool)
     dead = dead_letters[positions]
@@ -380,7 +379,7 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
             if rows:
                 locks.commit(table, p, pa.Table.from_pylist(rows, schema=locks.LOCKS))
 
-        storage.retry_on_conflict(commit)
+        retry.run(commit, what=f"dead-lettering copies in {target.info.path!r}")
 
 
 def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
@@ -408,8 +407,8 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
         maintenance.after_commit(table)
 
     try:
-        storage.retry_on_conflict(attempt, attempts=10)
-    except CommitFailedError:
+        retry.run(attempt, NO_RETRY, what=f"advancing the cursor of {topic.path!r}")
+    except retry.CommitConflictError:
         pass
 
 
@@ -441,7 +440,8 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
     table = pa.Table.from_pylist(states, schema=locks.LOCKS)
     for p in sorted({s["partition_id"] for s in states}):
         part = table.filter(pc.equal(table["partition_id"], p))
-        storage.retry_on_conflict(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part))
+        retry.run(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part),
+                  what=f"completing due scheduled messages of {topic.path!r}")
     EVALUATIONS[catalog.root] += result.evaluations
     return result
 

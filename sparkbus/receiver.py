@@ -10,23 +10,25 @@ import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
-from typing import Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from . import locks, partitioning, retention, sequencing, sessions, storage
+from . import locks, partitioning, retention, retry, sequencing, sessions, storage
 from .catalog import Catalog
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
                      MessagingEntityDisabledError, OperationTimeoutError, SessionCannotBeLockedError,
                      SessionLockLostError)
 from .locks import Policy
 from .registry import CachedEntity, EntityInfo
+from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, LOCKS
 from .values import decode_properties
 
 RECEIVER_KINDS = ("queue", "subscription")
+T = TypeVar("T")
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
 
 
@@ -128,7 +130,8 @@ class ServiceBusReceiver:
 
     def __init__(self, catalog: Catalog, entity_path: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
                  sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                 session_id: Union[str, ServiceBusSessionFilter, None] = None, spark: object = None) -> None:
+                 session_id: Union[str, ServiceBusSessionFilter, None] = None, spark: object = None,
+                 retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self.sub_queue = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
         if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
@@ -142,6 +145,7 @@ class ServiceBusReceiver:
         self._peek_cursor: Optional[int] = None
         self._prefetched: list[ServiceBusReceivedMessage] = []
         self._spark = spark
+        self._retry = retry
         self._state_lock = threading.RLock()  # AutoLockRenewer renews from its own thread
         if session_id is not None and not isinstance(session_id, (str, ServiceBusSessionFilter)):
             raise TypeError(f"session_id must be a str or NEXT_AVAILABLE_SESSION, got {type(session_id).__name__}")
@@ -558,10 +562,10 @@ class ServiceBusReceiver:
             with self._state_lock:
                 retention.run(info, self._table(info, "messages"), state, partition)
 
-    def _retrying(self, info: EntityInfo, attempt):
-        """Run attempt (which re-reads what it decides on), again after a conflict on its partition."""
+    def _retrying(self, info: EntityInfo, attempt: Callable[[], T]) -> T:
+        """Run attempt (which re-reads what it decides on) under the client's retry policy."""
         with self._state_lock:
-            return storage.retry_on_conflict(attempt, attempts=200, base_delay=0.002)
+            return retry.run(attempt, self._retry, what=f"receiving from {info.path!r}")
 
     def _check_receivable(self, info: EntityInfo, receiving: bool = True) -> None:
         """Status and session rules; a plain receiver of a session entity may peek but not receive."""

@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Iterable, Optional, Union
 
 import pyarrow as pa
 
-from . import maintenance, sequencing, storage
+from . import maintenance, retry, sequencing, storage
 from .catalog import Catalog
 from .enqueue import EnqueueResult, EntityWriter
 from .exceptions import MessageNotFoundError
 from .message import ServiceBusMessage, ServiceBusMessageBatch, _utc, to_outgoing
 from .registry import CachedEntity, EntityInfo
+from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .schemas import CANCELLED, LOCKS
 
 if TYPE_CHECKING:
@@ -39,12 +40,14 @@ def as_messages(message: Sendable) -> list[ServiceBusMessage]:
 class ServiceBusSender:
     """Sender of one queue or topic. One send_messages call is one atomic Delta commit."""
 
-    def __init__(self, catalog: Catalog, entity_name: str, spark: object = None) -> None:
+    def __init__(self, catalog: Catalog, entity_name: str, spark: object = None, *,
+                 retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self._catalog = catalog
         self.entity_name = entity_name
         self._spark = spark
+        self._retry = retry
         self._entity = CachedEntity(catalog, entity_name, SENDER_KINDS)
-        self._writer = EntityWriter(self._entity.get)
+        self._writer = EntityWriter(self._entity.get, retry=retry)
 
     def entity_info(self) -> EntityInfo:
         """The entity's settings (re-read from the catalog at most once a second)."""
@@ -103,7 +106,7 @@ class ServiceBusSender:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
         if numbers:
-            cancel_scheduled(self.entity_info(), sorted(set(numbers)))
+            cancel_scheduled(self.entity_info(), sorted(set(numbers)), self._retry)
 
     def create_message_batch(self, max_size_in_bytes: Optional[int] = None) -> ServiceBusMessageBatch:
         """A batch limited to max_size_in_bytes (at most the tier's batch limit, which is the default)."""
@@ -123,7 +126,7 @@ class ServiceBusSender:
         return send_dataframe(self._writer, df)
 
 
-def cancel_scheduled(info: EntityInfo, numbers: list[int]) -> None:
+def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy = DEFAULT_RETRY) -> None:
     """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions."""
     now = datetime.now(timezone.utc)
     now_us = storage.micros(now)
@@ -156,4 +159,4 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int]) -> None:
             .when_not_matched_insert_all().execute())
         maintenance.after_commit(locks)
 
-    storage.retry_on_conflict(merge)
+    retry.run(merge, policy, what=f"cancelling scheduled messages of {info.path!r}")

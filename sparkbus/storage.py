@@ -7,18 +7,15 @@ with "terminate called without an active exception" (measured; see README, "Clea
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import time
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, TypeVar
+from typing import Iterable
 from urllib.parse import urlparse
 
 import pyarrow as pa
 from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import DeltaError
 
-T = TypeVar("T")
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
 # the log separately. A hook that failed after a successful commit (another process's log cleanup won
 # a race) looked like a failed commit, and re-running the operation locked or settled twice.
@@ -119,21 +116,6 @@ def _without_views(table: pa.Table) -> pa.Table:
 def quoted(text: str) -> str:
     """A SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
-
-
-def retry_on_conflict(operation: Callable[[], T], *, attempts: int = 50, base_delay: float = 0.005) -> T:
-    """Run operation, re-running it after a Delta commit conflict (or a log read that lost a race with
-    log cleanup) with jittered backoff; the operation must re-read what it decides on."""
-    for attempt in range(attempts):
-        try:
-            return operation()
-        except (CommitFailedError, DeltaError, FileNotFoundError) as error:
-            if not isinstance(error, CommitFailedError) and not is_expired_version(error):
-                raise
-            if attempt == attempts - 1:
-                raise
-            time.sleep(random.uniform(0, base_delay * (2 ** min(attempt, 6))))
-    raise AssertionError("unreachable")
 
 
 def remove_tree(path: str) -> None:

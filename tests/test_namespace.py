@@ -102,3 +102,5 @@ def test_client_argument_checks(ns_path):
         ServiceBusClient(ns_path, retry_total=-1)
     with pytest.raises(TypeError, match="retry_backoff_factor must be a number"):
         ServiceBusClient(ns_path, retry_backoff_factor="fast")
+    with pytest.raises(ValueError, match="retry_mode must be one of exponential, fixed, got 'linear'"):
+        ServiceBusClient(ns_path, retry_mode="linear")

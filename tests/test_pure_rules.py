@@ -127,3 +127,14 @@ def test_sdk_module_names_exist():
         error = getattr(sparkbus.exceptions, name)
         assert getattr(sparkbus, name) is error and issubclass(error, sparkbus.exceptions.ServiceBusError)
     assert sparkbus.management.ServiceBusAdministrationClient is sparkbus.ServiceBusAdministrationClient
+
+
+def test_retry_backoff_is_exponential_or_fixed_capped_and_jittered():
+    from sparkbus.retry import RetryPolicy
+
+    exponential = RetryPolicy(total=5, backoff_factor=0.8, backoff_max=2.0)
+    for retry, base in ((1, 0.8), (2, 1.6), (3, 2.0), (4, 2.0)):
+        waits = [exponential.backoff(retry) for _ in range(200)]
+        assert base * 0.8 <= min(waits) and max(waits) <= base * 1.2 and len(set(waits)) > 1
+    fixed = RetryPolicy(backoff_factor=0.5, mode="fixed")
+    assert all(0.4 <= fixed.backoff(retry) <= 0.6 for retry in (1, 5, 9))
