@@ -13,8 +13,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Re-installs only when the package metadata changes; the package itself is installed editable.
+# Re-installs only when the package metadata changes; the package itself is installed editable. strace
+# (a Debian package) lets the durability test see the fsyncs.
 $(STAMP): pyproject.toml | $(BIN)/python
+	command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

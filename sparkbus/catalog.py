@@ -138,6 +138,7 @@ class Catalog:
             if self.exists():
                 raise FileExistsError(self.uri) from exc
             raise
+        storage.sync_version(storage.open_table(self.uri))
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -26,6 +26,7 @@ from typing import Optional
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from . import storage
 from .storage import NO_HOOKS, open_table
 
 CHECKPOINT_EVERY = 10
@@ -46,13 +47,17 @@ _stopping = False
 
 
 def after_commit(table: DeltaTable) -> None:
-    """Call after committing to `table` (the object is at the new version): writes the checkpoint this
-    version is due, and asks the background thread for its compaction. Never raises for races."""
+    """Call after committing to `table` (the object is at the new version): makes the commit durable,
+    writes the checkpoint this version is due, and asks the background thread for its compaction.
+    Never raises for races."""
     global _worker
+    storage.sync_version(table)
     version = table.version()
     if version % CHECKPOINT_EVERY == 0:
         try:
             table.create_checkpoint()
+            # the checkpoint replaces the log entries cleanup removes: durable first
+            storage.sync_files(table, (f"{version:020d}.checkpoint.parquet", "_last_checkpoint"))
             table.cleanup_metadata()
         except _RACES:
             pass
@@ -78,7 +83,10 @@ def compact(uri: str) -> None:
     """Compact the small files of the table at uri now, on its latest version, retrying lost races."""
     for _ in range(COMPACT_ATTEMPTS):
         try:
-            open_table(uri).optimize.compact(target_size=COMPACT_TARGET_BYTES, post_commithook_properties=NO_HOOKS)
+            table = open_table(uri)
+            metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES, post_commithook_properties=NO_HOOKS)
+            if metrics.get("numFilesAdded"):
+                storage.sync_version(table)
             return
         except _RACES:
             continue

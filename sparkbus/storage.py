@@ -1,16 +1,26 @@
-"""Thin helpers over delta-rs: table creation, reads, and conflict retries.
+"""Thin helpers over delta-rs: table creation, reads, and making commits durable.
 
 Every read goes through delta-rs' own DataFusion engine (QueryBuilder), never through pyarrow's
 dataset scanner: scanner threads still alive at interpreter exit made about 1 process in 12 abort
 with "terminate called without an active exception" (measured; see README, "Clean exit").
+
+Durability: delta-rs writes a commit's data files and log entry without fsync, so an acknowledged
+message would survive a process crash but not a power loss. `sync_version` fsyncs what one version
+wrote (its data files, then its log entry, then the directories naming them) and runs after every
+commit that acknowledges an operation, before the call returns. Power lost between delta-rs' write and
+that fsync can only touch a call that has not returned yet; storage may then keep the log entry but
+not a data file it names (the order inside delta-rs is not ours to change), which a reader sees as a
+missing file of an unacknowledged commit. Object stores need none of this: a PUT is durable when it
+returns. SPARKBUS_DURABILITY=off skips the fsyncs, for throwaway namespaces.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from datetime import datetime, timedelta, timezone
-from typing import Iterable
-from urllib.parse import urlparse
+from typing import Iterable, Optional
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
@@ -69,9 +79,80 @@ def refresh(table: DeltaTable) -> DeltaTable:
 
 def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PARTITION_COLUMN,),
                  configuration: dict[str, str] | None = None) -> DeltaTable:
-    """Create an empty Delta table; fails if one exists."""
-    return DeltaTable.create(uri, schema=schema, partition_by=list(partition_by) or None, mode="error",
-                             configuration=configuration)
+    """Create an empty Delta table (durable on return); fails if one exists."""
+    table = DeltaTable.create(uri, schema=schema, partition_by=list(partition_by) or None, mode="error",
+                              configuration=configuration)
+    sync_version(table)
+    root = _local_root(table.table_uri)
+    if root is not None and durable():  # the table's own directory, and the entity directory holding it
+        _sync_directories((os.path.dirname(root.rstrip("/")),))
+    return table
+
+
+def durable() -> bool:
+    """Whether commits are fsynced (SPARKBUS_DURABILITY is not "off")."""
+    return os.environ.get("SPARKBUS_DURABILITY", "on").lower() != "off"
+
+
+def sync_version(table: DeltaTable) -> None:
+    """fsync the files the table's current version added, then its log entry, then the directories
+    naming them (no-op for object stores and with SPARKBUS_DURABILITY=off)."""
+    root = _local_root(table.table_uri)
+    if root is None or not durable():
+        return
+    log_dir = os.path.join(root, "_delta_log")
+    entry = os.path.join(log_dir, f"{table.version():020d}.json")
+    with open(entry, "rb") as log:
+        actions = log.read()
+    directories = {log_dir}
+    for line in actions.splitlines():
+        added = json.loads(line).get("add")
+        if added:
+            path = os.path.join(root, unquote(added["path"]))
+            _fsync(path)
+            directories.add(os.path.dirname(path))
+    _fsync(entry)
+    _sync_directories(directories)
+
+
+def sync_files(table: DeltaTable, names: Iterable[str]) -> None:
+    """fsync files of the table's log directory (a checkpoint before older log entries are removed)."""
+    root = _local_root(table.table_uri)
+    if root is None or not durable():
+        return
+    log_dir = os.path.join(root, "_delta_log")
+    for name in names:
+        path = os.path.join(log_dir, name)
+        if os.path.exists(path):
+            _fsync(path)
+    _sync_directories((log_dir,))
+
+
+_durable_directories: set[str] = set()  # directories whose own entry in their parent was fsynced
+
+
+def _sync_directories(directories: Iterable[str]) -> None:
+    """fsync directories (new entries in them); the first time a directory is seen, its parent too (it
+    may be new itself: a partition's first file, a table's first commit)."""
+    for directory in sorted(directories, key=len, reverse=True):
+        _fsync(directory)
+        if directory not in _durable_directories:
+            _fsync(os.path.dirname(directory))
+            _durable_directories.add(directory)
+
+
+def _local_root(uri: str) -> Optional[str]:
+    if uri.startswith("file://"):
+        return unquote(urlparse(uri).path)
+    return None if "://" in uri else uri
+
+
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def query(sql: str, **tables: DeltaTable) -> pa.Table:
