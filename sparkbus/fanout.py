@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from . import locks, maintenance, retry, sequencing, storage
+from . import locks, maintenance, retry, sequencing, storage, transitions
 from .catalog import Catalog, Row, Snapshot
 from .durations import MAX_DURATION
 from .language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
@@ -49,7 +49,7 @@ from .message import header_sizes
 from .names import key
 from .registry import EntityInfo, resolve
 from .rules import CORRELATION_FIELDS, CorrelationRuleFilter, action_from_json, filter_from_json
-from .schemas import COMPLETED, DEAD_LETTERED, MESSAGES
+from .schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from .values import encode_properties
 
 FILTER_EVALUATION_REASON = "FilterEvaluationException"
@@ -374,10 +374,10 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
             have = set(storage.query(f"SELECT sequence_number FROM locks WHERE {predicate}", locks=table)
                        ["sequence_number"].to_pylist())
             now = datetime.now(timezone.utc)
-            rows = [locks.new_state(p, n, DEAD_LETTERED, 0, now, reason=reasons[i], description=descriptions[i])
+            rows = [transitions.new_state(p, n, DEAD_LETTERED, 0, now, reason=reasons[i], description=descriptions[i])
                     for n, i in sorted(wanted.items()) if n not in have]
             if rows:
-                locks.commit(table, p, pa.Table.from_pylist(rows, schema=locks.LOCKS))
+                locks.commit(table, p, pa.Table.from_pylist(rows, schema=LOCKS))
 
         retry.run(commit, what=f"dead-lettering copies in {target.info.path!r}")
 
@@ -435,9 +435,9 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
     result.messages = view.n
     for target in targets(catalog.root, snap, topic):
         result.add(_deliver_to(target, view, _scheduled_plan(numbers), scheduled=True))
-    states = [locks.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
+    states = [transitions.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
               for n in numbers]
-    table = pa.Table.from_pylist(states, schema=locks.LOCKS)
+    table = pa.Table.from_pylist(states, schema=LOCKS)
     for p in sorted({s["partition_id"] for s in states}):
         part = table.filter(pc.equal(table["partition_id"], p))
         retry.run(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part),

@@ -1,35 +1,26 @@
 """ServiceBusReceiver: receive, settle, defer, dead-letter and peek (azure-servicebus shape).
 
-A receiving client is not aware of partitioning (seed): receive_messages queries every available
-partition and locks the oldest available messages of each, partition by partition.
+A receiving client is not aware of partitioning (seed): receive_messages visits every available
+partition and locks the oldest available messages of each, partition by partition. This module checks
+arguments and shapes results; sparkbus.delivery does the work and sparkbus.transitions decides it.
 """
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
-from typing import Callable, Iterable, Iterator, Optional, TypeVar, Union
+from typing import Iterable, Iterator, Optional, Union
 
-import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable
-
-from . import locks, partitioning, retention, retry, sequencing, sessions, storage
+from . import transitions
 from .catalog import Catalog
-from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
-                     MessagingEntityDisabledError, OperationTimeoutError, SessionCannotBeLockedError,
-                     SessionLockLostError)
-from .locks import Policy
-from .registry import CachedEntity, EntityInfo
+from .delivery import NEXT_AVAILABLE, Delivery, Held, SessionLock, deferred_partitions, poll, policy
+from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
+                         MessagingEntityDisabledError, SessionLockLostError)
+from .registry import EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
-from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, LOCKS
+from .schemas import ACTIVE, DEAD_LETTERED, DEFERRED
 from .values import decode_properties
 
 RECEIVER_KINDS = ("queue", "subscription")
-T = TypeVar("T")
-POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
 
 
 class ServiceBusReceiveMode(str, Enum):
@@ -75,6 +66,7 @@ class ServiceBusReceivedMessage:
         self.dead_letter_error_description = state_row.get("dead_letter_error_description", row.get("prior_description"))
         self.dead_letter_source = state_row.get("dead_letter_source")
         self._partition_id: int = row["partition_id"]
+        self._state_row = state_row if self.lock_token is not None else None  # as locked: settling reads nothing
         self._settled = False
 
     def __str__(self) -> str:
@@ -88,16 +80,19 @@ class ServiceBusReceivedMessage:
 class ServiceBusSession:
     """The session a session receiver holds (azure-servicebus shape): its id, lock and durable state."""
 
-    def __init__(self, receiver: "ServiceBusReceiver", row: dict) -> None:
-        self._receiver = receiver
-        self.session_id: str = row["session_id"]
-        self._partition: int = row["partition_id"]
-        self._lock_token: str = row["lock_token"]
-        self.locked_until_utc: datetime = row["locked_until_utc"]
+    def __init__(self, delivery: Delivery, lock: SessionLock, held: dict[int, str]) -> None:
+        self._delivery = delivery
+        self._lock = lock
+        self._held = held  # the receiver's unsettled messages of this session: seq -> lock token
+        self.session_id: str = lock.session_id
+
+    @property
+    def locked_until_utc(self) -> datetime:
+        return self._lock.locked_until_utc
 
     def get_state(self) -> Optional[bytes]:
         """The session state last set (bytes), or None."""
-        return self._receiver._session_update(lambda row, info, now: None)["state"]
+        return self._delivery.update_session(self._lock, lambda row, info, now: None)["state"]
 
     def set_state(self, state: Union[str, bytes, bytearray, None]) -> None:
         """Replace the session state (durable before this returns); at most the entity's max message size."""
@@ -111,15 +106,23 @@ class ServiceBusSession:
                 raise ValueError(f"session state of {len(state)} bytes exceeds the {info.max_message_bytes}-byte "
                                  "maximum message size")
             return {**row, "state": None if state is None else bytes(state)}
-        self._receiver._session_update(stored)
+        self._delivery.update_session(self._lock, stored)
 
     def renew_lock(self) -> datetime:
         """Extend the session lock (and the locks of its unsettled messages) by lock_duration from now."""
         def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
             return {**row, "locked_until_utc": now + info.options["lock_duration"]}
-        self.locked_until_utc = self._receiver._session_update(renewed)["locked_until_utc"]
-        self._receiver._extend_message_locks(self.locked_until_utc)
-        return self.locked_until_utc
+        self._lock.locked_until_utc = self._delivery.update_session(self._lock, renewed)["locked_until_utc"]
+        self._delivery.extend_locks(self._delivery.entity.get(), self._lock.partition, dict(self._held),
+                                    self._lock.locked_until_utc)
+        return self._lock.locked_until_utc
+
+    def _release(self) -> None:
+        """End the locks of its unsettled messages now (they are delivered again first), then its own."""
+        self._delivery.extend_locks(self._delivery.entity.get(), self._lock.partition, dict(self._held),
+                                    datetime.now(timezone.utc))
+        self._delivery.update_session(self._lock, lambda row, info, now: {**row, "lock_token": None,
+                                                                           "locked_until_utc": None})
 
     def __repr__(self) -> str:
         return f"ServiceBusSession(session_id={self.session_id!r}, locked_until_utc={self.locked_until_utc})"
@@ -139,24 +142,23 @@ class ServiceBusReceiver:
         self.prefetch_count = prefetch_count
         self.max_wait_time = _check_wait(max_wait_time)
         self.entity_path = entity_path
-        self._entity = CachedEntity(catalog, entity_path, RECEIVER_KINDS)
-        self._tables: dict[str, DeltaTable] = {}
+        self._delivery = Delivery(catalog, entity_path, RECEIVER_KINDS, retry)
         self._next_partition = 0
         self._peek_cursor: Optional[int] = None
         self._prefetched: list[ServiceBusReceivedMessage] = []
         self._spark = spark
-        self._retry = retry
-        self._state_lock = threading.RLock()  # AutoLockRenewer renews from its own thread
         if session_id is not None and not isinstance(session_id, (str, ServiceBusSessionFilter)):
             raise TypeError(f"session_id must be a str or NEXT_AVAILABLE_SESSION, got {type(session_id).__name__}")
         self._session_requested = session_id is not None
         self.session: Optional[ServiceBusSession] = None
         self._session_held: dict[int, str] = {}  # unsettled messages received under the session: seq -> token
         self._session_closed = False
-        info = self._entity.get()
+        info = self._delivery.entity.get()
         self._check_receivable(info, receiving=False)
         if session_id is not None:
-            self.session = ServiceBusSession(self, self._lock_session(info, session_id))
+            requested = NEXT_AVAILABLE if isinstance(session_id, ServiceBusSessionFilter) else session_id
+            lock = self._delivery.lock_session(info, requested, self.max_wait_time, self._next_partition)
+            self.session = ServiceBusSession(self._delivery, lock, self._session_held)
 
     def __enter__(self) -> "ServiceBusReceiver":
         return self
@@ -171,8 +173,7 @@ class ServiceBusReceiver:
             return
         self._session_closed = True
         try:
-            self._extend_message_locks(datetime.now(timezone.utc))
-            self._session_update(lambda row, info, now: {**row, "lock_token": None, "locked_until_utc": None})
+            self.session._release()
         except SessionLockLostError:
             pass  # another receiver holds the session already
 
@@ -196,14 +197,7 @@ class ServiceBusReceiver:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
         wait = _check_wait(max_wait_time) if max_wait_time is not None else self.max_wait_time
-        deadline = time.monotonic() + (wait or 0)
-        pause = POLL_START
-        while True:
-            got = self._receive(count)
-            if got or time.monotonic() >= deadline:
-                return got
-            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-            pause = min(pause * 2, POLL_MAX)
+        return poll(lambda: self._receive(count), wait) or []
 
     def receive_deferred_messages(self, sequence_numbers: Union[int, Iterable[int]]) -> list[ServiceBusReceivedMessage]:
         """Lock and return deferred messages by sequence number (they keep their numbers)."""
@@ -211,12 +205,13 @@ class ServiceBusReceiver:
         for n in numbers:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
-        info = self._entity.get()
+        info = self._delivery.entity.get()
         self._check_receivable(info)
         found: list[ServiceBusReceivedMessage] = []
-        for partition in sorted({sequencing.partition_of_sequence(n) for n in numbers}):
-            wanted = [n for n in numbers if sequencing.partition_of_sequence(n) == partition]
-            found += self._lock_partition(info, partition, DEFERRED, len(wanted), wanted)
+        for partition, wanted in deferred_partitions(numbers).items():
+            found += self._delivered(DEFERRED, self._delivery.lock(
+                info, partition, DEFERRED, len(wanted), delete=self._deletes, sequence_numbers=wanted,
+                session=self._session_lock))
         missing = sorted(set(numbers) - {m.sequence_number for m in found})
         if missing:
             raise MessageNotFoundError(f"no deferred, unlocked message with sequence number(s) {missing[:10]}")
@@ -229,58 +224,31 @@ class ServiceBusReceiver:
         self._prefetched = [m for m in self._prefetched if m.locked_until_utc is None or m.locked_until_utc > now]
         got, self._prefetched = self._prefetched[:count], self._prefetched[count:]
         if len(got) < count:
-            fetched = self._lock_any(count - len(got) + self.prefetch_count)
+            info = self._delivery.entity.get()
+            self._check_receivable(info)
+            queue = DEAD_LETTERED if self.sub_queue else ACTIVE
+            self._next_partition += 1
+            fetched = self._delivered(queue, self._delivery.lock_any(
+                info, queue, count - len(got) + self.prefetch_count, delete=self._deletes,
+                start=self._next_partition - 1, session=self._session_lock))
             wanted = count - len(got)
             got, self._prefetched = got + fetched[:wanted], self._prefetched + fetched[wanted:]
         return got
 
-    def _lock_any(self, count: int) -> list[ServiceBusReceivedMessage]:
-        info = self._entity.get()
-        self._check_receivable(info)
-        queue = DEAD_LETTERED if self.sub_queue else ACTIVE
-        available = [p for p in range(info.partition_count) if p not in info.unavailable]
-        if self.session is not None:
-            available = [p for p in available if p == self.session._partition]
-        if not available:
-            return []
-        start = self._next_partition % len(available)
-        self._next_partition += 1
-        got: list[ServiceBusReceivedMessage] = []
-        for partition in available[start:] + available[:start]:
-            got += self._lock_partition(info, partition, queue, count - len(got))
-            if len(got) >= count:
-                break
-        return got
+    def _delivered(self, queue: str, locked: list[tuple[dict, dict]]) -> list[ServiceBusReceivedMessage]:
+        kind = ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
+        messages = [ServiceBusReceivedMessage(row, state, kind) for row, state in locked]
+        if self.session is not None and not self._deletes:
+            self._session_held.update((m.sequence_number, m.lock_token) for m in messages)
+        return messages
 
-    def _lock_partition(self, info: EntityInfo, partition: int, queue: str, count: int,
-                        sequence_numbers: Optional[list[int]] = None) -> list[ServiceBusReceivedMessage]:
-        """Lock (or, receive-and-delete, remove) up to count deliverable messages of one partition."""
-        policy = _policy(info)
-        delete = self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    @property
+    def _deletes(self) -> bool:
+        return self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE
 
-        session = self.session
-
-        def attempt() -> list[ServiceBusReceivedMessage]:
-            messages, state = self._snapshot(info)
-            now = datetime.now(timezone.utc)
-            taking = policy
-            if session is not None:  # message locks end with the session lock, so a takeover finds them free
-                held = self._session_row(info, now)
-                taking = replace(policy, lock_duration=held["locked_until_utc"] - now)
-            found = locks.candidates(messages, state, partition, queue, now, count + 16, sequence_numbers,
-                                     session.session_id if session else None)
-            rows, deliver = locks.plan(found, taking, now, queue, delete, count)
-            locks.commit(state, partition, rows)
-            kind = _message_state(queue)
-            return [ServiceBusReceivedMessage(row, written, kind) for row, written in
-                    zip(storage.as_rows(found.take(pa.array(deliver, pa.int64()))),
-                        storage.as_rows(rows.slice(0, len(deliver))))]
-
-        delivered = self._retrying(info, attempt)
-        if session is not None and not delete:
-            self._session_held.update((m.sequence_number, m.lock_token) for m in delivered)
-        self._retain(info, partition)
-        return delivered
+    @property
+    def _session_lock(self) -> Optional[SessionLock]:
+        return None if self.session is None else self.session._lock
 
     def receive_dataframe(self, max_message_count: int = 1000, max_wait_time: Optional[float] = None):
         """Locked messages as a Spark DataFrame (one row per message, lock_token included)."""
@@ -291,74 +259,38 @@ class ServiceBusReceiver:
         got = self.receive_messages(max_message_count=max_message_count, max_wait_time=max_wait_time)
         return self._spark.createDataFrame(messages_to_arrow(got), schema=_received_schema())
 
-    def complete_dataframe(self, df: object) -> int:
-        """Complete the messages of a DataFrame (sequence_number and lock_token columns), one commit per
-        partition; a lost lock raises MessageLockLostError before anything is completed."""
-        rows = df.select("sequence_number", "lock_token").collect()
-        return self._complete_tokens({row.sequence_number: row.lock_token for row in rows})
-
-    def complete_messages(self, messages: Iterable[ServiceBusReceivedMessage]) -> int:
-        """Complete many messages with one commit per partition (a sparkbus addition; complete_message
-        costs one commit each). If any lock was lost, MessageLockLostError and nothing is completed."""
-        messages = list(messages)
-        for message in messages:
-            self._check_settleable(message)
-        count = self._complete_tokens({m.sequence_number: m.lock_token for m in messages})
-        for message in messages:
-            message._settled = True
-        return count
-
-    def _complete_tokens(self, tokens: dict[int, str]) -> int:
-        """Complete messages by sequence number and lock token, all locks checked before any commit."""
-        if self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
-            raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
-        info = self._entity.get()
-        by_partition: dict[int, dict[int, str]] = {}
-        for seq, token in tokens.items():
-            by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = token
-        if len(by_partition) > 1:  # all or nothing: every lock is checked before the first commit
-            state, now = self._table(info, "locks"), datetime.now(timezone.utc)
-            lost = [seq for partition, held in by_partition.items()
-                    for seq in locks.not_held(locks.lock_rows(state, partition, list(held)), held, now)]
-            if lost:
-                raise MessageLockLostError(
-                    f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
-        for partition, held in by_partition.items():
-            def attempt(partition=partition, held=held) -> None:
-                table, moment = self._table(info, "locks"), datetime.now(timezone.utc)
-                if self.session is not None:
-                    self._session_row(info, moment)
-                current = locks.lock_rows(table, partition, list(held))
-                lost = locks.not_held(current, held, moment)
-                if lost:
-                    raise MessageLockLostError(
-                        f"the locks of messages {lost[:10]} in partition {partition} expired or were taken")
-                locks.commit(table, partition, locks.released(current, COMPLETED, moment))
-            self._retrying(info, attempt)
-            self._retain(info, partition)
-        for seq in tokens:
-            self._session_held.pop(seq, None)
-        return len(tokens)
-
     # ---- settlement ------------------------------------------------------------------------------------
 
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
         """Remove the message from the entity; durable before this returns."""
-        self._settle(message, lambda row, info, now: {**row, "state": COMPLETED})
+        self.complete_messages([message])
+
+    def complete_messages(self, messages: Iterable[ServiceBusReceivedMessage]) -> int:
+        """Complete many messages with one commit per partition (a sparkbus addition). If any lock was
+        lost, MessageLockLostError and nothing is completed."""
+        messages = list(messages)
+        self._settle(messages, transitions.completed)
+        return len(messages)
+
+    def complete_dataframe(self, df: object) -> int:
+        """Complete the messages of a DataFrame (sequence_number and lock_token columns), one commit per
+        partition; a lost lock raises MessageLockLostError before anything is completed."""
+        if self._deletes:
+            raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
+        rows = df.select("sequence_number", "lock_token").collect()
+        held = {row.sequence_number: Held(row.lock_token) for row in rows}
+        self._delivery.settle(self._delivery.entity.get(), held, transitions.completed, self._session_lock)
+        self._forget(held)
+        return len(held)
 
     def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
         """Release the lock; at max_delivery_count the message is dead-lettered (MaxDeliveryCountExceeded)."""
-        def abandoned(row: dict, info: EntityInfo, now: datetime) -> dict:
-            if row["state"] == ACTIVE and row["delivery_count"] >= _policy(info).max_delivery_count:
-                return {**row, "state": DEAD_LETTERED, "dead_letter_reason": locks.MAX_DELIVERY_REASON,
-                        "dead_letter_error_description":
-                            f"Message could not be consumed after {row['delivery_count']} delivery attempts."}
-            return row
-        self._settle(message, abandoned)
+        rules = policy(self._delivery.entity.get())
+        self._settle([message], lambda row, now: transitions.abandoned(row, now, rules))
 
     def defer_message(self, message: ServiceBusReceivedMessage) -> None:
         """Set the message aside; only receive_deferred_messages returns it again."""
-        self._settle(message, lambda row, info, now: {**row, "state": DEFERRED})
+        self._settle([message], transitions.deferred)
 
     def dead_letter_message(self, message: ServiceBusReceivedMessage, reason: Optional[str] = None,
                             error_description: Optional[str] = None) -> None:
@@ -368,51 +300,38 @@ class ServiceBusReceiver:
                 raise TypeError(f"{name} must be a str, got {type(value).__name__}")
         if self.sub_queue is not None:
             raise InvalidOperationError("a message in the dead-letter sub-queue cannot be dead-lettered again")
-        self._settle(message, lambda row, info, now: {**row, "state": DEAD_LETTERED, "dead_letter_reason": reason,
-                                                      "dead_letter_error_description": error_description})
+        self._settle([message], lambda row, now: transitions.dead_lettered(row, now, reason, error_description))
 
     def renew_message_lock(self, message: ServiceBusReceivedMessage) -> datetime:
         """Extend the lock by lock_duration from now; returns the new locked_until_utc."""
         if self.session is not None:
             raise TypeError("renewing a message lock is not possible with sessions: renew the session lock "
                             "(receiver.session.renew_lock()) instead")
-        def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
-            return {**row, "lock_token": message.lock_token, "locked_until_utc": now + _policy(info).lock_duration}
-        written = self._settle(message, renewed, settles=False)
-        message.locked_until_utc = written["locked_until_utc"]
+        self._check_settleable(message)
+        rules = policy(self._delivery.entity.get())
+        written = self._delivery.settle(self._delivery.entity.get(), _held([message]),
+                                        lambda row, now: transitions.renewed(row, now, rules))
+        message._state_row = written[message.sequence_number]
+        message.locked_until_utc = message._state_row["locked_until_utc"]
         return message.locked_until_utc
 
-    def _settle(self, message: ServiceBusReceivedMessage, change, settles: bool = True) -> dict:
-        self._check_settleable(message)
-        info = self._entity.get()
-        partition, seq = message._partition_id, message.sequence_number
-
-        def attempt() -> dict:
-            state = self._table(info, "locks")
-            now = datetime.now(timezone.utc)
-            if self.session is not None:
-                self._session_row(info, now)
-            current = locks.lock_rows(state, partition, [seq])
-            if locks.not_held(current, {seq: message.lock_token}, now):
-                raise MessageLockLostError(
-                    f"the lock of message {seq} expired or was taken by another receiver; it will be redelivered")
-            row = storage.as_rows(current)[0]
-            written = change({**row, "lock_token": None, "locked_until_utc": None}, info, now)
-            written["updated_at_utc"] = now
-            locks.commit(state, partition, pa.Table.from_pylist([written], schema=LOCKS))
-            return written
-
-        written = self._retrying(info, attempt)
-        self._retain(info, partition)
-        if settles:
+    def _settle(self, messages: list[ServiceBusReceivedMessage], change) -> None:
+        for message in messages:
+            self._check_settleable(message)
+        held = _held(messages)
+        self._delivery.settle(self._delivery.entity.get(), held, change, self._session_lock)
+        for message in messages:
             message._settled = True
+        self._forget(held)
+
+    def _forget(self, held: dict) -> None:
+        for seq in held:
             self._session_held.pop(seq, None)
-        return written
 
     def _check_settleable(self, message: ServiceBusReceivedMessage) -> None:
         if not isinstance(message, ServiceBusReceivedMessage):
             raise TypeError(f"expected a ServiceBusReceivedMessage, got {type(message).__name__}")
-        if self.receive_mode is ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+        if self._deletes:
             raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
         if message._settled:
             raise MessageAlreadySettled(f"message {message.sequence_number} was already settled")
@@ -434,138 +353,13 @@ class ServiceBusReceiver:
             raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
         if isinstance(sequence_number, bool) or not isinstance(sequence_number, int) or sequence_number < 0:
             raise ValueError(f"sequence_number must be an int >= 0, got {sequence_number!r}")
-        info = self._entity.get()
+        info = self._delivery.entity.get()
         cursor = sequence_number if sequence_number or self._peek_cursor is None else self._peek_cursor
-        messages, state = self._snapshot(info)
+        found, self._peek_cursor = self._delivery.peek(
+            info, cursor, max_message_count, dead_letter=self.sub_queue is not None,
+            session_id=None if self.session is None else self.session.session_id)
         now = datetime.now(timezone.utc)
-        queue = f"l.state = '{DEAD_LETTERED}'" if self.sub_queue else (
-            f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
-        if self.session is not None:
-            queue += f" AND m.session_id = {storage.quoted(self.session.session_id)}"
-        partition = sequencing.partition_of_sequence(cursor)
-        while partition < info.partition_count:
-            low = max(cursor, sequencing.compose(partition, 0))
-            found = storage.query(f"""
-                SELECT m.*, l.state AS lock_state, l.delivery_count, l.dead_letter_reason,
-                       l.dead_letter_error_description, l.dead_letter_source
-                FROM messages m LEFT JOIN locks l
-                  ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
-                WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
-                ORDER BY m.sequence_number LIMIT {max_message_count}""", messages=messages, locks=state)
-            found = storage.as_rows(found)
-            if found:
-                self._peek_cursor = found[-1]["sequence_number"] + 1
-                return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
-            partition += 1
-            cursor = sequencing.compose(partition, 0)
-        self._peek_cursor = sequencing.compose(info.partition_count, 0)
-        return []
-
-    # ---- internals -------------------------------------------------------------------------------------
-
-    def _table(self, info: EntityInfo, role: str) -> DeltaTable:
-        """The entity table at its latest version (kept open between calls)."""
-        uri = info.tables[role]
-        table = self._tables.get(uri)
-        self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
-        return self._tables[uri]
-
-    def _snapshot(self, info: EntityInfo) -> tuple[DeltaTable, DeltaTable]:
-        """(messages, locks) at their latest versions, locks read first: retention removes a message's row
-        from messages before its state row from locks, so this order never shows a completed message
-        without its state row (which would make it look active again)."""
-        state = self._table(info, "locks")
-        return self._table(info, "messages"), state
-
-    # ---- sessions --------------------------------------------------------------------------------------
-
-    def _lock_session(self, info: EntityInfo, requested: Union[str, ServiceBusSessionFilter]) -> dict:
-        """Lock the named session, or any session with available messages, waiting up to max_wait_time."""
-        deadline = time.monotonic() + (self.max_wait_time or 0)
-        pause = POLL_START
-        while True:
-            try:
-                taken = self._try_lock_session(info, requested)
-            except SessionCannotBeLockedError:
-                if time.monotonic() >= deadline:
-                    raise
-                taken = None
-            if taken is not None:
-                return taken
-            if time.monotonic() >= deadline:
-                raise OperationTimeoutError(
-                    f"no unlocked session with available messages in {info.path!r} within {self.max_wait_time or 0} s")
-            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-            pause = min(pause * 2, POLL_MAX)
-
-    def _try_lock_session(self, info: EntityInfo, requested: Union[str, ServiceBusSessionFilter]) -> Optional[dict]:
-        duration = info.options["lock_duration"]
-        if isinstance(requested, str):
-            partition = partitioning.partition_of(requested, info.partition_count)
-            return self._retrying(info, lambda: sessions.lock(
-                self._table(info, "sessions"), partition, requested, duration, datetime.now(timezone.utc)))
-        available = [p for p in range(info.partition_count) if p not in info.unavailable]
-        start = self._next_partition % max(len(available), 1)
-        for partition in available[start:] + available[:start]:
-            locks_table = self._table(info, "locks")
-            messages, table = self._table(info, "messages"), self._table(info, "sessions")
-            for session_id in sessions.available(messages, locks_table, table, partition, datetime.now(timezone.utc)):
-                try:
-                    return self._retrying(info, lambda: sessions.lock(
-                        self._table(info, "sessions"), partition, session_id, duration, datetime.now(timezone.utc)))
-                except SessionCannotBeLockedError:
-                    continue  # another receiver took it first
-        return None
-
-    def _session_row(self, info: EntityInfo, now: datetime) -> dict:
-        """The held session's row; SessionLockLostError if the lock expired or was taken."""
-        session = self.session
-        return sessions.held(self._table(info, "sessions"), session._partition, session.session_id,
-                             session._lock_token, now)
-
-    def _session_update(self, change) -> dict:
-        """Apply change(row, info, now) to the held session's row (None: read only); returns the row."""
-        info = self._entity.get()
-
-        def attempt() -> dict:
-            now = datetime.now(timezone.utc)
-            row = self._session_row(info, now)
-            written = change(row, info, now)
-            if written is None:
-                return row
-            written["updated_at_utc"] = now
-            sessions.write(self._tables[info.tables["sessions"]], written)
-            return written
-
-        return self._retrying(info, attempt)
-
-    def _extend_message_locks(self, until: datetime) -> None:
-        """Carry the session's unsettled message locks to the renewed session lock."""
-        if not self._session_held:
-            return
-        info, partition, held = self._entity.get(), self.session._partition, dict(self._session_held)
-
-        def attempt() -> None:
-            table = self._table(info, "locks")
-            current = locks.lock_rows(table, partition, list(held))
-            lost = locks.not_held(current, held, datetime.now(timezone.utc))
-            mine = current.filter(pc.invert(pc.is_in(current["sequence_number"], value_set=pa.array(lost, pa.int64()))))
-            if mine.num_rows:
-                locks.commit(table, partition, locks.locked_until(mine, until))
-
-        self._retrying(info, attempt)
-
-    def _retain(self, info: EntityInfo, partition: int) -> None:
-        """Now and then, let completed messages of the partition leave the tables (sparkbus.retention)."""
-        state = self._tables[info.tables["locks"]]
-        if retention.due(state):
-            with self._state_lock:
-                retention.run(info, self._table(info, "messages"), state, partition)
-
-    def _retrying(self, info: EntityInfo, attempt: Callable[[], T]) -> T:
-        """Run attempt (which re-reads what it decides on) under the client's retry policy."""
-        with self._state_lock:
-            return retry.run(attempt, self._retry, what=f"receiving from {info.path!r}")
+        return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
 
     def _check_receivable(self, info: EntityInfo, receiving: bool = True) -> None:
         """Status and session rules; a plain receiver of a session entity may peek but not receive."""
@@ -582,6 +376,10 @@ class ServiceBusReceiver:
                 f"{' and not its dead-letter sub-queue' if self.sub_queue is not None else ''})")
 
 
+def _held(messages: list[ServiceBusReceivedMessage]) -> dict[int, Held]:
+    return {m.sequence_number: Held(m.lock_token, m._state_row) for m in messages}
+
+
 def _received_schema():
     from .dataframes import RECEIVED_SPARK_SCHEMA
 
@@ -594,15 +392,6 @@ def _check_wait(value: object) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"max_wait_time must be a number of seconds >= 0 or None, got {value!r}")
     return float(value)
-
-
-def _policy(info: EntityInfo) -> Policy:
-    return Policy(lock_duration=info.options["lock_duration"], max_delivery_count=info.options["max_delivery_count"],
-                  dead_letter_on_expiry=bool(info.options.get("dead_lettering_on_message_expiration")))
-
-
-def _message_state(queue: str) -> ServiceBusMessageState:
-    return ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
 
 
 def _peeked_state(row: dict) -> dict:

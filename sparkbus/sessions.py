@@ -14,7 +14,7 @@ from typing import Optional
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from . import locks, maintenance, storage
+from . import maintenance, storage, transitions
 from .exceptions import SessionCannotBeLockedError, SessionLockLostError
 from .schemas import ACTIVE, SESSIONS
 
@@ -44,7 +44,7 @@ def lock(table: DeltaTable, partition: int, session_id: str, duration: timedelta
     if is_locked(row, now):
         raise SessionCannotBeLockedError(
             f"session {session_id!r} is locked by another receiver until {row['locked_until_utc'].isoformat()}")
-    taken = {"partition_id": partition, "session_id": session_id, "lock_token": locks.new_lock_tokens(1)[0],
+    taken = {"partition_id": partition, "session_id": session_id, "lock_token": transitions.new_lock_tokens(1)[0],
              "locked_until_utc": now + duration, "state": row["state"] if row else None, "updated_at_utc": now}
     write(table, taken)
     return taken

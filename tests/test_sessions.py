@@ -205,10 +205,10 @@ def test_a_session_on_an_unavailable_partition_delivers_nothing_until_it_returns
     _session_queue(admin)
     _send(client, "s", "a", 2)
     receiver = client.get_queue_receiver("s", session_id="a")
-    set_partition_availability(ns_path, receiver.session._partition, False, entity_path="s", reason="disk")
+    set_partition_availability(ns_path, receiver.session._lock.partition, False, entity_path="s", reason="disk")
     time.sleep(1.1)  # receivers re-read entity settings at most once a second
     assert receiver.receive_messages(max_message_count=2) == []
-    set_partition_availability(ns_path, receiver.session._partition, True, entity_path="s")
+    set_partition_availability(ns_path, receiver.session._lock.partition, True, entity_path="s")
     time.sleep(1.1)
     assert [str(m) for m in receiver.receive_messages(max_message_count=2)] == ["a-0", "a-1"]
 

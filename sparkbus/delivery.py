@@ -1,0 +1,334 @@
+"""The delivery engine under ServiceBusReceiver: lock, settle, renew, peek, deferred messages and sessions.
+
+One Delivery serves one receiver. It keeps the entity's tables open between calls (refreshed, not
+reopened), runs every operation under the client's retry policy, and lets retention run now and then.
+Concurrency: each operation is planned on one table version and committed conditionally against it
+(sparkbus.locks); losing to another writer means planning again on the newer version. Settling reads
+nothing first when the receiver's locks are fresh (sparkbus.transitions.is_fresh): nobody else can have
+changed those rows, and a retry after a lost commit always reads. Calls from several threads of one
+receiver (AutoLockRenewer renews from its own) are serialised by one re-entrant lock.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Optional, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from . import locks, partitioning, retention, retry, sequencing, sessions, storage, transitions
+from .catalog import Catalog
+from .exceptions import MessageLockLostError, OperationTimeoutError, SessionCannotBeLockedError
+from .registry import CachedEntity, EntityInfo
+from .retry import RetryPolicy
+from .schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS
+from .transitions import Policy
+
+T = TypeVar("T")
+POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
+NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session with available messages
+Change = Callable[[dict, datetime], dict]
+
+
+@dataclass
+class SessionLock:
+    """A session lock this receiver holds."""
+
+    session_id: str
+    partition: int
+    lock_token: str
+    locked_until_utc: datetime
+
+
+@dataclass(frozen=True)
+class Held:
+    """A message lock this receiver holds: its token and, when known, the state row as written then."""
+
+    token: str
+    row: Optional[dict] = None
+
+
+def policy(info: EntityInfo) -> Policy:
+    """The entity settings that decide lock transitions."""
+    return Policy(lock_duration=info.options["lock_duration"], max_delivery_count=info.options["max_delivery_count"],
+                  dead_letter_on_expiry=bool(info.options.get("dead_lettering_on_message_expiration")))
+
+
+def poll(attempt: Callable[[], Optional[T]], wait: Optional[float]) -> Optional[T]:
+    """attempt() until it returns something or `wait` seconds passed (None: once), pausing 10 ms,
+    doubling to 0.5 s, between tries."""
+    deadline = time.monotonic() + (wait or 0)
+    pause = POLL_START
+    while True:
+        got = attempt()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 2, POLL_MAX)
+
+
+class Delivery:
+    """Receive-side operations on one queue or subscription."""
+
+    def __init__(self, catalog: Catalog, entity_path: str, kinds: tuple[str, ...], retry_policy: RetryPolicy) -> None:
+        self.entity = CachedEntity(catalog, entity_path, kinds)
+        self._retry = retry_policy
+        self._tables: dict[str, DeltaTable] = {}
+        self._guard = threading.RLock()
+
+    # ---- tables and retries ----------------------------------------------------------------------------
+
+    def table(self, info: EntityInfo, role: str) -> DeltaTable:
+        """The entity table at its latest version (kept open between calls)."""
+        uri = info.tables[role]
+        table = self._tables.get(uri)
+        self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
+        return self._tables[uri]
+
+    def snapshot(self, info: EntityInfo) -> tuple[DeltaTable, DeltaTable]:
+        """(messages, locks) at their latest versions, locks read first: retention removes a message's row
+        from messages before its state row from locks, so this order never shows a completed message
+        without its state row (which would make it look active again)."""
+        state = self.table(info, "locks")
+        return self.table(info, "messages"), state
+
+    def retrying(self, info: EntityInfo, attempt: Callable[[int], T]) -> T:
+        """attempt(try_number), which re-reads what it decides on, under the client's retry policy."""
+        tries = iter(range(1 << 30))
+        with self._guard:
+            return retry.run(lambda: attempt(next(tries)), self._retry, what=f"receiving from {info.path!r}")
+
+    def retain(self, info: EntityInfo, partition: int) -> None:
+        """Now and then, let completed messages of the partition leave the tables (sparkbus.retention)."""
+        state = self._tables[info.tables["locks"]]
+        if retention.due(state):
+            with self._guard:
+                retention.run(info, self.table(info, "messages"), state, partition)
+
+    # ---- locking -----------------------------------------------------------------------------------------
+
+    def lock(self, info: EntityInfo, partition: int, queue: str, count: int, *, delete: bool,
+             sequence_numbers: Optional[list[int]] = None,
+             session: Optional[SessionLock] = None) -> list[tuple[dict, dict]]:
+        """Lock (delete: remove) up to count deliverable messages of one partition's `queue` (ACTIVE,
+        DEFERRED or DEAD_LETTERED), oldest first; returns (message row, state row written) pairs."""
+        rules = policy(info)
+
+        def attempt(_: int) -> list[tuple[dict, dict]]:
+            messages, state = self.snapshot(info)
+            now = datetime.now(timezone.utc)
+            taking = rules
+            if session is not None:  # message locks end with the session lock, so a takeover finds them free
+                self.check_session(info, session, now)
+                taking = replace(rules, lock_duration=session.locked_until_utc - now)
+            found = locks.candidates(messages, state, partition, queue, now, count + 16, sequence_numbers,
+                                     session.session_id if session else None)
+            rows, deliver = transitions.plan(found, taking, now, queue, delete, count)
+            locks.commit(state, partition, rows)
+            return list(zip(storage.as_rows(found.take(pa.array(deliver, pa.int64()))),
+                            storage.as_rows(rows.slice(0, len(deliver)))))
+
+        delivered = self.retrying(info, attempt)
+        self.retain(info, partition)
+        return delivered
+
+    def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int,
+                 session: Optional[SessionLock] = None) -> list[tuple[dict, dict]]:
+        """Up to count messages from the available partitions, visited from the start-th on (a session
+        receiver visits its session's partition only)."""
+        available = available_partitions(info)
+        if session is not None:
+            available = [p for p in available if p == session.partition]
+        if not available:
+            return []
+        start %= len(available)
+        got: list[tuple[dict, dict]] = []
+        for partition in available[start:] + available[:start]:
+            got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session)
+            if len(got) >= count:
+                break
+        return got
+
+    # ---- settling ----------------------------------------------------------------------------------------
+
+    def settle(self, info: EntityInfo, held: dict[int, Held], change: Change,
+               session: Optional[SessionLock] = None) -> dict[int, dict]:
+        """Apply change(row as locked, now) to held messages: one conditional commit per partition.
+        MessageLockLostError if any lock was lost; with several partitions, all locks are checked before
+        the first commit, so either all are settled or none. Returns the rows written by sequence number."""
+        by_partition: dict[int, dict[int, Held]] = {}
+        for seq, lock in held.items():
+            by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = lock
+        if len(by_partition) > 1 and not self._all_fresh(held, datetime.now(timezone.utc)):
+            state, now = self.table(info, "locks"), datetime.now(timezone.utc)
+            lost = [seq for partition, mine in by_partition.items()
+                    for seq in transitions.not_held(locks.lock_rows(state, partition, list(mine)), _tokens(mine), now)]
+            if lost:
+                raise MessageLockLostError(
+                    f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
+        written: dict[int, dict] = {}
+        for partition, mine in by_partition.items():
+            written.update(self.retrying(info, lambda attempt, p=partition, m=mine:
+                                         self._settle_partition(info, p, m, change, session, attempt)))
+            self.retain(info, partition)
+        return written
+
+    def _settle_partition(self, info: EntityInfo, partition: int, held: dict[int, Held], change: Change,
+                          session: Optional[SessionLock], attempt: int) -> dict[int, dict]:
+        table, now = self.table(info, "locks"), datetime.now(timezone.utc)
+        if session is not None:
+            self.check_session(info, session, now, read=attempt > 0)
+        if attempt == 0 and self._all_fresh(held, now):
+            rows = [held[seq].row for seq in held]
+        else:
+            current = locks.lock_rows(table, partition, list(held))
+            lost = transitions.not_held(current, _tokens(held), now)
+            if lost:
+                raise MessageLockLostError(
+                    f"the locks of messages {lost[:10]} in partition {partition} expired or were taken by another "
+                    "receiver; they will be redelivered")
+            rows = storage.as_rows(current)
+        written = [change(row, now) for row in rows]
+        locks.commit(table, partition, pa.Table.from_pylist(written, schema=LOCKS))
+        return {row["sequence_number"]: row for row in written}
+
+    @staticmethod
+    def _all_fresh(held: dict[int, Held], now: datetime) -> bool:
+        return all(lock.row is not None and lock.row["lock_token"] == lock.token
+                   and transitions.is_fresh(lock.row["locked_until_utc"], now) for lock in held.values())
+
+    def extend_locks(self, info: EntityInfo, partition: int, held: dict[int, str], until: datetime) -> None:
+        """Set the message locks still held (seq -> token) to end at `until` (a renewed or released session)."""
+        if not held:
+            return
+
+        def attempt(_: int) -> None:
+            table = self.table(info, "locks")
+            current = locks.lock_rows(table, partition, list(held))
+            lost = transitions.not_held(current, held, datetime.now(timezone.utc))
+            mine = current.filter(pc.invert(pc.is_in(current["sequence_number"], value_set=pa.array(lost, pa.int64()))))
+            if mine.num_rows:
+                locks.commit(table, partition, transitions.locked_until(mine, until))
+
+        self.retrying(info, attempt)
+
+    # ---- peeking -----------------------------------------------------------------------------------------
+
+    def peek(self, info: EntityInfo, cursor: int, count: int, *, dead_letter: bool,
+             session_id: Optional[str]) -> tuple[list[dict], int]:
+        """Up to count messages of one partition from sequence number `cursor` on, without locking, with
+        their state columns; and the cursor to continue from (past the last partition: nothing left)."""
+        messages, state = self.snapshot(info)
+        queue = f"l.state = '{DEAD_LETTERED}'" if dead_letter else (
+            f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
+        if session_id is not None:
+            queue += f" AND m.session_id = {storage.quoted(session_id)}"
+        partition = sequencing.partition_of_sequence(cursor)
+        while partition < info.partition_count:
+            low = max(cursor, sequencing.compose(partition, 0))
+            found = storage.as_rows(storage.query(f"""
+                SELECT m.*, l.state AS lock_state, l.delivery_count, l.dead_letter_reason,
+                       l.dead_letter_error_description, l.dead_letter_source
+                FROM messages m LEFT JOIN locks l
+                  ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
+                WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
+                ORDER BY m.sequence_number LIMIT {count}""", messages=messages, locks=state))
+            if found:
+                return found, found[-1]["sequence_number"] + 1
+            partition += 1
+            cursor = sequencing.compose(partition, 0)
+        return [], sequencing.compose(info.partition_count, 0)
+
+    # ---- sessions ----------------------------------------------------------------------------------------
+
+    def lock_session(self, info: EntityInfo, requested: Optional[str], wait: Optional[float],
+                     start: int) -> SessionLock:
+        """Lock the named session (requested=NEXT_AVAILABLE: any unlocked session with available
+        messages, partitions visited from the start-th on), waiting up to `wait` seconds.
+        SessionCannotBeLockedError while a named session stays locked; OperationTimeoutError when no
+        session became available."""
+        deadline = time.monotonic() + (wait or 0)
+
+        def attempt() -> Optional[SessionLock]:
+            try:
+                return self._try_lock_session(info, requested, start)
+            except SessionCannotBeLockedError:
+                if time.monotonic() >= deadline:
+                    raise
+                return None
+
+        taken = poll(attempt, wait)
+        if taken is None:
+            raise OperationTimeoutError(
+                f"no unlocked session with available messages in {info.path!r} within {wait or 0} s")
+        return taken
+
+    def _try_lock_session(self, info: EntityInfo, requested: Optional[str], start: int) -> Optional[SessionLock]:
+        duration = info.options["lock_duration"]
+
+        def take(partition: int, session_id: str) -> SessionLock:
+            row = self.retrying(info, lambda _: sessions.lock(
+                self.table(info, "sessions"), partition, session_id, duration, datetime.now(timezone.utc)))
+            return SessionLock(session_id, partition, row["lock_token"], row["locked_until_utc"])
+
+        if requested is not None:
+            return take(partitioning.partition_of(requested, info.partition_count), requested)
+        available = available_partitions(info)
+        start %= max(len(available), 1)
+        for partition in available[start:] + available[:start]:
+            state = self.table(info, "locks")
+            messages, table = self.table(info, "messages"), self.table(info, "sessions")
+            for session_id in sessions.available(messages, state, table, partition, datetime.now(timezone.utc)):
+                try:
+                    return take(partition, session_id)
+                except SessionCannotBeLockedError:
+                    continue  # another receiver took it first
+        return None
+
+    def check_session(self, info: EntityInfo, session: SessionLock, now: datetime, read: bool = False) -> None:
+        """SessionLockLostError unless the session lock is still held: known without reading while it is
+        fresh (nobody can take an unexpired session lock), read back otherwise or when `read`."""
+        if read or not transitions.is_fresh(session.locked_until_utc, now):
+            self.session_row(info, session, now)
+
+    def session_row(self, info: EntityInfo, session: SessionLock, now: datetime) -> dict:
+        """The held session's row; SessionLockLostError if the lock expired or was taken."""
+        return sessions.held(self.table(info, "sessions"), session.partition, session.session_id,
+                             session.lock_token, now)
+
+    def update_session(self, session: SessionLock, change: Callable[[dict, EntityInfo, datetime], Optional[dict]]) -> dict:
+        """Apply change(row, info, now) to the held session's row (None: read only); returns the row."""
+        info = self.entity.get()
+
+        def attempt(_: int) -> dict:
+            now = datetime.now(timezone.utc)
+            row = self.session_row(info, session, now)
+            written = change(row, info, now)
+            if written is None:
+                return row
+            written["updated_at_utc"] = now
+            sessions.write(self._tables[info.tables["sessions"]], written)
+            return written
+
+        return self.retrying(info, attempt)
+
+
+def available_partitions(info: EntityInfo) -> list[int]:
+    return [p for p in range(info.partition_count) if p not in info.unavailable]
+
+
+def _tokens(held: dict[int, Held]) -> dict[int, str]:
+    return {seq: lock.token for seq, lock in held.items()}
+
+
+def deferred_partitions(numbers: Iterable[int]) -> dict[int, list[int]]:
+    """Sequence numbers grouped by the partition they were assigned in."""
+    grouped: dict[int, list[int]] = {}
+    for n in numbers:
+        grouped.setdefault(sequencing.partition_of_sequence(n), []).append(n)
+    return dict(sorted(grouped.items()))
+

@@ -1,0 +1,170 @@
+"""Lock transitions: what a receiver writes to a message's state row, decided without I/O.
+
+A state row (schemas.LOCKS) records a message that left its initial state: locked, deferred, dead-lettered
+or completed, with its delivery count. Receiving plans rows for the oldest candidates (`plan`); each
+settlement is a named function from the row as locked to the row written (`completed`, `abandoned`,
+`deferred`, `dead_lettered`, `renewed`). Which rows a receiver may still change is decided here too:
+`not_held` from rows read back, and `is_fresh` without reading. No other receiver can change a row while
+its lock is unexpired (taking a lock needs it lapsed, and only the holder knows the token), so a lock
+with more than FRESH_MARGIN left is still held exactly as written, and settling it needs no read: the
+conditional commit would still reject it if that reasoning were ever wrong.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TS
+from .storage import micros
+
+MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
+EXPIRED_REASON = "TTLExpiredException"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The entity settings that decide transitions."""
+
+    lock_duration: timedelta
+    max_delivery_count: int
+    dead_letter_on_expiry: bool
+
+
+FRESH_MARGIN = timedelta(seconds=1)  # clock error tolerated between processes sharing a namespace
+
+
+def is_fresh(locked_until: Optional[datetime], now: datetime) -> bool:
+    """Whether a lock this receiver took (or renewed) to `locked_until` is certainly still its own."""
+    return locked_until is not None and locked_until - now > FRESH_MARGIN
+
+
+def unlocked(row: dict, now: datetime) -> dict:
+    """The row with its lock released, stamped now: the common part of every settlement."""
+    return {**row, "lock_token": None, "locked_until_utc": None, "updated_at_utc": now}
+
+
+def completed(row: dict, now: datetime) -> dict:
+    return {**unlocked(row, now), "state": COMPLETED}
+
+
+def deferred(row: dict, now: datetime) -> dict:
+    return {**unlocked(row, now), "state": DEFERRED}
+
+
+def dead_lettered(row: dict, now: datetime, reason: Optional[str], description: Optional[str]) -> dict:
+    return {**unlocked(row, now), "state": DEAD_LETTERED, "dead_letter_reason": reason,
+            "dead_letter_error_description": description}
+
+
+def abandoned(row: dict, now: datetime, policy: "Policy") -> dict:
+    """Released for redelivery; an active message at max_delivery_count is dead-lettered instead."""
+    if row["state"] == ACTIVE and row["delivery_count"] >= policy.max_delivery_count:
+        return dead_lettered(row, now, MAX_DELIVERY_REASON,
+                             f"Message could not be consumed after {row['delivery_count']} delivery attempts.")
+    return unlocked(row, now)
+
+
+def renewed(row: dict, now: datetime, policy: "Policy") -> dict:
+    """The lock extended by lock_duration from now (kept, not released)."""
+    return {**row, "locked_until_utc": now + policy.lock_duration, "updated_at_utc": now}
+
+
+def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: bool,
+         count: int) -> tuple[pa.Table, np.ndarray]:
+    """The state rows a receiver writes for candidates (oldest first), and which of them it delivers.
+
+    Up to `count` messages are delivered (locked, or removed when `delete`); expired active messages met
+    on the way are dead-lettered (or removed), and messages whose lock lapsed at the delivery limit are
+    dead-lettered instead of delivered. Returns (rows in the LOCKS schema, positions in `found` of the
+    delivered messages, which are also the first rows of the returned table's delivered part).
+    """
+    n = found.num_rows
+    deliveries = np.asarray(found["prior_deliveries"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    expired = np.zeros(n, dtype=bool)
+    over = np.zeros(n, dtype=bool)
+    if queue == ACTIVE:
+        expires = pc.fill_null(found["expires_at_utc"].cast(pa.int64()), np.iinfo(np.int64).max)
+        expired = np.asarray(expires.to_numpy(zero_copy_only=False)) <= micros(now)
+        over = ~expired & (deliveries >= policy.max_delivery_count)
+    deliverable = ~expired & ~over
+    reached = np.flatnonzero(np.cumsum(deliverable) == count)
+    within = np.arange(n) <= (reached[0] if reached.size else n)
+    deliver, moved = np.flatnonzero(deliverable & within), np.flatnonzero(~deliverable & within)
+
+    taken = found.take(pa.array(deliver, pa.int64()))
+    k = taken.num_rows
+    prior_state = pc.fill_null(taken["lock_state"], ACTIVE) if k else pa.array([], pa.string())
+    delivered = pa.table({
+        "partition_id": taken["partition_id"], "sequence_number": taken["sequence_number"],
+        "state": pa.array([COMPLETED] * k) if delete else prior_state,
+        "delivery_count": pa.array(deliveries[deliver] + 1, pa.int32()),
+        "lock_token": pa.array([None] * k if delete else new_lock_tokens(k), pa.string()),
+        "locked_until_utc": pa.array([None if delete else now + policy.lock_duration] * k, TS),
+        "dead_letter_reason": taken["prior_reason"], "dead_letter_error_description": taken["prior_description"],
+        "dead_letter_source": pa.nulls(k, pa.string()), "updated_at_utc": pa.array([now] * k, TS),
+    })
+    moved_rows = []
+    for i in moved.tolist():
+        pid, seq = found["partition_id"][i].as_py(), found["sequence_number"][i].as_py()
+        if expired[i] and policy.dead_letter_on_expiry:
+            moved_rows.append(new_state(pid, seq, DEAD_LETTERED, int(deliveries[i]), now, reason=EXPIRED_REASON,
+                                        description="The message expired and was dead lettered."))
+        elif expired[i]:
+            moved_rows.append(new_state(pid, seq, COMPLETED, int(deliveries[i]), now))
+        else:
+            moved_rows.append(new_state(pid, seq, DEAD_LETTERED, int(deliveries[i]), now, reason=MAX_DELIVERY_REASON,
+                                        description=f"Message could not be consumed after {deliveries[i]} delivery attempts."))
+    rows = pa.concat_tables([delivered.cast(LOCKS), pa.Table.from_pylist(moved_rows, schema=LOCKS)])
+    return rows, deliver
+
+
+def not_held(rows: pa.Table, tokens: dict[int, str], now: datetime) -> list[int]:
+    """Sequence numbers in tokens whose state row (in rows) does not carry that lock, unexpired."""
+    now_us = micros(now)
+    held = {seq for seq, token, state, until in zip(
+        rows["sequence_number"].to_pylist(), rows["lock_token"].to_pylist(), rows["state"].to_pylist(),
+        rows["locked_until_utc"].cast(pa.int64()).to_pylist())
+        if token == tokens.get(seq) and state not in GONE_STATES and until is not None and until > now_us}
+    return sorted(set(tokens) - held)
+
+
+def released(rows: pa.Table, state: str, now: datetime) -> pa.Table:
+    """State rows moved to `state` with their locks released."""
+    n = rows.num_rows
+    changes = {"state": pa.array([state] * n, pa.string()), "lock_token": pa.nulls(n, pa.string()),
+               "locked_until_utc": pa.nulls(n, TS), "updated_at_utc": pa.array([now] * n, TS)}
+    return pa.table([changes.get(f.name, rows[f.name]) for f in LOCKS], schema=LOCKS)
+
+
+def locked_until(rows: pa.Table, until: datetime) -> pa.Table:
+    """State rows with their locks extended to `until`."""
+    index = rows.schema.get_field_index("locked_until_utc")
+    return rows.set_column(index, "locked_until_utc", pa.array([until] * rows.num_rows, TS))
+
+
+def new_state(partition: int, sequence_number: int, state: str, delivery_count: int, now: datetime, *,
+              reason: Optional[str] = None, description: Optional[str] = None) -> dict:
+    """An unlocked state row."""
+    return {"partition_id": partition, "sequence_number": sequence_number, "state": state,
+            "delivery_count": delivery_count, "lock_token": None, "locked_until_utc": None,
+            "dead_letter_reason": reason, "dead_letter_error_description": description,
+            "dead_letter_source": None, "updated_at_utc": now}
+
+
+def new_lock_tokens(count: int) -> list[str]:
+    """count random version-4 UUID strings (one urandom call for all of them)."""
+    raw = bytearray(os.urandom(16 * count))
+    tokens = []
+    for i in range(count):
+        chunk = raw[16 * i:16 * i + 16]
+        chunk[6] = (chunk[6] & 0x0F) | 0x40
+        chunk[8] = (chunk[8] & 0x3F) | 0x80
+        h = chunk.hex()
+        tokens.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return tokens
