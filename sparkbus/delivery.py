@@ -25,7 +25,7 @@ from .catalog import Catalog
 from .exceptions import MessageLockLostError, OperationTimeoutError, SessionCannotBeLockedError
 from .registry import CachedEntity, EntityInfo
 from .retry import RetryPolicy
-from .schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS
+from .schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES
 from .transitions import Policy
 
 T = TypeVar("T")
@@ -78,6 +78,7 @@ class Delivery:
         self.entity = CachedEntity(catalog, entity_path, kinds)
         self._retry = retry_policy
         self._tables: dict[str, DeltaTable] = {}
+        self._readers = {"messages": storage.PartitionReader(MESSAGES), "locks": storage.PartitionReader(LOCKS)}
         self._guard = threading.RLock()
 
     # ---- tables and retries ----------------------------------------------------------------------------
@@ -125,8 +126,9 @@ class Delivery:
             if session is not None:  # message locks end with the session lock, so a takeover finds them free
                 self.check_session(info, session, now)
                 taking = replace(rules, lock_duration=session.locked_until_utc - now)
-            found = locks.candidates(messages, state, partition, queue, now, count + 16, sequence_numbers,
-                                     session.session_id if session else None)
+            found = transitions.candidates(
+                self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+                queue, now, count + 16, sequence_numbers, session.session_id if session else None)
             rows, deliver = transitions.plan(found, taking, now, queue, delete, count)
             locks.commit(state, partition, rows)
             return list(zip(storage.as_rows(found.take(pa.array(deliver, pa.int64()))),

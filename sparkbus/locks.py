@@ -1,4 +1,4 @@
-"""The locks table: finding deliverable messages, reading state rows, and committing them.
+"""The locks table: reading state rows and committing them.
 
 All state lives in the entity's `locks` table, one row per message that left its initial state, changed
 by predicate overwrites that name one partition and the rows' sequence numbers: receivers of different
@@ -9,42 +9,12 @@ without reading; either way the commit is rejected if those rows changed since t
 """
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Optional
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from . import maintenance, storage
-from .schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS
-
-
-def candidates(messages: DeltaTable, locks: DeltaTable, partition: int, queue: str, now: datetime,
-               limit: int, sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None) -> pa.Table:
-    """Up to `limit` oldest messages of one partition that a receiver of `queue` may lock now.
-
-    queue: ACTIVE (includes expired and over-delivered messages, which the caller moves instead of
-    delivering), DEFERRED or DEAD_LETTERED. sequence_numbers restricts the search (deferred receives),
-    session_id to one session's messages.
-    """
-    now_us = storage.micros(now)
-    in_queue = {ACTIVE: f"(l.state IS NULL OR l.state = '{ACTIVE}')",
-                DEFERRED: f"l.state = '{DEFERRED}'", DEAD_LETTERED: f"l.state = '{DEAD_LETTERED}'"}[queue]
-    scheduled = ("AND (m.scheduled_enqueue_time_utc IS NULL OR "
-                 f"CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us})") if queue == ACTIVE else ""
-    only = f"AND m.sequence_number IN ({', '.join(map(str, sequence_numbers))})" if sequence_numbers else ""
-    if session_id is not None:
-        only += f" AND m.session_id = {storage.quoted(session_id)}"
-    sql = f"""
-        SELECT m.*, l.state AS lock_state, COALESCE(l.delivery_count, 0) AS prior_deliveries,
-               l.dead_letter_reason AS prior_reason, l.dead_letter_error_description AS prior_description
-        FROM messages m
-        LEFT JOIN locks l ON l.partition_id = {partition} AND m.sequence_number = l.sequence_number
-        WHERE m.partition_id = {partition} AND {in_queue} {scheduled} {only}
-          AND (l.locked_until_utc IS NULL OR CAST(l.locked_until_utc AS BIGINT) <= {now_us})
-        ORDER BY m.sequence_number LIMIT {int(limit)}
-    """
-    return storage.query(sql, messages=messages, locks=locks)
+from .schemas import LOCKS
 
 
 def lock_rows(locks: DeltaTable, partition: int, sequence_numbers: list[int]) -> pa.Table:

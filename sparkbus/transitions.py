@@ -75,6 +75,43 @@ def renewed(row: dict, now: datetime, policy: "Policy") -> dict:
     return {**row, "locked_until_utc": now + policy.lock_duration, "updated_at_utc": now}
 
 
+def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, limit: int,
+               sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None) -> pa.Table:
+    """Up to `limit` oldest of one partition's messages that a receiver of `queue` may lock now, given
+    the partition's message rows and state rows, with the state columns plan() needs (lock_state,
+    prior_deliveries, prior_reason, prior_description).
+
+    queue: ACTIVE (includes expired and over-delivered messages, which plan() moves instead of
+    delivering), DEFERRED or DEAD_LETTERED. sequence_numbers restricts the search (deferred receives),
+    session_id to one session's messages.
+    """
+    now_us = micros(now)
+    position = pc.index_in(messages["sequence_number"], value_set=states["sequence_number"])
+    lock_state = states["state"].take(position)
+    until = states["locked_until_utc"].take(position).cast(pa.int64())
+    keep = pc.fill_null(pc.less_equal(until, now_us), True)  # no state row, no lock, or a lapsed one
+    if queue == ACTIVE:
+        keep = pc.and_(keep, pc.fill_null(pc.equal(lock_state, ACTIVE), True))
+        scheduled = messages["scheduled_enqueue_time_utc"].cast(pa.int64())
+        keep = pc.and_(keep, pc.fill_null(pc.less_equal(scheduled, now_us), True))
+    else:
+        keep = pc.and_(keep, pc.fill_null(pc.equal(lock_state, queue), False))
+    if sequence_numbers:
+        keep = pc.and_(keep, pc.is_in(messages["sequence_number"], value_set=pa.array(sequence_numbers, pa.int64())))
+    if session_id is not None:
+        keep = pc.and_(keep, pc.fill_null(pc.equal(messages["session_id"], session_id), False))
+    chosen = pc.indices_nonzero(keep)
+    order = pc.sort_indices(messages["sequence_number"].take(chosen))[:limit]
+    rows = chosen.take(order)
+    found = messages.take(rows)
+    prior = {"lock_state": lock_state, "prior_deliveries": pc.fill_null(states["delivery_count"].take(position), 0),
+             "prior_reason": states["dead_letter_reason"].take(position),
+             "prior_description": states["dead_letter_error_description"].take(position)}
+    for name, column in prior.items():
+        found = found.append_column(name, column.take(rows))
+    return found
+
+
 def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: bool,
          count: int) -> tuple[pa.Table, np.ndarray]:
     """The state rows a receiver writes for candidates (oldest first), and which of them it delivers.
