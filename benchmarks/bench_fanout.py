@@ -18,7 +18,8 @@ import time
 from common import bench_namespace
 
 import sparkbus
-from sparkbus import ServiceBusClient, ServiceBusMessage, SqlRuleFilter, fanout
+from sparkbus import ServiceBusClient, ServiceBusMessage, SqlRuleFilter
+from sparkbus.engine import fanout
 
 SUBSCRIPTIONS = 10
 
@@ -53,9 +54,10 @@ def send(spark, path: str, count: int) -> None:
 
 def fanned_out(path: str) -> bool:
     """Every topic message has been fanned out (the topic's cursors reached its high-water marks)."""
-    from sparkbus import sequencing, storage
-    from sparkbus.catalog import Catalog
-    from sparkbus.registry import resolve
+    from sparkbus import storage
+    from sparkbus.core import sequencing
+    from sparkbus.engine.catalog import Catalog
+    from sparkbus.engine.registry import resolve
 
     topic = resolve(path, Catalog(path).snapshot(), "events", ("topic",))
     table = storage.open_table(topic.tables["messages"])

@@ -2,26 +2,24 @@
 from __future__ import annotations
 
 from .autolock import AutoLockRenewer
-from .availability import set_partition_availability
 from .client import ServiceBusClient
-from .entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
-                       SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
-from .enqueue import EnqueueResult
-from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
-                     MessageSizeExceededError, MessagingEntityAlreadyExistsError, MessagingEntityDisabledError,
-                     MessagingEntityNotFoundError, OperationTimeoutError,
-                     PartitionUnavailableError, ServiceBusError, ServiceBusQuotaExceededError,
-                     ServiceBusServerBusyError, SessionCannotBeLockedError, SessionLockLostError)
+from .core.entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
+                            SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
+from .engine.availability import set_partition_availability
+from .engine.enqueue import EnqueueResult
+from .engine.namespace import NamespaceProperties, create_namespace
+from .exceptions import (CommitConflictError, InvalidOperationError, MessageAlreadySettled, MessageLockLostError,
+                         MessageNotFoundError, MessageSizeExceededError, MessagingEntityAlreadyExistsError, MessagingEntityDisabledError,
+                         MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
+                         ServiceBusError, ServiceBusQuotaExceededError, ServiceBusServerBusyError,
+                         SessionCannotBeLockedError, SessionLockLostError)
 from .management import ServiceBusAdministrationClient
 from .message import ServiceBusMessage, ServiceBusMessageBatch
-from .namespace import NamespaceProperties, create_namespace
-from .receiver import (NEXT_AVAILABLE_SESSION, ServiceBusMessageState, ServiceBusReceivedMessage,
-                       ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSession, ServiceBusSessionFilter,
-                       ServiceBusSubQueue)
+from .receiver import (NEXT_AVAILABLE_SESSION, ServiceBusMessageState, ServiceBusReceivedMessage, ServiceBusReceiveMode,
+                       ServiceBusReceiver, ServiceBusSession, ServiceBusSessionFilter, ServiceBusSubQueue)
+from .rules import CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter, TrueRuleFilter
 from .sender import ServiceBusSender
 from .transactions import ServiceBusTransaction
-from .rules import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
-                    TrueRuleFilter)
 
 __version__ = "0.1.0"
 
@@ -37,5 +35,5 @@ __all__ = [
     "ServiceBusError", "MessagingEntityNotFoundError", "MessagingEntityAlreadyExistsError", "InvalidOperationError",
     "MessageSizeExceededError", "ServiceBusQuotaExceededError", "ServiceBusServerBusyError", "MessageLockLostError",
     "SessionLockLostError", "SessionCannotBeLockedError", "MessageAlreadySettled", "OperationTimeoutError", "PartitionUnavailableError",
-    "MessagingEntityDisabledError", "MessageNotFoundError",
+    "MessagingEntityDisabledError", "MessageNotFoundError", "CommitConflictError",
 ]

@@ -5,8 +5,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from .availability import set_partition_availability
 from .definitions import apply_definition, load_definition
+from .engine.availability import set_partition_availability
 from .exceptions import ServiceBusError
 from .management import ServiceBusAdministrationClient
 

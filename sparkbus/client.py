@@ -4,18 +4,18 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from .connection import parse_connection_string
-from .namespace import open_catalog
-from .names import subscription_path
+from .core.connection import parse_connection_string
+from .core.names import subscription_path
+from .engine.namespace import open_catalog
+from .engine.retry import RetryPolicy
 from .receiver import ServiceBusReceiveMode, ServiceBusReceiver
-from .retry import RetryPolicy
 from .sender import ServiceBusSender
 from .transactions import ServiceBusTransaction
 
 
 class ServiceBusClient:
     """Client of the namespace at `path`. The retry settings are azure-servicebus': one policy for every
-    transient condition of the client's senders and receivers (sparkbus.retry).
+    transient condition of the client's senders and receivers (sparkbus.engine.retry).
 
     spark: an optional SparkSession for DataFrame sends and receives; message operations never need one.
     """

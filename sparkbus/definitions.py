@@ -24,12 +24,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import entities
+from .core import entities
+from .core.filters import (CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter, check_action,
+                           check_filter)
+from .core.names import DEFAULT_RULE_NAME
+from .engine.namespace import create_namespace
 from .exceptions import MessagingEntityNotFoundError
 from .management import ServiceBusAdministrationClient
-from .names import DEFAULT_RULE_NAME
-from .namespace import create_namespace
-from .rules import CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter, check_action, check_filter
 
 if sys.version_info >= (3, 11):
     import tomllib

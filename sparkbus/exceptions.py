@@ -42,6 +42,11 @@ class ServiceBusServerBusyError(ServiceBusError):
     """The namespace is throttled; retry after the stated wait."""
 
 
+class CommitConflictError(ServiceBusServerBusyError):
+    """Other writers kept changing what the operation read, through every round the retry policy allows
+    (a sparkbus addition: the busy error of optimistic Delta commits)."""
+
+
 class MessageLockLostError(ServiceBusError):
     """The message lock expired or was taken by another receiver."""
 
@@ -76,6 +81,7 @@ __all__ = [
     "MessageSizeExceededError",
     "ServiceBusQuotaExceededError",
     "ServiceBusServerBusyError",
+    "CommitConflictError",
     "MessageLockLostError",
     "SessionLockLostError",
     "SessionCannotBeLockedError",

@@ -10,20 +10,22 @@ import os
 import uuid
 from typing import Callable, Optional, Union
 
-from . import entities, fanout, storage, tiers
-from .availability import require_available, unavailable_partitions
-from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
-from .connection import parse_connection_string
+from . import storage
+from .core import entities, tiers
+from .core.connection import parse_connection_string
+from .core.filters import (RuleProperties, TrueRuleFilter, action_from_json, action_to_json, check_action, check_filter,
+                           filter_from_json, filter_quota_kind, filter_to_json)
+from .core.names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_path, subscription_path,
+                         validate_child_name, validate_entity_name)
+from .engine import fanout
+from .engine.availability import require_available, unavailable_partitions
+from .engine.catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
+from .engine.namespace import NamespaceProperties, namespace_properties, open_catalog
+from .engine.registry import table_uris
+from .engine.runtime import entity_counts
 from .exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
-                     ServiceBusQuotaExceededError)
-from .names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_path, subscription_path,
-                    validate_child_name, validate_entity_name)
-from .namespace import NamespaceProperties, namespace_properties, open_catalog
-from .rules import (RuleProperties, TrueRuleFilter, action_from_json, action_to_json, check_action,
-                    check_filter, filter_from_json, filter_quota_kind, filter_to_json)
-from .registry import table_uris
-from .runtime import entity_counts
-from .schemas import ENTITY_TABLES, TABLE_CONFIGURATION
+                         ServiceBusQuotaExceededError)
+from .storage.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 
 ENTITIES_DIR = "entities"
 TOP_LEVEL = ("queue", "topic")

@@ -1,34 +1,18 @@
-"""Messages as azure-servicebus shapes them, and their columnar (Arrow) form.
-
-Every send, of one message or of a DataFrame, becomes an Arrow table of OUTGOING rows, and sizes are
-computed by one vectorised function over that table, so the Python and Spark paths agree byte for byte.
-"""
+"""Messages as azure-servicebus shapes them; sparkbus.core.encoding gives them their columnar form."""
 from __future__ import annotations
 
-import os
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Optional, Union
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from .core.encoding import LENGTH_LIMITED, MAX_ID_LENGTH, OUTGOING, STRING_PROPERTIES, body_sizes, header_sizes
+from .core.values import check_properties, encode_properties
 from .exceptions import MessageSizeExceededError
-from .schemas import MESSAGES
-from .values import check_properties, encode_properties
-
-MAX_ID_LENGTH = 128
-STRING_PROPERTIES = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject",
-                     "to", "reply_to", "reply_to_session_id")
-_LIMITED = ("message_id", "session_id", "partition_key")
-# Columns a sender provides; partition_id, sequence_number and the times are set when the send commits.
-OUTGOING = pa.schema([MESSAGES.field(name) for name in (*STRING_PROPERTIES, "application_properties", "body",
-                                                         "time_to_live_ms", "scheduled_enqueue_time_utc")])
-FIXED_WIDTH_BYTES = 8  # a time-to-live or scheduled time, when set, counts as 8 header bytes
 
 
-def _utc(value: object, name: str) -> Optional[datetime]:
+def to_utc(value: object, name: str) -> Optional[datetime]:
     if value is None:
         return None
     if not isinstance(value, datetime):
@@ -57,7 +41,7 @@ class ServiceBusMessage:
         for name, value in strings.items():
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-            if name in _LIMITED and value is not None and not 0 < len(value) <= MAX_ID_LENGTH:
+            if name in LENGTH_LIMITED and value is not None and not 0 < len(value) <= MAX_ID_LENGTH:
                 raise ValueError(f"{name} must be 1 to {MAX_ID_LENGTH} characters, got {len(value)}")
             setattr(self, name, value)
         if time_to_live is not None:
@@ -66,7 +50,7 @@ class ServiceBusMessage:
             if time_to_live <= timedelta(0):
                 raise ValueError(f"time_to_live must be positive, got {time_to_live}")
         self.time_to_live = time_to_live
-        self.scheduled_enqueue_time_utc = _utc(scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
+        self.scheduled_enqueue_time_utc = to_utc(scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
 
     @property
     def body(self) -> bytes:
@@ -79,19 +63,6 @@ class ServiceBusMessage:
         return f"ServiceBusMessage(message_id={self.message_id!r}, session_id={self.session_id!r}, body={len(self._body)} bytes)"
 
 
-_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-
-
-def new_message_ids(count: int) -> pa.Array:
-    """count random uuid4 hex strings (what ServiceBusMessage assigns), generated vectorised."""
-    raw = np.frombuffer(os.urandom(16 * count), dtype=np.uint8).reshape(count, 16).copy()
-    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
-    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
-    text = np.empty((count, 32), dtype=np.uint8)
-    text[:, 0::2], text[:, 1::2] = _HEX[raw >> 4], _HEX[raw & 0x0F]
-    return pa.array(text.view("S32").ravel(), pa.binary(32)).cast(pa.string())
-
-
 def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
     """The OUTGOING Arrow rows of messages, in order."""
     messages = list(messages)
@@ -102,22 +73,6 @@ def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
                                   for m in messages]
     columns["scheduled_enqueue_time_utc"] = [m.scheduled_enqueue_time_utc for m in messages]
     return pa.table(columns, schema=OUTGOING)
-
-
-def header_sizes(rows: pa.Table) -> pa.Array:
-    """Header bytes per row: UTF-8 bytes of the string system properties and of the stored application
-    properties, plus 8 bytes for each time-to-live or scheduled time that is set."""
-    total = pa.array([0] * rows.num_rows, pa.int64())
-    for name in (*STRING_PROPERTIES, "application_properties"):
-        total = pc.add(total, pc.fill_null(pc.cast(pc.binary_length(rows[name]), pa.int64()), 0))
-    for name in ("time_to_live_ms", "scheduled_enqueue_time_utc"):
-        is_set = pc.cast(pc.is_valid(rows[name]), pa.int64())
-        total = pc.add(total, pc.multiply(is_set, FIXED_WIDTH_BYTES))
-    return total
-
-
-def body_sizes(rows: pa.Table) -> pa.Array:
-    return pc.fill_null(pc.cast(pc.binary_length(rows["body"]), pa.int64()), 0)
 
 
 def message_size(message: ServiceBusMessage) -> int:

@@ -2,7 +2,7 @@
 
 A receiving client is not aware of partitioning (seed): receive_messages visits every available
 partition and locks the oldest available messages of each, partition by partition. This module checks
-arguments and shapes results; sparkbus.delivery does the work and sparkbus.transitions decides it.
+arguments and shapes results; sparkbus.engine.delivery does the work and sparkbus.core.transitions decides it.
 """
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
 from typing import Iterable, Iterator, Optional, Union
 
-from . import transitions
-from .catalog import Catalog
-from .delivery import NEXT_AVAILABLE, Delivery, Held, SessionLock, deferred_partitions, poll, policy
+from .core import transitions
+from .core.values import decode_properties
+from .engine.catalog import Catalog
+from .engine.delivery import NEXT_AVAILABLE, Delivery, Held, SessionLock, deferred_partitions, policy, poll
+from .engine.registry import EntityInfo
+from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
                          MessagingEntityDisabledError, SessionLockLostError)
-from .registry import EntityInfo
-from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
-from .schemas import ACTIVE, DEAD_LETTERED, DEFERRED
-from .values import decode_properties
+from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED
 
 RECEIVER_KINDS = ("queue", "subscription")
 
@@ -111,7 +111,7 @@ class ServiceBusSession:
     def renew_lock(self) -> datetime:
         """Extend the session lock (and the locks of its unsettled messages) by lock_duration from now."""
         def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
-            return {**row, "locked_until_utc": now + info.options["lock_duration"]}
+            return {**row, "locked_until_utc": now + info.options.lock_duration}
         self._lock.locked_until_utc = self._delivery.update_session(self._lock, renewed)["locked_until_utc"]
         self._delivery.extend_locks(self._delivery.entity.get(), self._lock.partition, dict(self._held),
                                     self._lock.locked_until_utc)
@@ -254,7 +254,7 @@ class ServiceBusReceiver:
         """Locked messages as a Spark DataFrame (one row per message, lock_token included)."""
         if self._spark is None:
             raise InvalidOperationError("receive_dataframe needs a SparkSession: ServiceBusClient(path, spark=spark)")
-        from .dataframes import messages_to_arrow
+        from .spark.dataframes import messages_to_arrow
 
         got = self.receive_messages(max_message_count=max_message_count, max_wait_time=max_wait_time)
         return self._spark.createDataFrame(messages_to_arrow(got), schema=_received_schema())
@@ -363,10 +363,10 @@ class ServiceBusReceiver:
 
     def _check_receivable(self, info: EntityInfo, receiving: bool = True) -> None:
         """Status and session rules; a plain receiver of a session entity may peek but not receive."""
-        status = info.options.get("status", "Active")
+        status = info.options.status
         if status in ("Disabled", "ReceiveDisabled"):
             raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; receiving is not allowed")
-        sessionful = bool(info.options.get("requires_session"))
+        sessionful = info.options.requires_session
         if receiving and sessionful and self.sub_queue is None and not self._session_requested:
             raise InvalidOperationError(
                 f"{info.kind} {info.path!r} requires sessions: receive with a session receiver (session_id=...)")
@@ -381,7 +381,7 @@ def _held(messages: list[ServiceBusReceivedMessage]) -> dict[int, Held]:
 
 
 def _received_schema():
-    from .dataframes import RECEIVED_SPARK_SCHEMA
+    from .spark.dataframes import RECEIVED_SPARK_SCHEMA
 
     return RECEIVED_SPARK_SCHEMA
 

@@ -1,22 +1,15 @@
 """ServiceBusSender: send, schedule and cancel messages on a queue or topic (azure-servicebus shape)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterable, Optional, Union
+from datetime import datetime
+from typing import Iterable, Optional, Union
 
-import pyarrow as pa
-
-from . import maintenance, retry, sequencing, storage
-from .catalog import Catalog
-from .enqueue import EnqueueResult, EntityWriter
-from .exceptions import MessageNotFoundError
-from .message import ServiceBusMessage, ServiceBusMessageBatch, _utc, to_outgoing
-from .registry import CachedEntity, EntityInfo
-from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
-from .schemas import CANCELLED, LOCKS
-
-if TYPE_CHECKING:
-    from .transactions import ServiceBusTransaction
+from .engine.catalog import Catalog
+from .engine.enqueue import EnqueueResult, EntityWriter, cancel_scheduled
+from .engine.registry import CachedEntity, EntityInfo
+from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
+from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing, to_utc
+from .transactions import ServiceBusTransaction
 
 SENDER_KINDS = ("queue", "topic")
 Sendable = Union[ServiceBusMessage, Iterable[ServiceBusMessage], ServiceBusMessageBatch]
@@ -67,7 +60,7 @@ class ServiceBusSender:
         """Nothing to release: sends are committed before they return."""
 
     def send_messages(self, message: Sendable, *, timeout: Optional[float] = None,
-                      transaction: Optional["ServiceBusTransaction"] = None) -> None:
+                      transaction: Optional[ServiceBusTransaction] = None) -> None:
         """Send one message, a list or a batch: all of them commit together or none does.
 
         With transaction=, the messages become visible when the transaction's block exits normally.
@@ -75,7 +68,7 @@ class ServiceBusSender:
         """
         messages = as_messages(message)
         if transaction is not None:
-            transaction.add(self, messages)
+            transaction.add(self.entity_info(), lambda held: self._send(held, batch_limit=False), messages)
             return
         if messages:
             self._writer.append(to_outgoing(messages))
@@ -87,7 +80,7 @@ class ServiceBusSender:
     def schedule_messages(self, messages: Sendable, schedule_time_utc: datetime, *,
                           timeout: Optional[float] = None) -> list[int]:
         """Enqueue messages that become receivable at schedule_time_utc; returns their sequence numbers."""
-        when = _utc(schedule_time_utc, "schedule_time_utc")
+        when = to_utc(schedule_time_utc, "schedule_time_utc")
         if when is None:
             raise TypeError("schedule_time_utc must be a datetime")
         messages = as_messages(messages)
@@ -120,43 +113,8 @@ class ServiceBusSender:
         return ServiceBusMessageBatch(max_size_in_bytes)
 
     def send_dataframe(self, df: object) -> EnqueueResult:
-        """Send every row of a Spark DataFrame as one atomic commit (see sparkbus.dataframes)."""
-        from .dataframes import send_dataframe
+        """Send every row of a Spark DataFrame as one atomic commit (see sparkbus.spark.dataframes)."""
+        from .spark.dataframes import send_dataframe
 
         return send_dataframe(self._writer, df)
 
-
-def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions."""
-    now = datetime.now(timezone.utc)
-    now_us = storage.micros(now)
-    wanted = ", ".join(str(n) for n in numbers)
-    messages = storage.open_table(info.tables["messages"])
-    found = storage.query(
-        f"SELECT sequence_number FROM messages WHERE sequence_number IN ({wanted}) "
-        f"AND CAST(scheduled_enqueue_time_utc AS BIGINT) > {now_us}", messages=messages)["sequence_number"].to_pylist()
-    missing = sorted(set(numbers) - set(found))
-    if missing:
-        raise MessageNotFoundError(
-            f"no message waiting for its scheduled time with sequence number(s) {missing[:10]} in {info.path!r}")
-    partitions = sorted({sequencing.partition_of_sequence(n) for n in numbers})
-    source = pa.Table.from_pylist([
-        {"partition_id": sequencing.partition_of_sequence(n), "sequence_number": n, "state": CANCELLED,
-         "delivery_count": 0, "lock_token": None, "locked_until_utc": None, "dead_letter_reason": None,
-         "dead_letter_error_description": None, "dead_letter_source": None, "updated_at_utc": now}
-        for n in numbers], schema=LOCKS)
-    predicate = (f"t.partition_id IN ({', '.join(map(str, partitions))}) AND t.partition_id = s.partition_id "
-                 "AND t.sequence_number = s.sequence_number")
-
-    def merge() -> None:
-        locks = storage.open_table(info.tables["locks"])  # checked and merged at this one version
-        taken = storage.query(f"SELECT sequence_number FROM locks WHERE sequence_number IN ({wanted})", locks=locks)
-        if taken.num_rows:
-            raise MessageNotFoundError(
-                f"message(s) {sorted(taken['sequence_number'].to_pylist())[:10]} were already delivered, settled "
-                "or cancelled")
-        (locks.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=storage.NO_HOOKS)
-            .when_not_matched_insert_all().execute())
-        maintenance.after_commit(locks)
-
-    retry.run(merge, policy, what=f"cancelling scheduled messages of {info.path!r}")

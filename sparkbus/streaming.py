@@ -1,5 +1,5 @@
 """Structured Streaming entry points: topic fan-out as a streaming query (see sparkbus.spark.fanout and, for
-the exactly-once reasoning, sparkbus.fanout)."""
+the exactly-once reasoning, sparkbus.engine.fanout)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -8,15 +8,13 @@ detection) and all keys must be equal, so messages of different sessions cannot 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Callable, Optional
 
-from . import partitioning
-from .enqueue import check_rows
+from .core import partitioning
+from .engine.enqueue import check_rows
+from .engine.registry import EntityInfo
 from .exceptions import InvalidOperationError
 from .message import ServiceBusMessage, to_outgoing
-
-if TYPE_CHECKING:
-    from .sender import ServiceBusSender
 
 _NO_KEY = object()
 
@@ -25,24 +23,25 @@ class ServiceBusTransaction:
     """Collects messages for one entity; commit() writes them atomically, discard() drops them."""
 
     def __init__(self) -> None:
-        self._sender: Optional["ServiceBusSender"] = None
+        self._entity: Optional[EntityInfo] = None
+        self._send: Optional[Callable[[list[ServiceBusMessage]], object]] = None
         self._messages: list[ServiceBusMessage] = []
         self._key: object = _NO_KEY
         self._open = True
 
-    def add(self, sender: "ServiceBusSender", messages: list[ServiceBusMessage]) -> None:
-        """Validate and hold messages; a violation raises here and holds nothing."""
+    def add(self, info: EntityInfo, send: Callable[[list[ServiceBusMessage]], object],
+            messages: list[ServiceBusMessage]) -> None:
+        """Validate and hold messages for the entity `info`, to be written by send(messages) at commit; a
+        violation raises here and holds nothing."""
         if not self._open:
             raise InvalidOperationError("the transaction has ended; start a new `with client.transaction()` block")
-        info = sender.entity_info()
-        if self._sender is not None and info.path.lower() != self._sender.entity_info().path.lower():
+        if self._entity is not None and info.path.lower() != self._entity.path.lower():
             raise InvalidOperationError(
-                f"a transaction spans one entity: it already sends to {self._sender.entity_info().path!r}, "
-                f"not {info.path!r}")
+                f"a transaction spans one entity: it already sends to {self._entity.path!r}, not {info.path!r}")
         check_rows(info, to_outgoing(messages), batch_limit=True)
         key = self._key
         if info.partition_count > 1:
-            dedup = bool(info.options.get("requires_duplicate_detection"))
+            dedup = info.options.requires_duplicate_detection
             for m in messages:
                 this = partitioning.partition_key(m.session_id, m.partition_key, m.message_id, dedup)
                 if this is None:
@@ -54,13 +53,13 @@ class ServiceBusTransaction:
                         f"all messages of a transaction on a partitioned entity need the same partition key "
                         f"(or session); got {this!r} after {key!r}")
                 key = this
-        self._sender, self._key = sender, key
+        self._entity, self._send, self._key = info, send, key
         self._messages.extend(messages)
 
     def commit(self) -> None:
         self._open = False
-        if self._sender is not None and self._messages:
-            self._sender._send(self._messages, batch_limit=False)
+        if self._send is not None and self._messages:
+            self._send(self._messages)
         self._messages = []
 
     def discard(self) -> None:

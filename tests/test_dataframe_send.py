@@ -9,8 +9,8 @@ from chispa import assert_df_equality
 from conftest import stored_messages
 
 from sparkbus import InvalidOperationError, MessageSizeExceededError, ServiceBusClient
-from sparkbus.partitioning import partition_of
-from sparkbus.values import decode_properties
+from sparkbus.core.partitioning import partition_of
+from sparkbus.core.values import decode_properties
 
 pytestmark = pytest.mark.spark
 LOW = (1 << 48) - 1

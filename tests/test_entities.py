@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 import sparkbus
 from sparkbus import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
                       ServiceBusAdministrationClient, ServiceBusQuotaExceededError)
-from sparkbus.durations import MAX_DURATION
+from sparkbus.core.durations import MAX_DURATION
 
 
 def test_queue_defaults_match_service_bus(admin):

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from sparkbus import InvalidOperationError, PartitionUnavailableError
-from sparkbus.partitioning import (KEY_MISMATCH, KEYLESS, RoundRobin, partition_codes, partition_key, partition_of,
-                                   resolve)
+from sparkbus.core.partitioning import (KEY_MISMATCH, KEYLESS, RoundRobin, partition_codes, partition_key, partition_of,
+                                        resolve)
 
 
 def test_hash_is_exactly_the_contract():
@@ -58,7 +58,7 @@ def _random_keys(count: int) -> list[str]:
 def test_udf_and_python_agree_on_100k_keys(spark):
     from pyspark.sql import functions as F
 
-    from sparkbus.dataframes import placement_udf
+    from sparkbus.spark.dataframes import placement_udf
 
     keys = _random_keys(100_000)
     assert any(not k.isascii() for k in keys)

@@ -6,11 +6,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from sparkbus import tiers
-from sparkbus.connection import parse_connection_string
-from sparkbus.durations import MAX_DURATION, format_duration, parse_duration
-from sparkbus.names import split_subscription_path, validate_child_name, validate_entity_name
-from sparkbus.values import check_properties, decode_properties, encode_properties
+from sparkbus.core import tiers
+from sparkbus.core.connection import parse_connection_string
+from sparkbus.core.durations import MAX_DURATION, format_duration, parse_duration
+from sparkbus.core.names import split_subscription_path, validate_child_name, validate_entity_name
+from sparkbus.core.values import check_properties, decode_properties, encode_properties
 
 
 @pytest.mark.parametrize("tier,count,units,expected", [
@@ -130,7 +130,7 @@ def test_sdk_module_names_exist():
 
 
 def test_retry_backoff_is_exponential_or_fixed_capped_and_jittered():
-    from sparkbus.retry import RetryPolicy
+    from sparkbus.engine.retry import RetryPolicy
 
     exponential = RetryPolicy(total=5, backoff_factor=0.8, backoff_max=2.0)
     for retry, base in ((1, 0.8), (2, 1.6), (3, 2.0), (4, 2.0)):

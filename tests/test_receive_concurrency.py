@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from conftest import drain, run_spawned
 
-from sparkbus import schemas, storage
+from sparkbus import storage
+from sparkbus.storage import schemas
 
 
 @pytest.mark.slow

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pytest
 from conftest import drain, run_spawned
 
-from sparkbus import ServiceBusMessage, retention, storage
-from sparkbus.namespace import open_catalog
-from sparkbus.registry import resolve_current
-from sparkbus.schemas import GONE_STATES
+from sparkbus import ServiceBusMessage, storage
+from sparkbus.engine import retention
+from sparkbus.engine.namespace import open_catalog
+from sparkbus.engine.registry import resolve_current
+from sparkbus.storage.schemas import GONE_STATES
 
 
 def _tables(admin, ns_path, queue):
@@ -107,9 +108,10 @@ def test_small_partitions_are_left_alone(admin, client, ns_path):
 
 
 def _retain(path, queue, worker, barrier, results):
-    from sparkbus import ServiceBusAdministrationClient, retention, storage
-    from sparkbus.namespace import open_catalog
-    from sparkbus.registry import resolve_current
+    from sparkbus import ServiceBusAdministrationClient, storage
+    from sparkbus.engine import retention
+    from sparkbus.engine.namespace import open_catalog
+    from sparkbus.engine.registry import resolve_current
 
     info = resolve_current(open_catalog(path), queue, ("queue",))
     uris = ServiceBusAdministrationClient(path).get_entity_tables(queue)

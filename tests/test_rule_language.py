@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sparkbus.language import (MessageView, check_action_text, check_filter_text, condition, parse_action,
-                               parse_filter, run_action)
+from sparkbus.core.language import (MessageView, check_action_text, check_filter_text, condition, parse_action,
+                                    parse_filter, run_action)
 from sparkbus.message import ServiceBusMessage, to_outgoing
 
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -280,8 +280,8 @@ _VALUES = (st.none() | st.booleans() | st.integers(min_value=-2 ** 63, max_value
 @given(st.lists(st.dictionaries(_KEYS, _VALUES, max_size=4), max_size=6), st.sampled_from(
     ["amount", "AMOUNT", "n", "kind", "a\"b", "a\\b", "GRÖSSE", "k", "x,y", "{x}", "missing"]))
 def test_vectorised_property_read_equals_decoding_each_row(rows, name):
-    from sparkbus.language.properties import user_property
-    from sparkbus.values import encode_properties
+    from sparkbus.core.language.properties import user_property
+    from sparkbus.core.values import encode_properties
 
     texts = pa.array([encode_properties(r) for r in rows], pa.string())
     expected, present = [], []
@@ -295,8 +295,8 @@ def test_vectorised_property_read_equals_decoding_each_row(rows, name):
 
 
 def test_vectorised_property_read_of_every_type_and_of_numbers_beyond_64_bits():
-    from sparkbus.language.properties import user_property
-    from sparkbus.values import encode_properties
+    from sparkbus.core.language.properties import user_property
+    from sparkbus.core.values import encode_properties
 
     values = [7, -2 ** 63, 2.5, float("-inf"), True, False, None, "s", b"\x01", uuid.UUID(int=1),
               datetime(2024, 5, 6, tzinfo=timezone.utc)]
@@ -313,7 +313,7 @@ def test_vectorised_property_read_of_every_type_and_of_numbers_beyond_64_bits():
 @given(st.lists(st.integers(min_value=0, max_value=5), max_size=5),
        st.lists(st.integers(min_value=0, max_value=30), max_size=20))
 def test_take_rows_of_a_many_chunk_table_equals_arrow_take(chunk_sizes, wanted):
-    from sparkbus.language import take_rows
+    from sparkbus.core.language import take_rows
 
     start, batches = 0, []
     for size in chunk_sizes:

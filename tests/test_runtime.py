@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from sparkbus import schemas
+from sparkbus.storage import schemas
 
 
 def _messages(partitions_and_sizes, scheduled_in=None):

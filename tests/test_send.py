@@ -11,8 +11,8 @@ import sparkbus
 from sparkbus import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
                       MessagingEntityDisabledError, MessagingEntityNotFoundError, PartitionUnavailableError,
                       ServiceBusClient, ServiceBusMessage, ServiceBusQuotaExceededError, set_partition_availability)
-from sparkbus.partitioning import partition_of
-from sparkbus.values import decode_properties
+from sparkbus.core.partitioning import partition_of
+from sparkbus.core.values import decode_properties
 
 
 def test_message_fields_and_validation():
@@ -273,7 +273,8 @@ def test_sender_idle_longer_than_log_retention(admin, client):
 
 
 def test_small_files_are_compacted_in_the_background_without_changing_a_message(admin, client):
-    from sparkbus import maintenance, storage
+    from sparkbus import storage
+    from sparkbus.storage import maintenance
 
     admin.create_queue("q")
     with client.get_queue_sender("q") as sender:

@@ -6,9 +6,9 @@ import time
 import pytest
 from conftest import run_spawned
 
-from sparkbus import (NEXT_AVAILABLE_SESSION, AutoLockRenewer, InvalidOperationError,
-                      OperationTimeoutError, ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue,
-                      SessionCannotBeLockedError, SessionLockLostError)
+from sparkbus import (NEXT_AVAILABLE_SESSION, AutoLockRenewer, InvalidOperationError, OperationTimeoutError,
+                      ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue, SessionCannotBeLockedError,
+                      SessionLockLostError)
 
 
 def _session_queue(admin, name="s", **options):

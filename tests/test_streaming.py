@@ -95,7 +95,7 @@ def test_source_snapshot_and_tap(spark, admin, client, ns_path):
 
 
 def test_source_ranges_content_names_each_partitions_new_sequence_numbers(spark, admin, client, ns_path):
-    from sparkbus.sequencing import compose
+    from sparkbus.core.sequencing import compose
 
     admin.create_queue("q", enable_partitioning=True)
     with client.get_queue_sender("q") as sender:

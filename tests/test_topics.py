@@ -8,13 +8,14 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from conftest import stored_messages
 
 import sparkbus
 from sparkbus import (CorrelationRuleFilter, FalseRuleFilter, ServiceBusMessage, ServiceBusSubQueue, SqlRuleAction,
-                      SqlRuleFilter, TrueRuleFilter, fanout, sequencing)
-from sparkbus.catalog import Catalog
-
-from conftest import stored_messages
+                      SqlRuleFilter, TrueRuleFilter)
+from sparkbus.core import sequencing
+from sparkbus.engine import fanout
+from sparkbus.engine.catalog import Catalog
 
 
 def drain(ns_path, topic="events"):
@@ -127,7 +128,7 @@ def test_stored_rule_that_no_longer_parses_is_an_evaluation_error(topic, client,
     catalog = Catalog(os.path.abspath(ns_path))
     row = next(r for r in catalog.snapshot().of_kind("rule") if r.path.endswith("/r"))
     broken = dict(row.properties, filter=row.properties["filter"].replace("n = 1", "n = = 1"))
-    catalog.transact(lambda snap: sparkbus.catalog.Change(upserts=[row.updated(broken)]))
+    catalog.transact(lambda snap: sparkbus.engine.catalog.Change(upserts=[row.updated(broken)]))
     send(client, orders(2))
     drain(ns_path)
     dead = received(client, "old", dead_letter=True)
@@ -226,8 +227,8 @@ def test_fanned_out_messages_leave_the_topic(topic, client, ns_path):
 
 
 def _fanout_forever(ns_path, barrier, results):
-    from sparkbus import fanout
-    from sparkbus.catalog import Catalog
+    from sparkbus.engine import fanout
+    from sparkbus.engine.catalog import Catalog
 
     barrier.wait()
     total = fanout.FanoutResult()
@@ -267,8 +268,8 @@ def test_two_concurrent_fanouts_neither_duplicate_nor_lose(topic, client, ns_pat
 
 
 def _fanout_slowly(ns_path):
-    from sparkbus import fanout
-    from sparkbus.catalog import Catalog
+    from sparkbus.engine import fanout
+    from sparkbus.engine.catalog import Catalog
 
     while fanout.drain(Catalog(ns_path), "events", batch_size=40).messages:
         pass
@@ -296,8 +297,8 @@ def test_fanout_killed_mid_batch_then_restarted(topic, client, ns_path, spawn):
 
 
 def _fanout_dying_before_dead_lettering(ns_path):
-    from sparkbus import fanout
-    from sparkbus.catalog import Catalog
+    from sparkbus.engine import fanout
+    from sparkbus.engine.catalog import Catalog
 
     def die(target, built, states):
         if states:

@@ -25,12 +25,14 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
                                     InputPartition, WriterCommitMessage)
 from pyspark.sql.types import StructType
 
-from .. import dataframes, sequencing, storage
-from ..catalog import Catalog
-from ..enqueue import EntityWriter
-from ..fanout import topic_cursors
-from ..registry import EntityInfo, resolve
-from ..schemas import GONE_SQL, MESSAGES
+from .. import storage
+from ..core import sequencing
+from ..engine.catalog import Catalog
+from ..engine.enqueue import EntityWriter
+from ..engine.fanout import topic_cursors
+from ..engine.registry import EntityInfo, resolve
+from ..storage.schemas import GONE_SQL, MESSAGES
+from . import dataframes
 
 FORMAT = "sparkbus"
 ALL_TOPICS = "*topics"  # entity option of the fan-out query: every topic, including ones created later
@@ -63,7 +65,7 @@ class Slice(InputPartition):
 
 def read_slice(piece: Slice) -> Iterator[pa.RecordBatch]:
     """The slice's messages that are not completed or cancelled, oldest first."""
-    locks = storage.open_table(piece.locks_uri)  # before messages: see sparkbus.retention
+    locks = storage.open_table(piece.locks_uri)  # before messages: see sparkbus.engine.retention
     messages = storage.open_table(piece.messages_uri)
     low, high = sequencing.compose(piece.partition, piece.start), sequencing.compose(piece.partition, piece.end)
     rows = storage.query(f"""
@@ -218,7 +220,7 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
         self.root = storage.local_path(options["namespace"])
         self.entity = options["entity"]
         info = resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic"))
-        self.dedup = bool(info.options.get("requires_duplicate_detection"))
+        self.dedup = info.options.requires_duplicate_detection
         self.partition_count = info.partition_count
         self.staging = os.path.join(self.root, dataframes.STAGING_DIR, "sink")
         self.app_id = "sparkbus.sink." + hashlib.sha1(os.path.abspath(checkpoint).encode()).hexdigest()[:16]

@@ -1,7 +1,7 @@
 """The fan-out streaming query: the sparkbus source over every topic (or one) feeds micro-batches whose
-rules are evaluated and whose copies are committed by sparkbus.fanout, exactly once.
+rules are evaluated and whose copies are committed by sparkbus.engine.fanout, exactly once.
 
-Progress that matters lives in the Delta tables (sparkbus.fanout: application transactions per topic
+Progress that matters lives in the Delta tables (sparkbus.engine.fanout: application transactions per topic
 partition in every subscription), not in Spark's checkpoint: each query starts from the topics' own
 cursors, so a query's checkpoint is private scratch space, and a second query on the same topic, or a
 replay after a crash, copies nothing twice.
@@ -13,9 +13,10 @@ import shutil
 import tempfile
 from typing import Optional
 
-from .. import fanout, storage
-from ..catalog import Catalog
-from ..registry import resolve
+from .. import storage
+from ..engine import fanout
+from ..engine.catalog import Catalog
+from ..engine.registry import resolve
 from .datasource import ALL_TOPICS, FORMAT, SparkbusDataSource
 
 DEFAULT_TRIGGER = {"processingTime": "500 milliseconds"}
@@ -24,7 +25,7 @@ DEFAULT_TRIGGER = {"processingTime": "500 milliseconds"}
 def _batch(root: str):
     """foreachBatch: the micro-batch is the topic partitions' ranges (the source's "ranges" content, so
     Spark moves no message bodies: collecting 200,000 rows of 1 KiB through the JVM took 9 s); the rows are
-    read on the driver with delta-rs, then sparkbus.fanout evaluates and commits them."""
+    read on the driver with delta-rs, then sparkbus.engine.fanout evaluates and commits them."""
     catalog = Catalog(root)
 
     def run(df, batch_id: int) -> None:

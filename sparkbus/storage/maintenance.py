@@ -26,8 +26,8 @@ from typing import Optional
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import storage
-from .storage import NO_HOOKS, open_table
+from .. import storage
+from . import NO_HOOKS, open_table
 
 CHECKPOINT_EVERY = 10
 COMPACT_EVERY = 20

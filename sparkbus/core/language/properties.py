@@ -1,6 +1,6 @@
 """One user property of a batch of messages, read out of the stored encoding without decoding every row.
 
-Application properties are stored as JSON objects of type-tagged values (sparkbus.values:
+Application properties are stored as JSON objects of type-tagged values (sparkbus.core.values:
 `{"amount":["int",5],"kind":["str","a"]}`, compact separators, ASCII only). A filter needs a few
 properties of every message, and decoding each row's JSON in Python costs more than evaluating all rules
 together, so a property is extracted with one regular expression over the whole column (RE2, in Arrow).

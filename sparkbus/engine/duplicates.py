@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from . import storage
+from .. import storage
 
 
 def first_occurrences(message_ids: list) -> np.ndarray:

@@ -18,8 +18,10 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import maintenance, retry, storage
-from .schemas import TS
+from .. import storage
+from ..storage import maintenance
+from ..storage.schemas import TS
+from . import retry
 
 T = TypeVar("T")
 CATALOG_DIR = "_catalog"

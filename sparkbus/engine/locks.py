@@ -4,17 +4,17 @@ All state lives in the entity's `locks` table, one row per message that left its
 by predicate overwrites that name one partition and the rows' sequence numbers: receivers of different
 partitions never conflict, and on one partition delta-rs lets one commit and the other re-reads and
 retries. Every decision (is the message still available? is this lock still ours?) is read from the
-table version the commit is then based on, or (settling a fresh lock, see sparkbus.transitions) known
+table version the commit is then based on, or (settling a fresh lock, see sparkbus.core.transitions) known
 without reading; either way the commit is rejected if those rows changed since that version.
 """
 from __future__ import annotations
 
-
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from . import maintenance, storage
-from .schemas import LOCKS
+from .. import storage
+from ..storage import maintenance
+from ..storage.schemas import LOCKS
 
 
 def lock_rows(locks: DeltaTable, partition: int, sequence_numbers: list[int]) -> pa.Table:

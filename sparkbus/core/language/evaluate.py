@@ -2,7 +2,7 @@
 
 A MessageView is a batch of stored message rows (the MESSAGES columns) with their application
 properties decoded once. evaluate() walks a tree once per batch, not once per message: every node
-becomes a typed vector (sparkbus.language.vectors). A missing user property is NULL (unknown); a
+becomes a typed vector (sparkbus.core.language.vectors). A missing user property is NULL (unknown); a
 missing or unknown system property cannot occur, the parser rejects it. Errors (type mismatches,
 division by zero) mark rows, they never raise.
 """

@@ -14,7 +14,7 @@ import mmh3
 import numpy as np
 import pyarrow as pa
 
-from .exceptions import InvalidOperationError, PartitionUnavailableError
+from ..exceptions import InvalidOperationError, PartitionUnavailableError
 
 KEYLESS = -1
 KEY_MISMATCH = -2

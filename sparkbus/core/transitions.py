@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TS
-from .storage import micros
+from ..storage import micros
+from ..storage.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TS
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 EXPIRED_REASON = "TTLExpiredException"

@@ -24,9 +24,10 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import maintenance, storage
+from .. import storage
+from ..storage import maintenance
+from ..storage.schemas import GONE_SQL
 from .registry import EntityInfo
-from .schemas import GONE_SQL
 
 RUN_EVERY = 50  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
 MIN_REMOVED = 2_000
@@ -56,8 +57,8 @@ def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: in
 
 def _remove_messages(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: int, minimum: int) -> int:
     window = ""
-    if info.options.get("requires_duplicate_detection"):
-        cutoff = datetime.now(timezone.utc) - info.options["duplicate_detection_history_time_window"]
+    if info.options.requires_duplicate_detection:
+        cutoff = datetime.now(timezone.utc) - info.options.duplicate_detection_history_time_window
         window = f"AND CAST(m.enqueued_time_utc AS BIGINT) < {storage.micros(cutoff)}"
     rows = storage.query(f"""
         SELECT m.sequence_number,

@@ -6,13 +6,14 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from . import entities, tiers
+from ..core import entities, tiers
+from ..core.entities import EntityOptions
+from ..core.names import key
+from ..exceptions import InvalidOperationError, MessagingEntityNotFoundError
+from ..storage.schemas import ENTITY_TABLES
 from .availability import unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Row, Snapshot
-from .exceptions import InvalidOperationError, MessagingEntityNotFoundError
-from .names import key
 from .namespace import NamespaceProperties, namespace_properties
-from .schemas import ENTITY_TABLES
 
 KB = 1024
 MB = 1024 * 1024
@@ -29,15 +30,15 @@ class EntityInfo:
     kind: str
     path: str
     partition_count: int
-    options: dict
-    tables: dict
+    options: EntityOptions
+    tables: dict[str, str]  # role (messages, locks, sessions) -> table uri
     namespace: NamespaceProperties
     unavailable: frozenset
     subscription_count: int
 
     @property
     def max_message_bytes(self) -> int:
-        kilobytes = self.options.get("max_message_size_in_kilobytes") or self.namespace.limits.max_message_size_in_kilobytes
+        kilobytes = self.options.max_message_size_in_kilobytes or self.namespace.limits.max_message_size_in_kilobytes
         return kilobytes * KB
 
     @property
@@ -51,7 +52,7 @@ class EntityInfo:
     @property
     def max_partition_bytes(self) -> int:
         """What one partition may hold: the tier's per-partition share of max_size_in_megabytes."""
-        per_partition = tiers.size_per_partition_mb(self.namespace.tier, self.options["max_size_in_megabytes"],
+        per_partition = tiers.size_per_partition_mb(self.namespace.tier, self.options.max_size_in_megabytes,
                                                     self.partition_count)
         return min(int(per_partition * MB), self.namespace.limits.max_partition_size_in_kilobytes * KB)
 
@@ -72,7 +73,7 @@ def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> Ent
         raise InvalidOperationError(f"{path!r} is a {row.kind}; this operation needs a {' or '.join(kinds)}")
     subs = len(snap.children(row.key, "subscription")) if row.kind == "topic" else 0
     return EntityInfo(kind=row.kind, path=row.path, partition_count=row.partition_count,
-                      options=entities.options_from_json(row.properties), tables=table_uris(root, row),
+                      options=entities.EntityOptions.from_stored(row.properties), tables=table_uris(root, row),
                       namespace=namespace_properties(snap.rows[NAMESPACE_KEY], root),
                       unavailable=frozenset(unavailable_partitions(snap, row.key, row.partition_count)),
                       subscription_count=subs)

@@ -14,15 +14,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from . import duplicates, maintenance, partitioning, retry, sequencing, storage
-from .durations import MAX_DURATION
-from .exceptions import (InvalidOperationError, MessageSizeExceededError, MessagingEntityDisabledError,
-                     ServiceBusQuotaExceededError)
-from .message import OUTGOING, body_sizes, header_sizes
+from .. import storage
+from ..core import partitioning, sequencing
+from ..core.durations import MAX_DURATION
+from ..core.encoding import OUTGOING, body_sizes, header_sizes
+from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
+                          MessagingEntityDisabledError, ServiceBusQuotaExceededError)
+from ..storage import maintenance
+from ..storage.schemas import CANCELLED, LOCKS, MESSAGES
+from . import duplicates, retry
 from .registry import EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .runtime import partition_sizes
-from .schemas import MESSAGES
 
 # Service Bus reports DateTime.MaxValue as the expiry of a message that never expires.
 LATEST_TIME_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
@@ -58,10 +61,10 @@ def _reject_oversized(rows: pa.Table, sizes: np.ndarray, limit: int, text: str) 
 
 def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[np.ndarray, np.ndarray]:
     """Entity status, session and size rules for rows; returns (body sizes, header sizes)."""
-    status = info.options.get("status", "Active")
+    status = info.options.status
     if status in ("Disabled", "SendDisabled"):
         raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; sending is not allowed")
-    if info.options.get("requires_session") and rows.num_rows and rows["session_id"].null_count:
+    if info.options.requires_session and rows.num_rows and rows["session_id"].null_count:
         missing = _first_rows(np.asarray(pc.is_null(rows["session_id"])), rows)
         raise InvalidOperationError(
             f"{info.kind} {info.path!r} requires sessions: the messages at {missing} have no session_id")
@@ -111,10 +114,10 @@ class EntityWriter:
         if self._round_robin is None:
             self._round_robin = partitioning.RoundRobin(info.partition_count)
         if codes is None:
-            codes = partitioning.table_codes(rows, bool(info.options.get("requires_duplicate_detection")),
+            codes = partitioning.table_codes(rows, info.options.requires_duplicate_detection,
                                              info.partition_count)
         placed = partitioning.resolve(codes, set(info.unavailable), self._round_robin, info.partition_count)
-        dedup = bool(info.options.get("requires_duplicate_detection"))
+        dedup = info.options.requires_duplicate_detection
         keep = duplicates.first_occurrences(rows["message_id"].to_pylist()) if dedup else np.ones(rows.num_rows, bool)
         def attempt() -> EnqueueResult:
             table = self._open(info)
@@ -142,7 +145,7 @@ class EntityWriter:
         now = datetime.now(timezone.utc)
         accept = keep.copy()
         if dedup and accept.any():
-            window = info.options["duplicate_detection_history_time_window"]
+            window = info.options.duplicate_detection_history_time_window
             seen = duplicates.recent_ids(table, np.unique(placed[accept]).tolist(), now, window)
             accept &= duplicates.not_seen(rows["message_id"], seen)
         result = EnqueueResult(duplicate_count=int((~accept).sum()),
@@ -215,7 +218,7 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
                  header: np.ndarray, now: datetime) -> pa.Table:
     """OUTGOING rows completed with placement, numbering, times and sizes, in the MESSAGES schema."""
     now_us = storage.micros(now)
-    default_ttl = info.options["default_message_time_to_live"]
+    default_ttl = info.options.default_message_time_to_live
     ttl_column = rows["time_to_live_ms"]
     has_ttl = np.asarray(pc.is_valid(ttl_column))
     ttl_ms = np.asarray(pc.fill_null(ttl_column, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -231,3 +234,39 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
                    expires_at_utc=pa.array(expires, pa.int64()).cast(MESSAGES.field("expires_at_utc").type),
                    body_size=pa.array(body, pa.int64()), header_size=pa.array(header, pa.int64()))
     return pa.table([columns[f.name] for f in MESSAGES], schema=MESSAGES)
+
+
+def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy = DEFAULT_RETRY) -> None:
+    """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions."""
+    now = datetime.now(timezone.utc)
+    now_us = storage.micros(now)
+    wanted = ", ".join(str(n) for n in numbers)
+    messages = storage.open_table(info.tables["messages"])
+    found = storage.query(
+        f"SELECT sequence_number FROM messages WHERE sequence_number IN ({wanted}) "
+        f"AND CAST(scheduled_enqueue_time_utc AS BIGINT) > {now_us}", messages=messages)["sequence_number"].to_pylist()
+    missing = sorted(set(numbers) - set(found))
+    if missing:
+        raise MessageNotFoundError(
+            f"no message waiting for its scheduled time with sequence number(s) {missing[:10]} in {info.path!r}")
+    partitions = sorted({sequencing.partition_of_sequence(n) for n in numbers})
+    source = pa.Table.from_pylist([
+        {"partition_id": sequencing.partition_of_sequence(n), "sequence_number": n, "state": CANCELLED,
+         "delivery_count": 0, "lock_token": None, "locked_until_utc": None, "dead_letter_reason": None,
+         "dead_letter_error_description": None, "dead_letter_source": None, "updated_at_utc": now}
+        for n in numbers], schema=LOCKS)
+    predicate = (f"t.partition_id IN ({', '.join(map(str, partitions))}) AND t.partition_id = s.partition_id "
+                 "AND t.sequence_number = s.sequence_number")
+
+    def merge() -> None:
+        locks = storage.open_table(info.tables["locks"])  # checked and merged at this one version
+        taken = storage.query(f"SELECT sequence_number FROM locks WHERE sequence_number IN ({wanted})", locks=locks)
+        if taken.num_rows:
+            raise MessageNotFoundError(
+                f"message(s) {sorted(taken['sequence_number'].to_pylist())[:10]} were already delivered, settled "
+                "or cancelled")
+        (locks.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=storage.NO_HOOKS)
+            .when_not_matched_insert_all().execute())
+        maintenance.after_commit(locks)
+
+    retry.run(merge, policy, what=f"cancelling scheduled messages of {info.path!r}")

@@ -3,8 +3,8 @@
 One Delivery serves one receiver. It keeps the entity's tables open between calls (refreshed, not
 reopened), runs every operation under the client's retry policy, and lets retention run now and then.
 Concurrency: each operation is planned on one table version and committed conditionally against it
-(sparkbus.locks); losing to another writer means planning again on the newer version. Settling reads
-nothing first when the receiver's locks are fresh (sparkbus.transitions.is_fresh): nobody else can have
+(sparkbus.engine.locks); losing to another writer means planning again on the newer version. Settling reads
+nothing first when the receiver's locks are fresh (sparkbus.core.transitions.is_fresh): nobody else can have
 changed those rows, and a retry after a lost commit always reads. Calls from several threads of one
 receiver (AutoLockRenewer renews from its own) are serialised by one re-entrant lock.
 """
@@ -20,13 +20,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from . import locks, partitioning, retention, retry, sequencing, sessions, storage, transitions
+from .. import storage
+from ..core import partitioning, sequencing, transitions
+from ..core.transitions import Policy
+from ..exceptions import MessageLockLostError, OperationTimeoutError, SessionCannotBeLockedError
+from ..storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES
+from . import locks, retention, retry, sessions
 from .catalog import Catalog
-from .exceptions import MessageLockLostError, OperationTimeoutError, SessionCannotBeLockedError
 from .registry import CachedEntity, EntityInfo
 from .retry import RetryPolicy
-from .schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES
-from .transitions import Policy
 
 T = TypeVar("T")
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
@@ -54,8 +56,8 @@ class Held:
 
 def policy(info: EntityInfo) -> Policy:
     """The entity settings that decide lock transitions."""
-    return Policy(lock_duration=info.options["lock_duration"], max_delivery_count=info.options["max_delivery_count"],
-                  dead_letter_on_expiry=bool(info.options.get("dead_lettering_on_message_expiration")))
+    return Policy(lock_duration=info.options.lock_duration, max_delivery_count=info.options.max_delivery_count,
+                  dead_letter_on_expiry=info.options.dead_lettering_on_message_expiration)
 
 
 def poll(attempt: Callable[[], Optional[T]], wait: Optional[float]) -> Optional[T]:
@@ -104,7 +106,7 @@ class Delivery:
             return retry.run(lambda: attempt(next(tries)), self._retry, what=f"receiving from {info.path!r}")
 
     def retain(self, info: EntityInfo, partition: int) -> None:
-        """Now and then, let completed messages of the partition leave the tables (sparkbus.retention)."""
+        """Now and then, let completed messages of the partition leave the tables (sparkbus.engine.retention)."""
         state = self._tables[info.tables["locks"]]
         if retention.due(state):
             with self._guard:
@@ -270,7 +272,7 @@ class Delivery:
         return taken
 
     def _try_lock_session(self, info: EntityInfo, requested: Optional[str], start: int) -> Optional[SessionLock]:
-        duration = info.options["lock_duration"]
+        duration = info.options.lock_duration
 
         def take(partition: int, session_id: str) -> SessionLock:
             row = self.retrying(info, lambda _: sessions.lock(

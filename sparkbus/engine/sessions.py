@@ -14,9 +14,11 @@ from typing import Optional
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from . import maintenance, storage, transitions
-from .exceptions import SessionCannotBeLockedError, SessionLockLostError
-from .schemas import ACTIVE, SESSIONS
+from .. import storage
+from ..core import transitions
+from ..exceptions import SessionCannotBeLockedError, SessionLockLostError
+from ..storage import maintenance
+from ..storage.schemas import ACTIVE, SESSIONS
 
 
 def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[dict]:

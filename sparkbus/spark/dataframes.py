@@ -20,16 +20,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import partitioning, storage
-from .enqueue import EnqueueResult
-from .message import OUTGOING, STRING_PROPERTIES, new_message_ids
-from .values import encode_properties
+from .. import storage
+from ..core import partitioning
+from ..core.encoding import OUTGOING, STRING_PROPERTIES, new_message_ids
+from ..core.values import encode_properties
+from ..engine.enqueue import EnqueueResult
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
-    from .enqueue import EntityWriter
+    from ..engine.enqueue import EntityWriter
 
 CODE = "_sparkbus_partition_code"
 STAGING_DIR = "_staging"  # under the namespace: executors and the driver both reach it
@@ -142,7 +143,7 @@ def send_dataframe(writer: "EntityWriter", df: "DataFrame") -> EnqueueResult:
     staging = os.path.join(info.namespace.path, STAGING_DIR, uuid.uuid4().hex)
     os.makedirs(staging)
     try:
-        paths = _stage(_select(df, fields), staging, bool(info.options.get("requires_duplicate_detection")),
+        paths = _stage(_select(df, fields), staging, info.options.requires_duplicate_detection,
                        info.partition_count)
         tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
         if not tables:

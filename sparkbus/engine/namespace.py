@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
-from . import tiers
+from ..core import tiers
+from ..exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
+from ..storage import local_path
 from .catalog import NAMESPACE_KEY, Catalog, Row
-from .exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
-from .storage import local_path
 
 FORMAT_VERSION = 1
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..core.names import key
+from ..exceptions import MessagingEntityNotFoundError, PartitionUnavailableError
 from .catalog import Change, Row, Snapshot
-from .exceptions import MessagingEntityNotFoundError, PartitionUnavailableError
-from .names import key
 from .namespace import open_catalog
 
 FAULT_KIND = "partition_fault"

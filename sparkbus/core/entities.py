@@ -1,7 +1,7 @@
 """Queue, topic and subscription properties (azure-servicebus names), their defaults and validation.
 
-Every settable option is described once in OPTIONS (default, validator); each kind lists the options it
-accepts. Properties objects are mutable and update_* takes them back, as in azure-servicebus.
+Every settable option has its default once, in EntityOptions (the typed record the engine reads), and
+its validator once, in OPTIONS; each kind lists the options it accepts. Properties objects are mutable and update_* takes them back, as in azure-servicebus.
 """
 from __future__ import annotations
 
@@ -59,31 +59,61 @@ def _passthrough(name: str, value: object) -> object:
     return value
 
 
+MINUTE = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class EntityOptions:
+    """An entity's settings as the engine reads them (options a kind does not have keep their defaults)."""
+
+    enable_partitioning: bool = False
+    requires_session: bool = False
+    requires_duplicate_detection: bool = False
+    max_size_in_megabytes: int = 1024
+    max_message_size_in_kilobytes: Optional[int] = None
+    duplicate_detection_history_time_window: timedelta = 10 * MINUTE
+    lock_duration: timedelta = MINUTE
+    max_delivery_count: int = 10
+    default_message_time_to_live: timedelta = MAX_DURATION
+    dead_lettering_on_message_expiration: bool = False
+    dead_lettering_on_filter_evaluation_exceptions: bool = True
+    forward_to: Optional[str] = None
+    forward_dead_lettered_messages_to: Optional[str] = None
+    status: str = "Active"
+
+    @classmethod
+    def from_stored(cls, data: dict) -> "EntityOptions":
+        """From the catalog's stored (JSON) form."""
+        return cls(**{k: v for k, v in options_from_json(data).items() if k in OPTIONS})
+
+
+DEFAULTS = EntityOptions()
+
+
 @dataclass(frozen=True)
 class Option:
-    default: object
+    """How a settable option is validated (its default is EntityOptions')."""
+
     check: Callable[[str, object], object]
     immutable: bool = False
 
 
-MINUTE = timedelta(minutes=1)
 OPTIONS: dict[str, Option] = {
-    "enable_partitioning": Option(False, _bool, immutable=True),
-    "requires_session": Option(False, _bool, immutable=True),
+    "enable_partitioning": Option(_bool, immutable=True),
+    "requires_session": Option(_bool, immutable=True),
     # The partition key of a duplicate-detecting entity is the message id: changing it would move keys.
-    "requires_duplicate_detection": Option(False, _bool, immutable=True),
-    "max_size_in_megabytes": Option(1024, _passthrough),  # allowed values depend on the tier
-    "max_message_size_in_kilobytes": Option(None, _passthrough),  # depends on the tier
-    "duplicate_detection_history_time_window": Option(
-        10 * MINUTE, _duration_range(timedelta(seconds=20), timedelta(days=7))),
-    "lock_duration": Option(MINUTE, _duration_range(timedelta(seconds=5), 5 * MINUTE)),
-    "max_delivery_count": Option(10, _int_range(1, 2_147_483_647)),
-    "default_message_time_to_live": Option(MAX_DURATION, _duration_range(timedelta(seconds=1), MAX_DURATION)),
-    "dead_lettering_on_message_expiration": Option(False, _bool),
-    "dead_lettering_on_filter_evaluation_exceptions": Option(True, _bool),
-    "forward_to": Option(None, _optional_name),
-    "forward_dead_lettered_messages_to": Option(None, _optional_name),
-    "status": Option("Active", _status),
+    "requires_duplicate_detection": Option(_bool, immutable=True),
+    "max_size_in_megabytes": Option(_passthrough),  # allowed values depend on the tier
+    "max_message_size_in_kilobytes": Option(_passthrough),  # depends on the tier
+    "duplicate_detection_history_time_window": Option(_duration_range(timedelta(seconds=20), timedelta(days=7))),
+    "lock_duration": Option(_duration_range(timedelta(seconds=5), 5 * MINUTE)),
+    "max_delivery_count": Option(_int_range(1, 2_147_483_647)),
+    "default_message_time_to_live": Option(_duration_range(timedelta(seconds=1), MAX_DURATION)),
+    "dead_lettering_on_message_expiration": Option(_bool),
+    "dead_lettering_on_filter_evaluation_exceptions": Option(_bool),
+    "forward_to": Option(_optional_name),
+    "forward_dead_lettered_messages_to": Option(_optional_name),
+    "status": Option(_status),
 }
 
 QUEUE_OPTIONS = (
@@ -103,7 +133,7 @@ SUBSCRIPTION_OPTIONS = (
     "forward_dead_lettered_messages_to", "status",
 )
 KIND_OPTIONS = {"queue": QUEUE_OPTIONS, "topic": TOPIC_OPTIONS, "subscription": SUBSCRIPTION_OPTIONS}
-DURATION_OPTIONS = {name for name, o in OPTIONS.items() if isinstance(o.default, timedelta)}
+DURATION_OPTIONS = {name for name in OPTIONS if isinstance(getattr(DEFAULTS, name), timedelta)}
 
 
 def check_options(kind: str, values: dict) -> dict:
@@ -116,7 +146,7 @@ def check_options(kind: str, values: dict) -> dict:
 
 
 def defaults(kind: str) -> dict:
-    return {name: OPTIONS[name].default for name in KIND_OPTIONS[kind]}
+    return {name: getattr(DEFAULTS, name) for name in KIND_OPTIONS[kind]}
 
 
 def options_to_json(options: dict) -> dict:

@@ -7,8 +7,9 @@ from typing import Iterable, Optional
 
 from deltalake import DeltaTable
 
-from . import sequencing, storage
-from .schemas import DEAD_LETTERED, GONE_SQL
+from .. import storage
+from ..core import sequencing
+from ..storage.schemas import DEAD_LETTERED, GONE_SQL
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def _live_messages(header_copies: int, where: str = "TRUE") -> str:
 
 
 def open_live(messages_uri: str, locks_uri: str) -> tuple[DeltaTable, DeltaTable]:
-    """(messages, locks), locks opened first: see sparkbus.retention for why."""
+    """(messages, locks), locks opened first: see sparkbus.engine.retention for why."""
     locks = storage.open_table(locks_uri)
     return storage.open_table(messages_uri), locks
 

@@ -55,7 +55,7 @@ LOCKS = pa.schema([
     pa.field("updated_at_utc", TS, nullable=False),
 ])
 
-# One row per session that was ever locked: its lock and its state (sparkbus.sessions).
+# One row per session that was ever locked: its lock and its state (sparkbus.engine.sessions).
 SESSIONS = pa.schema([
     pa.field("partition_id", pa.int32(), nullable=False),
     pa.field("session_id", pa.string(), nullable=False),

@@ -19,17 +19,13 @@ from typing import Callable, Optional, TypeVar
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import storage
-from .exceptions import ServiceBusServerBusyError
+from .. import storage
+from ..exceptions import CommitConflictError
 
 T = TypeVar("T")
 REPLANS = 20          # immediate re-plans in one round
 REPLAN_DELAY = 0.002  # seconds: the jitter between them grows to REPLAN_DELAY x 8
 MODES = ("exponential", "fixed")
-
-
-class CommitConflictError(ServiceBusServerBusyError):
-    """Other writers kept changing what the operation read, through every round the retry policy allows."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from typing import Optional
 import numpy as np
 
 from .evaluate import MessageView, condition, run_action
-from .syntax import (Binary, Constant, Node, Parameter, Property, Statement, parameters_used, parse_action,
-                     parse_filter)
+from .syntax import Binary, Constant, Node, Parameter, Property, Statement, parameters_used, parse_action, parse_filter
 
 # CorrelationRuleFilter field -> system property.
 CORRELATION_PROPERTIES = {

@@ -30,10 +30,10 @@ one by one under app ids "sparkbus.fanout.s<sequence number>" and then marked co
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Optional
 
 import numpy as np
@@ -41,16 +41,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from . import locks, maintenance, retry, sequencing, storage, transitions
+from .. import storage
+from ..exceptions import CommitConflictError
+from ..core import sequencing, transitions
+from ..core.durations import MAX_DURATION
+from ..core.encoding import header_sizes
+from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter, action_from_json, filter_from_json
+from ..core.language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
+from ..core.names import key
+from ..core.values import encode_properties
+from ..storage import maintenance
+from ..storage.schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
+from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
-from .durations import MAX_DURATION
-from .language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
-from .message import header_sizes
-from .names import key
 from .registry import EntityInfo, resolve
-from .rules import CORRELATION_FIELDS, CorrelationRuleFilter, action_from_json, filter_from_json
-from .schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
-from .values import encode_properties
 
 FILTER_EVALUATION_REASON = "FilterEvaluationException"
 # What Service Bus says when a copy without a session id reaches a session-enabled subscription.
@@ -126,7 +130,7 @@ def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
         info = resolve(root, snap, sub.path, ("subscription",))
         rules = tuple(compile_rule(r) for r in snap.children(sub.key, "rule"))
         found.append(Target(info, rules, storage.micros(sub.created_at_utc),
-                            info.options.get("status", "Active") not in ("Disabled",)))
+                            info.options.status not in ("Disabled",)))
     return found
 
 
@@ -215,7 +219,7 @@ def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
     dead-letters the copy when the subscription says so; a copy without a session id (after its action)
     is dead-lettered by a session-enabled subscription, as Service Bus does."""
     parts, order, descriptions = [], [], []
-    dead_letter = bool(target.info.options.get("dead_lettering_on_filter_evaluation_exceptions", True))
+    dead_letter = target.info.options.dead_lettering_on_filter_evaluation_exceptions
     for rank, (rows, source) in enumerate(_copy_sources(view, copies, dead_letter)):
         if source is None:
             continue
@@ -233,7 +237,7 @@ def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
     sources = np.asarray(table["sequence_number"].to_numpy(zero_copy_only=False), dtype=np.int64) & sequencing.LOW_MASK
     described = pa.concat_arrays(descriptions).take(sort)
     reasons = pc.if_else(pc.is_valid(described), FILTER_EVALUATION_REASON, pa.nulls(len(described), pa.string()))
-    if target.info.options.get("requires_session"):
+    if target.info.options.requires_session:
         sessionless = pc.and_(pc.is_null(table["session_id"]), pc.is_null(reasons))
         reasons = pc.if_else(sessionless, SESSION_ID_NULL_REASON, reasons)
         described = pc.if_else(sessionless, SESSION_ID_NULL_DESCRIPTION, described)
@@ -266,7 +270,7 @@ def _changed_rows(view: MessageView) -> pa.Table:
 
 def _for_subscription(target: Target, rows: pa.Table) -> pa.Table:
     """Topic rows as the subscription stores them: expiry = enqueued + min(message TTL, subscription default)."""
-    default = target.info.options.get("default_message_time_to_live", MAX_DURATION)
+    default = target.info.options.default_message_time_to_live
     if default >= MAX_DURATION:
         return rows
     default_ms = default // timedelta(milliseconds=1)
@@ -408,7 +412,7 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
 
     try:
         retry.run(attempt, NO_RETRY, what=f"advancing the cursor of {topic.path!r}")
-    except retry.CommitConflictError:
+    except CommitConflictError:
         pass
 
 
