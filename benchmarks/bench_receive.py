@@ -2,6 +2,7 @@
 receive cost with a short versus a long history of completed messages.
 
     make bench-receive   # or: python benchmarks/bench_receive.py --messages 200000 --history 1000000
+Then four processes receive and complete one message at a time (--concurrent 4), --single / 4 each.
 Each process loops receive_messages(1000) + complete_messages(batch) on a 16-partition queue until it
 is empty; the aggregate rate is all messages over the wall time from the common start to the last finish.
 """
@@ -78,6 +79,38 @@ def latency(path: str, admin, queue: str, count: int, size: int, label: str) -> 
     return p50
 
 
+def one_at_a_time(path: str, queue: str, count: int, barrier, results) -> None:
+    """receive_messages(1) + complete_message count times; reports the complete latencies (ms)."""
+    receiver = ServiceBusClient(path).get_queue_receiver(queue)
+    barrier.wait()
+    completes = []
+    for _ in range(count):
+        got = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        if not got:
+            break
+        start = time.perf_counter()
+        receiver.complete_message(got[0])
+        completes.append((time.perf_counter() - start) * 1000)
+    results.put(completes)
+
+
+def concurrent_single(path: str, admin, processes: int, count: int, size: int) -> None:
+    """processes receivers on one 16-partition queue, each receiving and completing one message at a time."""
+    queue = f"single{processes}"
+    admin.create_queue(queue, enable_partitioning=True)
+    fill(path, queue, processes * count, size)
+    spawn = multiprocessing.get_context("spawn")
+    barrier, results = spawn.Barrier(processes), spawn.Queue()
+    procs = [spawn.Process(target=one_at_a_time, args=(path, queue, count, barrier, results)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    completes = sorted(ms for _ in procs for ms in results.get())
+    for p in procs:
+        p.join()
+    print(f"complete_message with {processes} processes receiving and completing one at a time: {len(completes):,} "
+          f"completes, p50 {statistics.median(completes):.1f} ms, p99 {completes[int(len(completes) * 0.99) - 1]:.1f} ms")
+
+
 def history(path: str, admin, completed: int, probes: int, size: int) -> float:
     """Single receive+complete latency after `completed` messages were received and completed."""
     queue = f"history{completed}"
@@ -94,6 +127,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000, help="messages per throughput run (0: skip)")
     parser.add_argument("--processes", default="1,2,4", help="receiver process counts")
     parser.add_argument("--single", type=int, default=1000, help="single receive+complete round trips (0: skip)")
+    parser.add_argument("--concurrent", type=int, default=4,
+                        help="processes completing one message at a time, --single each (0: skip)")
     parser.add_argument("--history", type=int, default=1_000_000, help="long completed history (0: skip)")
     parser.add_argument("--size", type=int, default=1024, help="body bytes per message")
     args = parser.parse_args()
@@ -101,6 +136,8 @@ def main() -> None:
         if args.single:
             admin.create_queue("single", enable_partitioning=True)
             latency(path, admin, "single", args.single, args.size, "")
+        if args.concurrent and args.single:
+            concurrent_single(path, admin, args.concurrent, args.single // 4 or 1, args.size)
         if args.messages:
             for processes in (int(p) for p in args.processes.split(",")):
                 throughput(path, admin, processes, args.messages, args.size)
