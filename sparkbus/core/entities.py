@@ -168,27 +168,27 @@ class _EntityCommon:
 
 @dataclass
 class _TopLevelCommon(_EntityCommon):
-    enable_partitioning: bool = False
-    max_size_in_megabytes: int = 1024
+    enable_partitioning: bool = DEFAULTS.enable_partitioning
+    max_size_in_megabytes: int = DEFAULTS.max_size_in_megabytes
     max_size_in_megabytes_per_partition: float = 1024.0
     total_max_size_in_megabytes: int = 1024
-    requires_duplicate_detection: bool = False
-    duplicate_detection_history_time_window: timedelta = 10 * MINUTE
-    default_message_time_to_live: timedelta = MAX_DURATION
-    max_message_size_in_kilobytes: Optional[int] = None
-    status: str = "Active"
+    requires_duplicate_detection: bool = DEFAULTS.requires_duplicate_detection
+    duplicate_detection_history_time_window: timedelta = DEFAULTS.duplicate_detection_history_time_window
+    default_message_time_to_live: timedelta = DEFAULTS.default_message_time_to_live
+    max_message_size_in_kilobytes: Optional[int] = DEFAULTS.max_message_size_in_kilobytes
+    status: str = DEFAULTS.status
 
 
 @dataclass
 class QueueProperties(_TopLevelCommon):
     """Properties of a queue (azure-servicebus QueueProperties) plus partition_count and sizes."""
 
-    requires_session: bool = False
-    lock_duration: timedelta = MINUTE
-    max_delivery_count: int = 10
-    dead_lettering_on_message_expiration: bool = False
-    forward_to: Optional[str] = None
-    forward_dead_lettered_messages_to: Optional[str] = None
+    requires_session: bool = DEFAULTS.requires_session
+    lock_duration: timedelta = DEFAULTS.lock_duration
+    max_delivery_count: int = DEFAULTS.max_delivery_count
+    dead_lettering_on_message_expiration: bool = DEFAULTS.dead_lettering_on_message_expiration
+    forward_to: Optional[str] = DEFAULTS.forward_to
+    forward_dead_lettered_messages_to: Optional[str] = DEFAULTS.forward_dead_lettered_messages_to
 
 
 @dataclass
@@ -201,15 +201,15 @@ class SubscriptionProperties(_EntityCommon):
     """Properties of a subscription; it has its topic's partition count."""
 
     topic_name: str = ""
-    requires_session: bool = False
-    lock_duration: timedelta = MINUTE
-    max_delivery_count: int = 10
-    default_message_time_to_live: timedelta = MAX_DURATION
-    dead_lettering_on_message_expiration: bool = False
-    dead_lettering_on_filter_evaluation_exceptions: bool = True
-    forward_to: Optional[str] = None
-    forward_dead_lettered_messages_to: Optional[str] = None
-    status: str = "Active"
+    requires_session: bool = DEFAULTS.requires_session
+    lock_duration: timedelta = DEFAULTS.lock_duration
+    max_delivery_count: int = DEFAULTS.max_delivery_count
+    default_message_time_to_live: timedelta = DEFAULTS.default_message_time_to_live
+    dead_lettering_on_message_expiration: bool = DEFAULTS.dead_lettering_on_message_expiration
+    dead_lettering_on_filter_evaluation_exceptions: bool = DEFAULTS.dead_lettering_on_filter_evaluation_exceptions
+    forward_to: Optional[str] = DEFAULTS.forward_to
+    forward_dead_lettered_messages_to: Optional[str] = DEFAULTS.forward_dead_lettered_messages_to
+    status: str = DEFAULTS.status
 
 
 PROPERTIES_CLASS = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
