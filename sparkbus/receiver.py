@@ -124,6 +124,7 @@ class ServiceBusSession:
                                     datetime.now(timezone.utc))
         self._delivery.update_session(self._lock, lambda row, info, now: {**row, "lock_token": None,
                                                                            "locked_until_utc": None})
+        self._lock.locked_until_utc = datetime.now(timezone.utc)  # settling now reads the session row back
 
     def __repr__(self) -> str:
         return f"ServiceBusSession(session_id={self.session_id!r}, locked_until_utc={self.locked_until_utc})"
