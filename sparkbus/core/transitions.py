@@ -101,14 +101,19 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     if session_id is not None:
         keep = pc.and_(keep, pc.fill_null(pc.equal(messages["session_id"], session_id), False))
     chosen = pc.indices_nonzero(keep)
-    order = pc.sort_indices(messages["sequence_number"].take(chosen))[:limit]
-    rows = chosen.take(order)
-    found = messages.take(rows)
-    prior = {"lock_state": lock_state, "prior_deliveries": pc.fill_null(states["delivery_count"].take(position), 0),
-             "prior_reason": states["dead_letter_reason"].take(position),
-             "prior_description": states["dead_letter_error_description"].take(position)}
+    oldest = chosen.take(pc.sort_indices(messages["sequence_number"].take(chosen))[:limit])
+    # filter, not take: take on a table of many chunks first concatenates every chunk (all the bodies)
+    mask = np.zeros(messages.num_rows, dtype=bool)
+    mask[oldest.to_numpy()] = True
+    found = messages.filter(pa.array(mask))
+    found = found.take(pc.sort_indices(found["sequence_number"]))
+    at = pc.index_in(found["sequence_number"], value_set=states["sequence_number"])
+    prior = {"lock_state": states["state"].take(at),
+             "prior_deliveries": pc.fill_null(states["delivery_count"].take(at), 0),
+             "prior_reason": states["dead_letter_reason"].take(at),
+             "prior_description": states["dead_letter_error_description"].take(at)}
     for name, column in prior.items():
-        found = found.append_column(name, column.take(rows))
+        found = found.append_column(name, column)
     return found
 
 
