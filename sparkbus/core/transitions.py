@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..storage import micros
+from ..storage import from_rows, micros
 from ..storage.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TS
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
@@ -162,7 +162,7 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
         else:
             moved_rows.append(new_state(pid, seq, DEAD_LETTERED, int(deliveries[i]), now, reason=MAX_DELIVERY_REASON,
                                         description=f"Message could not be consumed after {deliveries[i]} delivery attempts."))
-    rows = pa.concat_tables([delivered.cast(LOCKS), pa.Table.from_pylist(moved_rows, schema=LOCKS)])
+    rows = pa.concat_tables([delivered.cast(LOCKS), from_rows(moved_rows, LOCKS)])
     return rows, deliver
 
 

@@ -197,7 +197,7 @@ class Delivery:
                     "receiver; they will be redelivered")
             rows = storage.as_rows(current)
         written = [change(row, now) for row in rows]
-        locks.commit(table, partition, pa.Table.from_pylist(written, schema=LOCKS))
+        locks.commit(table, partition, storage.from_rows(written, LOCKS))
         return {row["sequence_number"]: row for row in written}
 
     @staticmethod

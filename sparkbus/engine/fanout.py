@@ -381,7 +381,7 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
             rows = [transitions.new_state(p, n, DEAD_LETTERED, 0, now, reason=reasons[i], description=descriptions[i])
                     for n, i in sorted(wanted.items()) if n not in have]
             if rows:
-                locks.commit(table, p, pa.Table.from_pylist(rows, schema=LOCKS))
+                locks.commit(table, p, storage.from_rows(rows, LOCKS))
 
         retry.run(commit, what=f"dead-lettering copies in {target.info.path!r}")
 
@@ -441,7 +441,7 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
         result.add(_deliver_to(target, view, _scheduled_plan(numbers), scheduled=True))
     states = [transitions.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
               for n in numbers]
-    table = pa.Table.from_pylist(states, schema=LOCKS)
+    table = storage.from_rows(states, LOCKS)
     for p in sorted({s["partition_id"] for s in states}):
         part = table.filter(pc.equal(table["partition_id"], p))
         retry.run(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part),

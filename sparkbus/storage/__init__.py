@@ -171,6 +171,12 @@ def micros(moment: datetime) -> int:
     return (moment - EPOCH) // _US
 
 
+def from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """Rows (dicts) as a table, column by column: Table.from_pylist took 15.6 ms for 1,000 state rows
+    with two timestamp columns, this 1.2 ms."""
+    return pa.table([pa.array([row[f.name] for row in rows], f.type) for f in schema], schema=schema)
+
+
 def as_rows(table: pa.Table) -> list[dict]:
     """Rows as dicts, like Table.to_pylist but about 20x faster on timestamp columns (pyarrow spends
     ~8 us per tz-aware datetime; epoch + timedelta takes a fraction of that)."""
