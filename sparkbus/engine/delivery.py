@@ -1,7 +1,9 @@
 """The delivery engine under ServiceBusReceiver: lock, settle, renew, peek, deferred messages and sessions.
 
 One Delivery serves one receiver. It keeps the entity's tables open between calls (refreshed, not
-reopened), runs every operation under the client's retry policy, and lets retention run now and then.
+reopened) and the partitions' data files it read in memory (storage.PartitionReader: files never
+change, so only those committed since are read), runs every operation under the client's retry policy,
+and lets retention run now and then. What to lock is chosen on Arrow (sparkbus.core.transitions).
 Concurrency: each operation is planned on one table version and committed conditionally against it
 (sparkbus.engine.locks); losing to another writer means planning again on the newer version. Settling reads
 nothing first when the receiver's locks are fresh (sparkbus.core.transitions.is_fresh): nobody else can have
