@@ -14,7 +14,8 @@ from typing import Iterable, Iterator, Optional, Union
 from .core import transitions
 from .core.values import decode_properties
 from .engine.catalog import Catalog
-from .engine.delivery import NEXT_AVAILABLE, Delivery, Held, SessionLock, deferred_partitions, policy, poll
+from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, deferred_partitions, policy,
+                              poll)
 from .engine.registry import EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
@@ -283,8 +284,7 @@ class ServiceBusReceiver:
             raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
         rows = df.select("sequence_number", "lock_token").collect()
         held = {row.sequence_number: Held(row.lock_token) for row in rows}
-        self._delivery.settle(self._delivery.entity.get(), held, transitions.completed, self._session_lock)
-        self._forget(held)
+        self._settle_held(held, transitions.completed)
         return len(held)
 
     def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
@@ -312,23 +312,22 @@ class ServiceBusReceiver:
             raise TypeError("renewing a message lock is not possible with sessions: renew the session lock "
                             "(receiver.session.renew_lock()) instead")
         self._check_settleable(message)
-        rules = policy(self._delivery.entity.get())
-        written = self._delivery.settle(self._delivery.entity.get(), _held([message]),
-                                        lambda row, now: transitions.renewed(row, now, rules))
+        info = self._delivery.entity.get()
+        rules = policy(info)
+        written = self._delivery.settle(info, _held([message]), lambda row, now: transitions.renewed(row, now, rules))
         message._state_row = written[message.sequence_number]
         message.locked_until_utc = message._state_row["locked_until_utc"]
         return message.locked_until_utc
 
-    def _settle(self, messages: list[ServiceBusReceivedMessage], change) -> None:
+    def _settle(self, messages: list[ServiceBusReceivedMessage], change: Change) -> None:
         for message in messages:
             self._check_settleable(message)
-        held = _held(messages)
-        self._delivery.settle(self._delivery.entity.get(), held, change, self._session_lock)
+        self._settle_held(_held(messages), change)
         for message in messages:
             message._settled = True
-        self._forget(held)
 
-    def _forget(self, held: dict) -> None:
+    def _settle_held(self, held: dict[int, Held], change: Change) -> None:
+        self._delivery.settle(self._delivery.entity.get(), held, change, self._session_lock)
         for seq in held:
             self._session_held.pop(seq, None)
 

@@ -62,7 +62,7 @@ def dead_lettered(row: dict, now: datetime, reason: Optional[str], description: 
             "dead_letter_error_description": description}
 
 
-def abandoned(row: dict, now: datetime, policy: "Policy") -> dict:
+def abandoned(row: dict, now: datetime, policy: Policy) -> dict:
     """Released for redelivery; an active message at max_delivery_count is dead-lettered instead."""
     if row["state"] == ACTIVE and row["delivery_count"] >= policy.max_delivery_count:
         return dead_lettered(row, now, MAX_DELIVERY_REASON,
@@ -70,7 +70,7 @@ def abandoned(row: dict, now: datetime, policy: "Policy") -> dict:
     return unlocked(row, now)
 
 
-def renewed(row: dict, now: datetime, policy: "Policy") -> dict:
+def renewed(row: dict, now: datetime, policy: Policy) -> dict:
     """The lock extended by lock_duration from now (kept, not released)."""
     return {**row, "locked_until_utc": now + policy.lock_duration, "updated_at_utc": now}
 
@@ -174,14 +174,6 @@ def not_held(rows: pa.Table, tokens: dict[int, str], now: datetime) -> list[int]
         rows["locked_until_utc"].cast(pa.int64()).to_pylist())
         if token == tokens.get(seq) and state not in GONE_STATES and until is not None and until > now_us}
     return sorted(set(tokens) - held)
-
-
-def released(rows: pa.Table, state: str, now: datetime) -> pa.Table:
-    """State rows moved to `state` with their locks released."""
-    n = rows.num_rows
-    changes = {"state": pa.array([state] * n, pa.string()), "lock_token": pa.nulls(n, pa.string()),
-               "locked_until_utc": pa.nulls(n, TS), "updated_at_utc": pa.array([now] * n, TS)}
-    return pa.table([changes.get(f.name, rows[f.name]) for f in LOCKS], schema=LOCKS)
 
 
 def locked_until(rows: pa.Table, until: datetime) -> pa.Table:

@@ -257,17 +257,18 @@ class Delivery:
         messages, partitions visited from the start-th on), waiting up to `wait` seconds.
         SessionCannotBeLockedError while a named session stays locked; OperationTimeoutError when no
         session became available."""
-        deadline = time.monotonic() + (wait or 0)
+        refused: list[SessionCannotBeLockedError] = []  # the named session's latest refusal
 
         def attempt() -> Optional[SessionLock]:
             try:
                 return self._try_lock_session(info, requested, start)
-            except SessionCannotBeLockedError:
-                if time.monotonic() >= deadline:
-                    raise
+            except SessionCannotBeLockedError as error:
+                refused[:] = [error]
                 return None
 
         taken = poll(attempt, wait)
+        if taken is None and refused:
+            raise refused[0]
         if taken is None:
             raise OperationTimeoutError(
                 f"no unlocked session with available messages in {info.path!r} within {wait or 0} s")

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from .. import storage
-from ..core import partitioning, sequencing
+from ..core import partitioning, sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
@@ -250,11 +250,8 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy =
         raise MessageNotFoundError(
             f"no message waiting for its scheduled time with sequence number(s) {missing[:10]} in {info.path!r}")
     partitions = sorted({sequencing.partition_of_sequence(n) for n in numbers})
-    source = pa.Table.from_pylist([
-        {"partition_id": sequencing.partition_of_sequence(n), "sequence_number": n, "state": CANCELLED,
-         "delivery_count": 0, "lock_token": None, "locked_until_utc": None, "dead_letter_reason": None,
-         "dead_letter_error_description": None, "dead_letter_source": None, "updated_at_utc": now}
-        for n in numbers], schema=LOCKS)
+    source = storage.from_rows([transitions.new_state(sequencing.partition_of_sequence(n), n, CANCELLED, 0, now)
+                                for n in numbers], LOCKS)
     predicate = (f"t.partition_id IN ({', '.join(map(str, partitions))}) AND t.partition_id = s.partition_id "
                  "AND t.sequence_number = s.sequence_number")
 

@@ -10,10 +10,10 @@ whatever maintenance finally loses to a race is skipped (the next due version as
 
 Compaction and log cleanup run on one background thread per process (started on first use): done
 inline, the send or settle that hit a COMPACT_EVERY-th version waited for it (single-send p99 133-148
-ms; 50 ms with the thread). Requests for one table coalesce while they wait. Checkpoints stay inline, on the committing
-object: writing one re-bases that long-lived object on the checkpoint, and when they too moved to the
-thread, callers' objects only ever applied commits incrementally and send p50 crept from 9.5 to 15 ms
-over 1,200 sends. The thread is a daemon; at interpreter exit the compaction under way finishes and
+ms; 50 ms with the thread). Requests for one table coalesce while they wait. Checkpoints stay inline
+(fsynced before the cleanup that relies on them), on the committing object: writing one re-bases that
+long-lived object on the checkpoint, and when they too moved to the thread, callers' objects only ever
+applied commits incrementally and send p50 crept from 9.5 to 15 ms over 1,200 sends. The thread is a daemon; at interpreter exit the compaction under way finishes and
 waiting ones are dropped. A process killed in the middle leaves at most unreferenced files, as any
 failed commit does.
 """
@@ -27,7 +27,6 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
-from . import NO_HOOKS, open_table
 
 CHECKPOINT_EVERY = 10
 COMPACT_EVERY = 20
@@ -50,8 +49,7 @@ _stopping = False
 def after_commit(table: DeltaTable) -> None:
     """Call after committing to `table` (the object is at the new version): makes the commit durable,
     writes the checkpoint this version is due, and asks the background thread for the log cleanup and
-    compaction due.
-    Never raises for races."""
+    compaction due. Never raises for races."""
     storage.sync_version(table)
     version = table.version()
     if version % CHECKPOINT_EVERY == 0:
@@ -89,8 +87,8 @@ def compact(uri: str) -> None:
     """Compact the small files of the table at uri now, on its latest version, retrying lost races."""
     for _ in range(COMPACT_ATTEMPTS):
         try:
-            table = open_table(uri)
-            metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES, post_commithook_properties=NO_HOOKS)
+            table = storage.open_table(uri)
+            metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES, post_commithook_properties=storage.NO_HOOKS)
             if metrics.get("numFilesAdded"):
                 storage.sync_version(table)
             return
@@ -101,7 +99,7 @@ def compact(uri: str) -> None:
 def cleanup(uri: str) -> None:
     """Remove the table's log entries older than its log retention that a checkpoint made redundant."""
     try:
-        open_table(uri).cleanup_metadata()
+        storage.open_table(uri).cleanup_metadata()
     except _RACES:
         pass
 
