@@ -2,7 +2,8 @@
 receive cost with a short versus a long history of completed messages.
 
     make bench-receive   # or: python benchmarks/bench_receive.py --messages 200000 --history 1000000
-Then four processes receive and complete one message at a time (--concurrent 4), --single / 4 each.
+Then four processes receive and complete one message at a time (--concurrent 4), --single / 4 each; both
+without prefetch and with prefetch_count --prefetch (default 10).
 Each process loops receive_messages(1000) + complete_messages(batch) on a 16-partition queue until it
 is empty; the aggregate rate is all messages over the wall time from the common start to the last finish.
 """
@@ -62,10 +63,10 @@ def throughput(path: str, admin, processes: int, count: int, size: int) -> None:
     assert total == count, f"drained {total} of {count}"
 
 
-def latency(path: str, admin, queue: str, count: int, size: int, label: str) -> float:
+def latency(path: str, admin, queue: str, count: int, size: int, label: str, prefetch: int = 0) -> float:
     """p50 of receive_messages(1) + complete_message on a queue holding count fresh messages."""
     fill(path, queue, count, size)
-    receiver = ServiceBusClient(path).get_queue_receiver(queue)
+    receiver = ServiceBusClient(path).get_queue_receiver(queue, prefetch_count=prefetch)
     latencies = []
     for _ in range(count):
         start = time.perf_counter()
@@ -79,9 +80,9 @@ def latency(path: str, admin, queue: str, count: int, size: int, label: str) -> 
     return p50
 
 
-def one_at_a_time(path: str, queue: str, count: int, barrier, results) -> None:
+def one_at_a_time(path: str, queue: str, count: int, prefetch: int, barrier, results) -> None:
     """receive_messages(1) + complete_message count times; reports the complete latencies (ms)."""
-    receiver = ServiceBusClient(path).get_queue_receiver(queue)
+    receiver = ServiceBusClient(path).get_queue_receiver(queue, prefetch_count=prefetch)
     barrier.wait()
     completes = []
     for _ in range(count):
@@ -94,20 +95,21 @@ def one_at_a_time(path: str, queue: str, count: int, barrier, results) -> None:
     results.put(completes)
 
 
-def concurrent_single(path: str, admin, processes: int, count: int, size: int) -> None:
+def concurrent_single(path: str, admin, processes: int, count: int, size: int, prefetch: int) -> None:
     """processes receivers on one 16-partition queue, each receiving and completing one message at a time."""
-    queue = f"single{processes}"
+    queue = f"single{processes}p{prefetch}"
     admin.create_queue(queue, enable_partitioning=True)
     fill(path, queue, processes * count, size)
     spawn = multiprocessing.get_context("spawn")
     barrier, results = spawn.Barrier(processes), spawn.Queue()
-    procs = [spawn.Process(target=one_at_a_time, args=(path, queue, count, barrier, results)) for _ in range(processes)]
+    procs = [spawn.Process(target=one_at_a_time, args=(path, queue, count, prefetch, barrier, results)) for _ in range(processes)]
     for p in procs:
         p.start()
     completes = sorted(ms for _ in procs for ms in results.get())
     for p in procs:
         p.join()
-    print(f"complete_message with {processes} processes receiving and completing one at a time: {len(completes):,} "
+    print(f"complete_message with {processes} processes receiving and completing one at a time, prefetch_count "
+          f"{prefetch}: {len(completes):,} "
           f"completes, p50 {statistics.median(completes):.1f} ms, p99 {completes[int(len(completes) * 0.99) - 1]:.1f} ms")
 
 
@@ -130,14 +132,18 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=4,
                         help="processes completing one message at a time, --single each (0: skip)")
     parser.add_argument("--history", type=int, default=1_000_000, help="long completed history (0: skip)")
+    parser.add_argument("--prefetch", type=int, default=10,
+                        help="also run --single and --concurrent with this prefetch_count (0: only without)")
     parser.add_argument("--size", type=int, default=1024, help="body bytes per message")
     args = parser.parse_args()
     with bench_namespace() as (path, admin):
-        if args.single:
-            admin.create_queue("single", enable_partitioning=True)
-            latency(path, admin, "single", args.single, args.size, "")
-        if args.concurrent and args.single:
-            concurrent_single(path, admin, args.concurrent, args.single // 4 or 1, args.size)
+        for prefetch in sorted({0, args.prefetch}):
+            if args.single:
+                admin.create_queue(f"single{prefetch}", enable_partitioning=True)
+                latency(path, admin, f"single{prefetch}", args.single, args.size, f", prefetch_count {prefetch}",
+                        prefetch)
+            if args.concurrent and args.single:
+                concurrent_single(path, admin, args.concurrent, args.single // 4 or 1, args.size, prefetch)
         if args.messages:
             for processes in (int(p) for p in args.processes.split(",")):
                 throughput(path, admin, processes, args.messages, args.size)
