@@ -11,7 +11,7 @@ import uuid
 from typing import Callable, Optional, Union
 
 from . import storage
-from .core import entities, tiers
+from .core import entities, forwarding, tiers
 from .core.connection import parse_connection_string
 from .core.filters import (RuleProperties, TrueRuleFilter, action_from_json, action_to_json, check_action, check_filter,
                            filter_from_json, filter_quota_kind, filter_to_json)
@@ -131,7 +131,7 @@ class ServiceBusAdministrationClient:
             if len(snap.children(topic.key, "subscription")) >= ns.limits.max_subscriptions_per_topic:
                 raise ServiceBusQuotaExceededError(
                     f"topic {topic.path!r} already has {ns.limits.max_subscriptions_per_topic} subscriptions, the most allowed")
-            self._check_forwarding(snap, path, options)
+            self._check_forwarding(snap, path, options, topic.key)
             require_available(snap, topic.key, topic.partition_count, f"create subscription {path!r}")
             row = Row(key=key(path), kind="subscription", path=path, parent=topic.key,
                       partition_count=topic.partition_count, storage=storage_dir,
@@ -311,7 +311,7 @@ class ServiceBusAdministrationClient:
             if kind in TOP_LEVEL:
                 options = _complete_options(ns, kind, options)
             _check_tier_features(ns, kind, options)
-            self._check_forwarding(snap, row.path, options)
+            self._check_forwarding(snap, row.path, options, row.parent)
             require_available(snap, row.key, row.partition_count, f"update {kind} {row.path!r}")
             return Change(upserts=[row.updated(entities.options_to_json(options))])
 
@@ -351,7 +351,9 @@ class ServiceBusAdministrationClient:
             raise MessagingEntityNotFoundError(f"rule {rule_name!r} of {sub.path!r} does not exist")
         return row
 
-    def _check_forwarding(self, snap: Snapshot, path: str, options: dict) -> None:
+    def _check_forwarding(self, snap: Snapshot, path: str, options: dict, topic_key: Optional[str] = None) -> None:
+        """Forwarding targets are existing queues or topics, never the entity itself, and forward_to must not
+        close a loop (through other entities' forward_to and topics' subscriptions)."""
         for option in ("forward_to", "forward_dead_lettered_messages_to"):
             target = options.get(option)
             if target is None:
@@ -361,6 +363,19 @@ class ServiceBusAdministrationClient:
             row = snap.get(key(target))
             if row is None or row.kind not in TOP_LEVEL:
                 raise MessagingEntityNotFoundError(f"{option} target {target!r} is not a queue or topic in this namespace")
+        if options.get("forward_to") is None:
+            return
+        forwards = {r.key: key(r.properties["forward_to"]) for r in snap.of_kind("queue", "subscription")
+                    if r.properties.get("forward_to") and r.key != key(path)}
+        delivers: dict[str, list[str]] = {}
+        for sub in snap.of_kind("subscription"):
+            delivers.setdefault(sub.parent, []).append(sub.key)
+        if topic_key is not None and key(path) not in delivers.get(topic_key, []):
+            delivers.setdefault(topic_key, []).append(key(path))
+        loop = forwarding.cycle(key(path), key(options["forward_to"]), forwards, delivers)
+        if loop is not None:
+            names = " -> ".join(snap.rows[k].path if k in snap.rows else path for k in loop)
+            raise InvalidOperationError(f"forward_to of {path!r} would close a forwarding loop: {names}")
 
     def _check_filter_quota(self, snap: Snapshot, topic_key: str, rule_filter: object) -> None:
         """Per topic: at most max_sql_filters_per_topic SQL and max_correlation_filters_per_topic correlation filters."""
@@ -400,9 +415,19 @@ class ServiceBusAdministrationClient:
         extra = {"subscription_count": len(subscriptions)} if row.kind == "topic" else {}
         if row.kind == "subscription":
             extra = {"topic_name": snap.rows[row.parent].path}
+        # Messages an entity forwards are pending transfer, not active (or dead-lettered) there.
+        active, dead, transfer = counts.active, counts.dead_letter, 0
+        options = entities.options_from_json(row.properties)
+        if options.get("forward_to"):
+            active, transfer = 0, transfer + active
+        if options.get("forward_dead_lettered_messages_to"):
+            dead, transfer = 0, transfer + dead
+        if row.kind != "topic":
+            extra.update(transfer_message_count=transfer,
+                         transfer_dead_letter_message_count=counts.transfer_dead_letter)
         return entities.RUNTIME_CLASS[row.kind](
-            name=_display_name(row), size_in_bytes=counts.size_in_bytes, active_message_count=counts.active,
-            dead_letter_message_count=counts.dead_letter, scheduled_message_count=counts.scheduled,
+            name=_display_name(row), size_in_bytes=counts.size_in_bytes, active_message_count=active,
+            dead_letter_message_count=dead, scheduled_message_count=counts.scheduled,
             total_message_count=counts.total, created_at_utc=row.created_at_utc,
             updated_at_utc=row.updated_at_utc, accessed_at_utc=counts.accessed_at_utc or row.created_at_utc,
             partition_count=row.partition_count,

@@ -20,7 +20,8 @@ from .engine.registry import EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
                          MessagingEntityDisabledError, SessionLockLostError)
-from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED
+from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
+from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
 
 RECEIVER_KINDS = ("queue", "subscription")
 
@@ -32,6 +33,11 @@ class ServiceBusReceiveMode(str, Enum):
 
 class ServiceBusSubQueue(str, Enum):
     DEAD_LETTER = "deadletter"
+    TRANSFER_DEAD_LETTER = "transferdeadletter"  # messages auto-forwarding could not deliver
+
+
+SUB_QUEUE_STATES = {ServiceBusSubQueue.DEAD_LETTER: DEAD_LETTERED,
+                    ServiceBusSubQueue.TRANSFER_DEAD_LETTER: TRANSFER_DEAD_LETTERED}
 
 
 class ServiceBusSessionFilter(Enum):
@@ -64,9 +70,13 @@ class ServiceBusReceivedMessage:
         self.delivery_count: int = state_row.get("delivery_count", row.get("prior_deliveries", 0)) or 0
         self.lock_token: Optional[str] = state_row.get("lock_token")
         self.locked_until_utc: Optional[datetime] = state_row.get("locked_until_utc")
-        self.dead_letter_reason = state_row.get("dead_letter_reason", row.get("prior_reason"))
-        self.dead_letter_error_description = state_row.get("dead_letter_error_description", row.get("prior_description"))
-        self.dead_letter_source = state_row.get("dead_letter_source")
+        # A message forwarded out of a dead-letter sub-queue carries them as application properties and a column.
+        self.dead_letter_reason = (state_row.get("dead_letter_reason", row.get("prior_reason"))
+                                   or self.application_properties.get(DEAD_LETTER_REASON_PROPERTY))
+        self.dead_letter_error_description = (
+            state_row.get("dead_letter_error_description", row.get("prior_description"))
+            or self.application_properties.get(DEAD_LETTER_DESCRIPTION_PROPERTY))
+        self.dead_letter_source = state_row.get("dead_letter_source") or row.get("dead_letter_source_entity")
         self._partition_id: int = row["partition_id"]
         self._state_row = state_row if self.lock_token is not None else None  # as locked: settling reads nothing
         self._settled = False
@@ -231,7 +241,7 @@ class ServiceBusReceiver:
         if len(got) < count:
             info = self._delivery.entity.get()
             self._check_receivable(info)
-            queue = DEAD_LETTERED if self.sub_queue else ACTIVE
+            queue = SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else ACTIVE
             self._next_partition += 1
             fetched = self._delivered(queue, self._delivery.lock_any(
                 info, queue, count - len(got) + self.prefetch_count, delete=self._deletes,
@@ -303,7 +313,7 @@ class ServiceBusReceiver:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a str, got {type(value).__name__}")
         if self.sub_queue is not None:
-            raise InvalidOperationError("a message in the dead-letter sub-queue cannot be dead-lettered again")
+            raise InvalidOperationError(f"a message in the {self.sub_queue.name.lower()} sub-queue cannot be dead-lettered again")
         self._settle([message], lambda row, now: transitions.dead_lettered(row, now, reason, error_description))
 
     def renew_message_lock(self, message: ServiceBusReceivedMessage) -> datetime:
@@ -359,7 +369,7 @@ class ServiceBusReceiver:
         info = self._delivery.entity.get()
         cursor = sequence_number if sequence_number or self._peek_cursor is None else self._peek_cursor
         found, self._peek_cursor = self._delivery.peek(
-            info, cursor, max_message_count, dead_letter=self.sub_queue is not None,
+            info, cursor, max_message_count, sub_queue=SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else None,
             session_id=None if self.session is None else self.session.session_id)
         now = datetime.now(timezone.utc)
         return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
@@ -369,6 +379,14 @@ class ServiceBusReceiver:
         status = info.options.status
         if status in ("Disabled", "ReceiveDisabled"):
             raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; receiving is not allowed")
+        if receiving and self.sub_queue is None and info.options.forward_to:
+            raise InvalidOperationError(f"{info.kind} {info.path!r} forwards its messages to {info.options.forward_to!r}; "
+                                        "it cannot be received from (peek still works)")
+        if (receiving and self.sub_queue is ServiceBusSubQueue.DEAD_LETTER
+                and info.options.forward_dead_lettered_messages_to):
+            raise InvalidOperationError(
+                f"{info.kind} {info.path!r} forwards its dead-lettered messages to "
+                f"{info.options.forward_dead_lettered_messages_to!r}; its dead-letter sub-queue cannot be received from")
         sessionful = info.options.requires_session
         if receiving and sessionful and self.sub_queue is None and not self._session_requested:
             raise InvalidOperationError(

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..storage import from_rows, micros
-from ..storage.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TS
+from ..storage.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TRANSFER_DEAD_LETTERED, TS
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 EXPIRED_REASON = "TTLExpiredException"
@@ -59,6 +59,12 @@ def deferred(row: dict, now: datetime) -> dict:
 
 def dead_lettered(row: dict, now: datetime, reason: Optional[str], description: Optional[str]) -> dict:
     return {**unlocked(row, now), "state": DEAD_LETTERED, "dead_letter_reason": reason,
+            "dead_letter_error_description": description}
+
+
+def transfer_dead_lettered(row: dict, now: datetime, reason: str, description: str) -> dict:
+    """Moved to the transfer dead-letter sub-queue: forwarding it failed (sparkbus.engine.forwarding)."""
+    return {**unlocked(row, now), "state": TRANSFER_DEAD_LETTERED, "dead_letter_reason": reason,
             "dead_letter_error_description": description}
 
 

@@ -26,7 +26,7 @@ from .. import storage
 from ..core import partitioning, sequencing, transitions
 from ..core.transitions import Policy
 from ..exceptions import MessageLockLostError, OperationTimeoutError, SessionCannotBeLockedError
-from ..storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES
+from ..storage.schemas import ACTIVE, DEFERRED, LOCKS, MESSAGES
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
 from .registry import CachedEntity, EntityInfo
@@ -224,12 +224,13 @@ class Delivery:
 
     # ---- peeking -----------------------------------------------------------------------------------------
 
-    def peek(self, info: EntityInfo, cursor: int, count: int, *, dead_letter: bool,
+    def peek(self, info: EntityInfo, cursor: int, count: int, *, sub_queue: Optional[str],
              session_id: Optional[str]) -> tuple[list[dict], int]:
         """Up to count messages of one partition from sequence number `cursor` on, without locking, with
-        their state columns; and the cursor to continue from (past the last partition: nothing left)."""
+        their state columns; and the cursor to continue from (past the last partition: nothing left).
+        sub_queue: the state of a sub-queue's messages (DEAD_LETTERED, TRANSFER_DEAD_LETTERED), or None."""
         messages, state = self.snapshot(info)
-        queue = f"l.state = '{DEAD_LETTERED}'" if dead_letter else (
+        queue = f"l.state = {storage.quoted(sub_queue)}" if sub_queue else (
             f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
         if session_id is not None:
             queue += f" AND m.session_id = {storage.quoted(session_id)}"

@@ -21,7 +21,7 @@ from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
                           MessagingEntityDisabledError, ServiceBusQuotaExceededError)
 from ..storage import maintenance
-from ..storage.schemas import CANCELLED, LOCKS, MESSAGES
+from ..storage.schemas import CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
 from .registry import EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
@@ -100,7 +100,7 @@ class EntityWriter:
     def append(self, rows: pa.Table, *, codes: Optional[np.ndarray] = None, batch_limit: bool = True,
                info: Optional[EntityInfo] = None, with_sequence_numbers: bool = True,
                app_transaction: Optional[tuple[str, int]] = None) -> EnqueueResult:
-        """Send rows (OUTGOING schema) as one atomic commit.
+        """Send rows (OUTGOING schema, plus the TRANSFER_COLUMNS when forwarding) as one atomic commit.
 
         codes: placement codes computed elsewhere (the Spark UDF); batch_limit: apply the tier's batch size
         limit (not for DataFrames); with_sequence_numbers: report each row's number (not for bulk sends);
@@ -109,7 +109,8 @@ class EntityWriter:
         concurrent commits of one app id, and the check is made at the version the commit is based on.
         """
         info = info or self.info()
-        rows = rows.select(OUTGOING.names).cast(OUTGOING)
+        schema = pa.schema([*OUTGOING, *(MESSAGES.field(n) for n in TRANSFER_COLUMNS if n in rows.column_names)])
+        rows = rows.select(schema.names).cast(schema)
         body, header = check_rows(info, rows, batch_limit=batch_limit)
         if self._round_robin is None:
             self._round_robin = partitioning.RoundRobin(info.partition_count)
@@ -228,7 +229,9 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
         has_ttl = np.ones(len(ttl_ms), dtype=bool)
     headroom_ms = (LATEST_TIME_US - now_us) // 1000
     expires = np.where(has_ttl & (ttl_ms < headroom_ms), now_us + ttl_ms * 1000, LATEST_TIME_US).astype(np.int64)
-    columns = {name: rows[name] for name in OUTGOING.names}
+    columns = {name: rows[name] for name in rows.column_names}
+    for name in TRANSFER_COLUMNS:  # a sender's message has made no transfer
+        columns.setdefault(name, pa.nulls(len(sequence), MESSAGES.field(name).type))
     columns.update(partition_id=pa.array(partitions, pa.int32()), sequence_number=pa.array(sequence, pa.int64()),
                    enqueued_time_utc=pa.array(np.full(len(sequence), now_us), pa.int64()).cast(MESSAGES.field("enqueued_time_utc").type),
                    expires_at_utc=pa.array(expires, pa.int64()).cast(MESSAGES.field("expires_at_utc").type),

@@ -10,7 +10,9 @@ without reading; either way the commit is rejected if those rows changed since t
 from __future__ import annotations
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from typing import Optional
+
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from .. import storage
 from ..storage import maintenance
@@ -22,14 +24,17 @@ def lock_rows(locks: DeltaTable, partition: int, sequence_numbers: list[int]) ->
     return storage.query(f"SELECT * FROM locks WHERE {rows_predicate(partition, sequence_numbers)}", locks=locks)
 
 
-def commit(locks: DeltaTable, partition: int, rows: pa.Table) -> None:
+def commit(locks: DeltaTable, partition: int, rows: pa.Table,
+           app_transactions: Optional[list[Transaction]] = None) -> None:
     """Upsert state rows of one partition in one conditional commit naming that partition and the rows'
     sequence numbers: it replaces exactly those rows, and delta-rs rejects it if another writer changed
-    any of them since the version the caller read (the caller re-reads and retries)."""
+    any of them since the version the caller read (the caller re-reads and retries). app_transactions are
+    recorded with the commit (and make two concurrent commits setting one of them conflict)."""
     if not rows.num_rows:
         return
     write_deltalake(locks, rows.select(LOCKS.names).cast(LOCKS), mode="overwrite",
                     predicate=rows_predicate(partition, rows["sequence_number"].to_pylist()),
+                    commit_properties=CommitProperties(app_transactions=app_transactions) if app_transactions else None,
                     post_commithook_properties=storage.NO_HOOKS)
     maintenance.after_commit(locks)
 

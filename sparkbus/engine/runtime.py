@@ -9,13 +9,14 @@ from deltalake import DeltaTable
 
 from .. import storage
 from ..core import sequencing
-from ..storage.schemas import DEAD_LETTERED, GONE_SQL
+from ..storage.schemas import DEAD_LETTERED, GONE_SQL, TRANSFER_DEAD_LETTERED
 
 
 @dataclass(frozen=True)
 class Counts:
     active: int = 0
     dead_letter: int = 0
+    transfer_dead_letter: int = 0
     scheduled: int = 0
     total: int = 0
     size_in_bytes: int = 0
@@ -53,6 +54,7 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
         SELECT
           COUNT(*) AS total,
           COALESCE(SUM(CASE WHEN state = '{DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS dead_letter,
+          COALESCE(SUM(CASE WHEN state = '{TRANSFER_DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS transfer_dead_letter,
           COALESCE(SUM(CASE WHEN state IS NULL AND scheduled_enqueue_time_utc IS NOT NULL
                             AND CAST(scheduled_enqueue_time_utc AS BIGINT) > {now_us} THEN 1 ELSE 0 END), 0)
             AS scheduled,
@@ -63,7 +65,9 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
     commits = [t for t in (storage.last_commit_time_ms(messages), storage.last_commit_time_ms(locks)) if t]
     accessed = datetime.fromtimestamp(max(commits) / 1000, timezone.utc) if commits else None
     total, dead, scheduled = int(row["total"]), int(row["dead_letter"]), int(row["scheduled"])
-    return Counts(active=total - dead - scheduled, dead_letter=dead, scheduled=scheduled, total=total,
+    transfer_dead = int(row["transfer_dead_letter"])
+    return Counts(active=total - dead - transfer_dead - scheduled, dead_letter=dead,
+                  transfer_dead_letter=transfer_dead, scheduled=scheduled, total=total,
                   size_in_bytes=int(row["size_in_bytes"]), accessed_at_utc=accessed)
 
 

@@ -2,7 +2,8 @@
 
 Every per-entity table is partitioned by partition_id. `messages` holds each message as sent (append
 mostly, one row per message); `locks` holds the receive state of messages that left the initial
-state (locked, deferred, dead-lettered, completed), updated by MERGEs that name the partition.
+state (locked, deferred, dead-lettered, transfer-dead-lettered, completed), updated by conditional
+overwrites that name the partition.
 """
 from __future__ import annotations
 
@@ -30,7 +31,13 @@ MESSAGES = pa.schema([
     pa.field("expires_at_utc", TS),
     pa.field("body_size", pa.int64(), nullable=False),
     pa.field("header_size", pa.int64(), nullable=False),
+    # Auto-forwarding (sparkbus.engine.forwarding): transfers this message has made (null: none), and for a
+    # message forwarded out of a dead-letter sub-queue, the entity it was dead-lettered in.
+    pa.field("transfer_hop_count", pa.int32()),
+    pa.field("dead_letter_source_entity", pa.string()),
 ])
+# Columns of MESSAGES that forwarding carries from a message to its copy (a sender leaves them null).
+TRANSFER_COLUMNS = ("transfer_hop_count", "dead_letter_source_entity")
 
 # Which queue a message is in, per the locks table; a message without a row there is active. A lock is
 # separate: lock_token and locked_until_utc, so an expired lock leaves the message where it was.
@@ -39,6 +46,7 @@ COMPLETED = "completed"
 CANCELLED = "cancelled"
 DEAD_LETTERED = "dead_lettered"
 DEFERRED = "deferred"
+TRANSFER_DEAD_LETTERED = "transfer_dead_lettered"  # forwarding failed (ServiceBusSubQueue.TRANSFER_DEAD_LETTER)
 GONE_STATES = (COMPLETED, CANCELLED)
 GONE_SQL = ", ".join(f"'{s}'" for s in GONE_STATES)  # for `state IN (...)` in queries
 
