@@ -1,8 +1,12 @@
-"""The `sparkbus` command: apply namespace definitions, show a namespace, mark partitions (operators)."""
+"""The `sparkbus` command: apply namespace definitions, show a namespace, mark partitions (operators), and
+run background work: fan-out, forwarding, or all of it as the namespace service (`serve`)."""
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import threading
 from typing import Optional, Sequence
 
 from .definitions import apply_definition, load_definition
@@ -76,10 +80,51 @@ def _fanout(args: argparse.Namespace) -> None:
     query = start_fanout(spark, args.namespace, args.topic,
                          trigger={"processingTime": f"{args.trigger_ms} milliseconds"})
     print(f"fanning out {args.topic or 'every topic'} (Ctrl-C stops)")
+    _run_until_stopped(query)
+
+
+def _forward(args: argparse.Namespace) -> None:
+    """Forward with a SparkSession of its own: once (everything forwardable), or until interrupted."""
+    from .spark import get_spark
+    from .streaming import forward_once, start_forwarding
+
+    spark = get_spark("sparkbus-forward")
+    if args.once:
+        forward_once(spark, args.namespace)
+        print("forwarded everything forwardable")
+        return
+    query = start_forwarding(spark, args.namespace, trigger={"processingTime": f"{args.trigger_ms} milliseconds"})
+    print("forwarding (Ctrl-C stops)")
+    _run_until_stopped(query)
+
+
+def _run_until_stopped(query) -> None:
+    from .spark.background import stop_query
+
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
-        query.stop()
+        stop_query(query)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """The namespace service until SIGTERM or Ctrl-C; the batch under way finishes first."""
+    from .spark import get_spark
+    from .streaming import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    service = serve(get_spark("sparkbus-serve"), args.namespace,
+                    trigger={"processingTime": f"{args.trigger_ms} milliseconds"},
+                    maintenance_interval=args.maintenance_interval)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5) and service.is_active:
+            pass
+    except KeyboardInterrupt:
+        pass
+    service.stop()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -103,7 +148,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fan.add_argument("--once", action="store_true", help="fan out everything pending, then exit")
     fan.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval when running continuously")
     fan.set_defaults(run=_fanout)
-    for sub in (apply, show, part, fan):
+    forward = commands.add_parser("forward", help="move messages of entities with forward_to (a Spark streaming query)")
+    forward.add_argument("--once", action="store_true", help="forward everything forwardable, then exit")
+    forward.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval when running continuously")
+    forward.set_defaults(run=_forward)
+    serve = commands.add_parser("serve", help="run all background work of the namespace until SIGTERM or Ctrl-C")
+    serve.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval")
+    serve.add_argument("--maintenance-interval", type=float, default=30.0,
+                       help="seconds between maintenance sweeps (retention, compaction, log cleanup)")
+    serve.set_defaults(run=_serve)
+    for sub in (apply, show, part, fan, forward, serve):
         sub.add_argument("--namespace", required=True, help="namespace directory or file:// URI")
     args = parser.parse_args(argv)
     try:

@@ -1,8 +1,12 @@
-"""Structured Streaming entry points: topic fan-out as a streaming query (see sparkbus.spark.fanout and, for
-the exactly-once reasoning, sparkbus.engine.fanout)."""
+"""Structured Streaming entry points: topic fan-out, auto-forwarding, and the namespace service that runs
+both with scheduled maintenance (see sparkbus.spark.background and sparkbus.spark.service; for the
+exactly-once reasoning, sparkbus.engine.fanout and sparkbus.engine.forwarding)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .spark.service import NamespaceService
 
 
 def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, trigger: Optional[dict] = None):
@@ -11,13 +15,41 @@ def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, tri
     topic_name None: every topic, including topics created later. trigger: keyword arguments of
     DataStreamWriter.trigger (default {"processingTime": "500 milliseconds"}).
     """
-    from .spark.fanout import start
+    from .spark.background import start
+    from .spark.datasource import ALL_TOPICS
 
-    return start(spark, namespace, topic_name, trigger=trigger)
+    return start(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False, trigger=trigger)
 
 
 def fanout_once(spark, namespace: str, topic_name: Optional[str] = None) -> None:
     """Fan out everything pending now and return (a trigger(availableNow=True) run): for batch jobs and tests."""
-    from .spark.fanout import run_once
+    from .spark.background import run_once
+    from .spark.datasource import ALL_TOPICS
 
-    run_once(spark, namespace, topic_name)
+    run_once(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False)
+
+
+def start_forwarding(spark, namespace: str, *, trigger: Optional[dict] = None):
+    """Start forwarding the messages (and dead-letters) of every queue and subscription that forwards,
+    including ones configured later; returns the StreamingQuery."""
+    from .spark.background import start
+    from .spark.datasource import ALL_FORWARDING
+
+    return start(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True, trigger=trigger)
+
+
+def forward_once(spark, namespace: str) -> None:
+    """Forward everything forwardable now and return."""
+    from .spark.background import run_once
+    from .spark.datasource import ALL_FORWARDING
+
+    run_once(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True)
+
+
+def serve(spark, namespace: str, *, trigger: Optional[dict] = None,
+          maintenance_interval: float = 30.0) -> "NamespaceService":
+    """Run all background work of the namespace (fan-out, forwarding, scheduled messages falling due,
+    maintenance every maintenance_interval seconds) until .stop() is called on the returned handle."""
+    from .spark.service import NamespaceService
+
+    return NamespaceService(spark, namespace, trigger=trigger, maintenance_interval=maintenance_interval)

@@ -239,3 +239,83 @@ def test_killed_forwarder_neither_loses_nor_duplicates(admin, client, ns_path, s
     assert sorted(ids) == sorted(sent)
     counts = admin.get_queue_runtime_properties("src")
     assert (counts.total_message_count, counts.transfer_message_count) == (0, 0)
+
+
+# ---- as Structured Streaming queries and the namespace service --------------------------------------------
+
+def wait_for(client, queue, count, timeout=90):
+    deadline, got = time.monotonic() + timeout, []
+    while time.monotonic() < deadline and len(got) < count:
+        got += receive_all(client, queue)
+    return got
+
+
+def test_forward_once_and_a_running_forwarding_query(spark, admin, client, ns_path):
+    from sparkbus.streaming import forward_once, start_forwarding
+
+    admin.create_queue("out", enable_partitioning=True)
+    admin.create_queue("graves")
+    admin.create_queue("in", forward_to="out")
+    client.get_queue_sender("in").send_messages([ServiceBusMessage(f"a{i}") for i in range(5)])
+    forward_once(spark, ns_path)
+    assert sorted(str(m) for m in receive_all(client, "out")) == [f"a{i}" for i in range(5)]
+    query = start_forwarding(spark, ns_path, trigger={"processingTime": "200 milliseconds"})
+    try:
+        admin.create_queue("later", forward_to="out", forward_dead_lettered_messages_to="graves")  # after the start
+        client.get_queue_sender("later").send_messages(ServiceBusMessage("b"))
+        assert [str(m) for m in wait_for(client, "out", 1)] == ["b"]
+        admin.create_queue("tries", forward_dead_lettered_messages_to="graves", max_delivery_count=1)
+        client.get_queue_sender("tries").send_messages(ServiceBusMessage("c"))
+        with client.get_queue_receiver("tries") as receiver:
+            receiver.abandon_message(receiver.receive_messages(1, max_wait_time=1)[0])
+            assert receiver.receive_messages(1, max_wait_time=0.2) == []  # now dead-lettered
+        [dead] = wait_for(client, "graves", 1)  # no new message: the dead-lettering itself started a batch
+        assert (str(dead), dead.dead_letter_source, dead.dead_letter_reason) == ("c", "tries", "MaxDeliveryCountExceeded")
+    finally:
+        from sparkbus.spark.background import stop_query
+        stop_query(query)
+
+
+def test_serve_handle_runs_fanout_and_forwarding(spark, admin, client, ns_path):
+    from sparkbus.streaming import serve
+
+    admin.create_queue("sink", enable_partitioning=True)
+    admin.create_topic("t", enable_partitioning=True)
+    admin.create_subscription("t", "s", forward_to="sink")
+    admin.create_queue("front", forward_to="t")
+    service = serve(spark, ns_path, trigger={"processingTime": "200 milliseconds"}, maintenance_interval=1.0)
+    try:
+        client.get_queue_sender("front").send_messages([ServiceBusMessage(f"m{i}", partition_key=f"k{i}")
+                                                        for i in range(20)])
+        got = wait_for(client, "sink", 20)
+        assert sorted(str(m) for m in got) == sorted(f"m{i}" for i in range(20))
+        assert all(m.message_id and m.partition_key == f"k{str(m)[1:]}" for m in got)
+        assert service.is_active and any(r.forwarding.moved for r in service.reports)
+    finally:
+        service.stop()
+    assert not service.is_active and not service.query.isActive
+    for path in ("front", "t/Subscriptions/s"):
+        counts = (admin.get_queue_runtime_properties(path) if "/" not in path
+                  else admin.get_subscription_runtime_properties("t", "s"))
+        assert counts.transfer_message_count == 0 and counts.total_message_count == 0
+
+
+@pytest.mark.slow
+def test_sparkbus_serve_subprocess_stops_on_sigterm(admin, client, ns_path):
+    import subprocess
+    import sys
+
+    admin.create_queue("sink")
+    admin.create_topic("t")
+    admin.create_subscription("t", "s", forward_to="sink")
+    serve = subprocess.Popen([sys.executable, "-m", "sparkbus.cli", "serve", "--namespace", ns_path,
+                              "--trigger-ms", "200"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client.get_topic_sender("t").send_messages(ServiceBusMessage("through", message_id="x1"))
+        [got] = wait_for(client, "sink", 1, timeout=180)
+        assert (str(got), got.message_id) == ("through", "x1")
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        output, _ = serve.communicate(timeout=120)
+    assert serve.returncode == 0, output
+    assert "forwarded 1 messages" in output and "stopped serving namespace" in output

@@ -45,7 +45,7 @@ from ..core.values import decode_properties, encode_properties
 from ..exceptions import (CommitConflictError, InvalidOperationError, MessagingEntityDisabledError,
                           PartitionUnavailableError, ServiceBusError)
 from ..storage.schemas import ACTIVE, DEAD_LETTERED, LOCKS, MESSAGES, TRANSFER_COLUMNS
-from . import locks, retry
+from . import locks, retention, retry
 from .catalog import Catalog, Snapshot
 from .enqueue import EntityWriter
 from .registry import EntityInfo, resolve
@@ -271,6 +271,8 @@ def _release(info: EntityInfo, partition: int, kind: str, batch: int, failure: O
     written = [transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.completed(r, now)
                for r in rows]
     locks.commit(state, partition, storage.from_rows(written, LOCKS))
+    if retention.due(state):  # nobody receives from a forwarding entity: its forwarder lets rows go
+        retention.run(info, storage.open_table(info.tables["messages"]), state, partition)
     return len(written)
 
 

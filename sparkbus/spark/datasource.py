@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -30,12 +31,22 @@ from ..core import sequencing
 from ..engine.catalog import Catalog
 from ..engine.enqueue import EntityWriter
 from ..engine.fanout import topic_cursors
+from ..engine.forwarding import sources as forwarding_sources
 from ..engine.registry import EntityInfo, resolve
 from ..storage.schemas import GONE_SQL, MESSAGES
 from . import dataframes
 
 FORMAT = "sparkbus"
 ALL_TOPICS = "*topics"  # entity option of the fan-out query: every topic, including ones created later
+ALL_FORWARDING = "*forwarding"  # of the forwarding query: every queue and subscription that forwards
+ALL_BACKGROUND = "*namespace"   # of the namespace service: both of the above
+WHOLE_NAMESPACE = (ALL_TOPICS, ALL_FORWARDING, ALL_BACKGROUND)
+# Offsets of forwarding sources also carry their locks table's version under STATE (a message dead-lettered
+# is news to a forwarder of dead-letters), and queries over forwarding sources a TICK entity, a clock in
+# TICK_SECONDS steps: scheduled messages falling due change nothing else. Neither names messages to read.
+STATE = "state"
+TICK = "$tick"
+TICK_SECONDS = 5
 SCHEMA = (
     "entity string, partition_id int, sequence_number long, message_id string, session_id string, "
     "partition_key string, correlation_id string, content_type string, subject string, `to` string, "
@@ -112,21 +123,33 @@ class _Entities:
         self.content = options.get("content", "messages").lower()
         if self.content not in CONTENTS:
             raise ValueError(f"content must be one of {', '.join(CONTENTS)}, got {options['content']!r}")
-        if self.entity != ALL_TOPICS:
+        if self.entity not in WHOLE_NAMESPACE:
             self.infos()  # fails early for an unknown entity
 
     def infos(self) -> list[EntityInfo]:
         snap = Catalog(self.root).snapshot()
-        if self.entity == ALL_TOPICS:
-            return [resolve(self.root, snap, row.path, ("topic",)) for row in snap.of_kind("topic")]
-        return [resolve(self.root, snap, self.entity, ("queue", "topic", "subscription"))]
+        found = []
+        if self.entity in (ALL_TOPICS, ALL_BACKGROUND):
+            found += [resolve(self.root, snap, row.path, ("topic",)) for row in snap.of_kind("topic")]
+        if self.entity in (ALL_FORWARDING, ALL_BACKGROUND):
+            found += forwarding_sources(self.root, snap)
+        if self.entity not in WHOLE_NAMESPACE:
+            found.append(resolve(self.root, snap, self.entity, ("queue", "topic", "subscription")))
+        return found
 
     def marks(self) -> dict[str, dict[str, int]]:
         found = {}
         for info in self.infos():
             marks = sequencing.high_water_marks(storage.open_table(info.tables["messages"]))
             found[info.path] = {str(p): marks.get(p, 0) for p in range(info.partition_count)}
+            if self._forwarding(info):
+                found[info.path][STATE] = storage.open_table(info.tables["locks"]).version()
+        if self.entity in (ALL_FORWARDING, ALL_BACKGROUND):
+            found[TICK] = {"0": int(time.time() // TICK_SECONDS)}
         return found
+
+    def _forwarding(self, info: EntityInfo) -> bool:
+        return self.entity in (ALL_FORWARDING, ALL_BACKGROUND) and info.kind != "topic"
 
     def starts(self) -> dict[str, dict[str, int]]:
         """Where a new query starts: a topic at its fan-out cursor, anything else at its first message."""
@@ -139,6 +162,8 @@ class _Entities:
             else:
                 cursors = {p: 0 for p in range(info.partition_count)}
             found[info.path] = {str(p): n for p, n in cursors.items()}
+            if self._forwarding(info):
+                found[info.path][STATE] = 0
         return found
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -159,6 +184,8 @@ class _Entities:
             if info is None:  # deleted since
                 continue
             for p, last in partitions.items():
+                if p == STATE:
+                    continue
                 first = start.get(path, {}).get(p, 0)
                 if last > first:
                     pieces.append(Slice(path, info.tables["messages"], info.tables["locks"], int(p), first, last))

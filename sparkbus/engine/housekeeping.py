@@ -1,0 +1,45 @@
+"""Scheduled upkeep of a whole namespace (the namespace service runs it every few seconds): retention of
+completed messages in every partition of every entity, compaction of small files and cleanup of expired
+log entries of every table.
+
+Clients already do all of this as they commit (sparkbus.engine.retention after receives,
+sparkbus.storage.maintenance after commits); the sweep covers entities nobody receives from or commits
+to for a while. Every step is a conditional commit that is skipped when it loses a race, so a sweep can
+run beside any client and beside another sweep.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import storage
+from ..storage import maintenance
+from . import retention
+from .catalog import Catalog
+from .registry import resolve
+
+KINDS = ("queue", "topic", "subscription")
+
+
+@dataclass
+class SweepResult:
+    tables: int = 0
+    removed: int = 0  # completed or cancelled messages that left the tables
+
+
+def sweep(catalog: Catalog) -> SweepResult:
+    """One pass over every entity of the namespace."""
+    result = SweepResult()
+    snap = catalog.snapshot()
+    for row in snap.of_kind(*KINDS):
+        info = resolve(catalog.root, snap, row.path, KINDS)
+        if info.kind != "topic":  # a topic's rows leave as its fan-out cursor moves (sparkbus.engine.fanout)
+            for partition in range(info.partition_count):
+                if partition in info.unavailable:
+                    continue
+                locks = storage.open_table(info.tables["locks"])  # before messages: see retention
+                result.removed += retention.run(info, storage.open_table(info.tables["messages"]), locks, partition)
+        for uri in info.tables.values():
+            maintenance.compact(uri)
+            maintenance.cleanup(uri)
+            result.tables += 1
+    return result
