@@ -7,7 +7,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast bench bench-send bench-receive bench-fanout clean
+.PHONY: install demo test test-fast bench bench-send bench-receive bench-fanout bench-forward clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow'
 
-bench: bench-send bench-receive bench-fanout
+bench: bench-send bench-receive bench-fanout bench-forward
 
 bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
@@ -43,6 +43,9 @@ bench-receive: install
 
 bench-fanout: install
 	$(BIN)/python benchmarks/bench_fanout.py --messages 1000000 --latency 200
+
+bench-forward: install
+	$(BIN)/python benchmarks/bench_forward.py --messages 200000 --latency 100
 
 clean:
 	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info

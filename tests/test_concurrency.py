@@ -56,3 +56,37 @@ def test_concurrent_creates_respect_the_quota(spawn, ns_path):
     assert flat.count("created") == 5 and flat.count("quota") == 3
     assert len(ServiceBusAdministrationClient(ns_path).list_queues()) == 5
     assert len(os.listdir(os.path.join(ns_path, "entities"))) == 5
+
+
+def _append_and_compact(uri, worker, barrier, results):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from sparkbus.storage import maintenance
+
+    barrier.wait()
+    compacted = 0
+    for round_ in range(6):
+        for i in range(4):
+            row = pa.table({"partition_id": pa.array([0], pa.int32()), "n": [worker * 1000 + round_ * 10 + i]})
+            write_deltalake(uri, row, mode="append")
+        compacted += maintenance.compact(uri)
+    results.put(compacted)
+
+
+@pytest.mark.slow
+def test_concurrent_compactions_never_duplicate_rows(spawn, tmp_path):
+    """delta-rs lets two compactions of the same files both commit; sparkbus's maintenance lets only one
+    process compact a table at a time, so rows are never doubled."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from sparkbus import storage
+
+    uri = str(tmp_path / "entity" / "messages")
+    DeltaTable.create(uri, schema=pa.schema([("partition_id", pa.int32()), ("n", pa.int64())]),
+                      partition_by=["partition_id"])
+    compacted = run_spawned(spawn, _append_and_compact, [(uri, w) for w in range(3)])
+    assert sum(compacted) > 0
+    rows = storage.query("SELECT n FROM t ORDER BY n", t=storage.open_table(uri))["n"].to_pylist()
+    assert rows == sorted(w * 1000 + r * 10 + i for w in range(3) for r in range(6) for i in range(4))

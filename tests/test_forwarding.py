@@ -114,7 +114,7 @@ def test_session_destination_needs_a_session_id(admin, client, ns_path):
         assert [str(m) for m in receiver.receive_messages(5, max_wait_time=0.5)] == ["with"]
     [dead] = receive_all(client, "src", sub_queue=ServiceBusSubQueue.TRANSFER_DEAD_LETTER)
     assert dead.message_id == "lonely"
-    assert "'sessions'" in dead.dead_letter_reason and "requires sessions" in dead.dead_letter_error_description
+    assert dead.dead_letter_reason == "Session id is null." and "'sessions'" in dead.dead_letter_error_description
 
 
 def test_dead_lettered_messages_are_forwarded(admin, client, ns_path):
@@ -203,6 +203,29 @@ def test_refused_destinations_go_to_the_transfer_dead_letter_queue(ns_path):
     [disabled] = receive_all(client, "to-off", sub_queue=ServiceBusSubQueue.TRANSFER_DEAD_LETTER)
     assert "'off'" in disabled.dead_letter_reason and "Disabled" in disabled.dead_letter_error_description
     assert admin.get_queue_runtime_properties("small").active_message_count == 1
+
+
+def test_copy_made_before_a_crash_is_released_even_if_the_destination_is_disabled_since(admin, client, ns_path,
+                                                                                       monkeypatch):
+    admin.create_queue("dest")
+    admin.create_queue("src", forward_to="dest")
+    client.get_queue_sender("src").send_messages(ServiceBusMessage("once", message_id="once"))
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("the forwarder stops between the copy and the release")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(forwarding, "_release", crash)
+        with pytest.raises(KeyboardInterrupt):
+            forward(ns_path)
+    assert stored_messages(admin, "dest")["message_id"].to_pylist() == ["once"]
+    dest = admin.get_queue("dest")
+    dest.status = "Disabled"
+    admin.update_queue(dest)
+    assert forward(ns_path).forwarded == {"src": 1}
+    counts = admin.get_queue_runtime_properties("src")
+    assert (counts.total_message_count, counts.transfer_dead_letter_message_count) == (0, 0)
+    assert stored_messages(admin, "dest")["message_id"].to_pylist() == ["once"]
 
 
 def _forward_forever(path: str, barrier, results) -> None:
@@ -319,3 +342,18 @@ def test_sparkbus_serve_subprocess_stops_on_sigterm(admin, client, ns_path):
         output, _ = serve.communicate(timeout=120)
     assert serve.returncode == 0, output
     assert "forwarded 1 messages" in output and "stopped serving namespace" in output
+
+
+def test_housekeeping_sweep_removes_what_nobody_else_would(admin, client, ns_path):
+    from sparkbus.engine import housekeeping
+
+    admin.create_queue("q")
+    client.get_queue_sender("q")._send([ServiceBusMessage(b"x") for _ in range(2100)], batch_limit=False)
+    with client.get_queue_receiver("q") as receiver:
+        for _ in range(3):
+            receiver.complete_messages(receiver.receive_messages(700, max_wait_time=1))
+    assert stored_messages(admin, "q").num_rows == 2100  # completed, still in the table
+    done = housekeeping.sweep(Catalog(os.path.abspath(ns_path)))
+    assert done.removed == 2099 and done.tables == 3  # the highest row keeps the sequence numbering
+    assert stored_messages(admin, "q").num_rows == 1
+    assert admin.get_queue_runtime_properties("q").total_message_count == 0

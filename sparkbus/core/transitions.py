@@ -25,6 +25,10 @@ from ..storage.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_S
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 EXPIRED_REASON = "TTLExpiredException"
+# What Service Bus says when a message without a session id reaches a session-enabled entity (a topic's
+# copy for a subscription, or a forwarded message).
+SESSION_ID_NULL_REASON = "Session id is null."
+SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,6 @@ from .catalog import Catalog, Row, Snapshot
 from .registry import EntityInfo, resolve
 
 FILTER_EVALUATION_REASON = "FilterEvaluationException"
-# What Service Bus says when a copy without a session id reaches a session-enabled subscription.
-SESSION_ID_NULL_REASON = "Session id is null."
-SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
 NO_RETRY = retry.RetryPolicy(total=0)  # the cursor: one round of re-plans, then left to the next batch
 BATCH_ROWS = 200_000  # topic messages fanned out at once (1 KiB bodies: about 200 MB in memory)
 _LATEST_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
@@ -239,8 +236,8 @@ def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
     reasons = pc.if_else(pc.is_valid(described), FILTER_EVALUATION_REASON, pa.nulls(len(described), pa.string()))
     if target.info.options.requires_session:
         sessionless = pc.and_(pc.is_null(table["session_id"]), pc.is_null(reasons))
-        reasons = pc.if_else(sessionless, SESSION_ID_NULL_REASON, reasons)
-        described = pc.if_else(sessionless, SESSION_ID_NULL_DESCRIPTION, described)
+        reasons = pc.if_else(sessionless, transitions.SESSION_ID_NULL_REASON, reasons)
+        described = pc.if_else(sessionless, transitions.SESSION_ID_NULL_DESCRIPTION, described)
     return _Built(table, sources, reasons.combine_chunks() if isinstance(reasons, pa.ChunkedArray) else reasons,
                   described.combine_chunks() if isinstance(described, pa.ChunkedArray) else described)
 

@@ -197,8 +197,8 @@ def _refusals(root: str, snap: Snapshot, info: EntityInfo, kind: str, taken: pa.
         if hop >= rules.MAX_TRANSFER_HOPS:
             refused[n] = (rules.HOP_LIMIT_REASON, rules.hop_limit_description(hop, target))
         elif destination.options.requires_session and session is None:
-            refused[n] = (rules.failure_reason(target, "InvalidOperationError"),
-                          f"{destination.kind} {destination.path!r} requires sessions and the message has no session_id")
+            refused[n] = (transitions.SESSION_ID_NULL_REASON,
+                          f"{transitions.SESSION_ID_NULL_DESCRIPTION} (forwarding to {destination.kind} {destination.path!r})")
         elif size > destination.max_message_bytes:
             refused[n] = (rules.failure_reason(target, "MessageSizeExceededError"),
                           f"the message of {size} bytes exceeds the {destination.max_message_bytes}-byte limit of "
@@ -216,10 +216,13 @@ def _finish(catalog: Catalog, info: EntityInfo, partition: int, kind: str, batch
         if target is None:
             raise InvalidOperationError(f"{info.path!r} no longer forwards its {'dead-lettered ' if kind != rules.FORWARD else ''}messages")
         destination = resolve(catalog.root, catalog.snapshot(), target, ("queue", "topic"))
-        rows = _copies(info, partition, kind, claimed)
-        EntityWriter(lambda: destination).append(
-            rows, batch_limit=False, info=destination, with_sequence_numbers=False,
-            app_transaction=(rules.transfer_app_id(_storage_id(info), partition), batch))
+        app_id = rules.transfer_app_id(_storage_id(info), partition)
+        # Has it already (a forwarder stopped before releasing)? Asked before the destination's checks:
+        # one that became disabled since must not send a copy it holds to the transfer dead-letters.
+        if (storage.open_table(destination.tables["messages"]).transaction_version(app_id) or 0) < batch:
+            EntityWriter(lambda: destination).append(
+                _copies(info, partition, kind, claimed), batch_limit=False, info=destination,
+                with_sequence_numbers=False, app_transaction=(app_id, batch))
     except (CommitConflictError, PartitionUnavailableError):
         raise  # transient: the claim stays and is finished later
     except ServiceBusError as error:  # refused (full, disabled, gone): to the transfer dead-letter sub-queue

@@ -86,7 +86,7 @@ def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PAR
     table = DeltaTable.create(uri, schema=schema, partition_by=list(partition_by) or None, mode="error",
                               configuration=configuration)
     sync_version(table)
-    root = _local_root(table.table_uri)
+    root = local_root(table.table_uri)
     if root is not None and durable():  # the table's own directory, and the entity directory holding it
         _sync_directories((os.path.dirname(root.rstrip("/")),))
     return table
@@ -100,7 +100,7 @@ def durable() -> bool:
 def sync_version(table: DeltaTable) -> None:
     """fsync the files the table's current version added, then its log entry, then the directories
     naming them (no-op for object stores and with SPARKBUS_DURABILITY=off)."""
-    root = _local_root(table.table_uri)
+    root = local_root(table.table_uri)
     if root is None or not durable():
         return
     log_dir = os.path.join(root, "_delta_log")
@@ -120,7 +120,7 @@ def sync_version(table: DeltaTable) -> None:
 
 def sync_files(table: DeltaTable, names: Iterable[str]) -> None:
     """fsync files of the table's log directory (a checkpoint before older log entries are removed)."""
-    root = _local_root(table.table_uri)
+    root = local_root(table.table_uri)
     if root is None or not durable():
         return
     log_dir = os.path.join(root, "_delta_log")
@@ -144,7 +144,8 @@ def _sync_directories(directories: Iterable[str]) -> None:
             _durable_directories.add(directory)
 
 
-def _local_root(uri: str) -> Optional[str]:
+def local_root(uri: str) -> Optional[str]:
+    """The local path of a table uri; None for an object store."""
     if uri.startswith("file://"):
         return unquote(urlparse(uri).path)
     return None if "://" in uri else uri
@@ -238,7 +239,7 @@ class PartitionReader:
         """Every row of the partition (in the schema given, file by file in the log's order)."""
         actions = pa.table(table.get_add_actions(flatten=True))
         mine = actions.filter(pc.equal(actions[f"partition.{PARTITION_COLUMN}"], partition))
-        root = _local_root(table.table_uri)
+        root = local_root(table.table_uri)
         if root is None:
             raise ValueError(f"{table.table_uri}: only local tables can be read file by file for now")
         parts = [self._file(os.path.join(root, unquote(path))) for path in mine["path"].to_pylist()]
