@@ -99,17 +99,36 @@ def forward_entity(catalog: Catalog, snap: Snapshot, info: EntityInfo, *, batch:
     """One pass over the source's available partitions: per partition and kind, an outstanding claim is
     finished, then one new batch is claimed and transferred."""
     result = ForwardResult()
-    for partition in range(info.partition_count):
+    kinds = [kind for kind in rules.KINDS if destination_of(info, kind) is not None]
+    for partition in _partitions_with_work(info, kinds):
         if partition in info.unavailable:
             continue
-        for kind in rules.KINDS:
-            if destination_of(info, kind) is None:
-                continue
+        for kind in kinds:
             try:
                 result.add(_step(catalog, snap, info, partition, kind, batch))
             except (CommitConflictError, PartitionUnavailableError):
                 continue  # the claim stays; the next pass finishes it
     return result
+
+
+def _partitions_with_work(info: EntityInfo, kinds: list[str]) -> list[int]:
+    """Partitions that may have something to forward or a claim to finish, in one query over the entity
+    (a superset: each is then planned exactly): an idle pass over a 16-partition source took 16 x 3
+    queries before."""
+    wanted = [f"l.{rules.CLAIM_SQL}"]
+    if rules.FORWARD in kinds:
+        now_us = storage.micros(datetime.now(timezone.utc))
+        wanted.append(f"((l.state IS NULL OR l.state = '{ACTIVE}') AND (m.scheduled_enqueue_time_utc IS NULL "
+                      f"OR CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us}))")
+    if rules.DEAD_LETTER in kinds:
+        wanted.append(f"l.state = '{DEAD_LETTERED}'")
+    state = storage.open_table(info.tables["locks"])  # before messages: see sparkbus.engine.retention
+    found = storage.query(f"""
+        SELECT DISTINCT m.partition_id FROM messages m
+        LEFT JOIN locks l ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
+        WHERE {" OR ".join(wanted)} ORDER BY m.partition_id""",
+                          messages=storage.open_table(info.tables["messages"]), locks=state)
+    return found["partition_id"].to_pylist()
 
 
 # ---- one step --------------------------------------------------------------------------------------------
