@@ -323,8 +323,20 @@ def test_serve_handle_runs_fanout_and_forwarding(spark, admin, client, ns_path):
         assert counts.transfer_message_count == 0 and counts.total_message_count == 0
 
 
+def test_cli_forward_once(spark, admin, client, ns_path, capsys):
+    from sparkbus.cli import main
+
+    admin.create_queue("to")
+    admin.create_queue("from", forward_to="to")
+    client.get_queue_sender("from").send_messages(ServiceBusMessage("cli"))
+    assert main(["forward", "--namespace", ns_path, "--once"]) == 0
+    assert "forwarded everything forwardable" in capsys.readouterr().out
+    assert [str(m) for m in receive_all(client, "to")] == ["cli"]
+
+
 @pytest.mark.slow
-def test_sparkbus_serve_subprocess_stops_on_sigterm(admin, client, ns_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_sparkbus_serve_subprocess_stops_on_a_signal(admin, client, ns_path, stop_signal):
     import subprocess
     import sys
 
@@ -338,7 +350,7 @@ def test_sparkbus_serve_subprocess_stops_on_sigterm(admin, client, ns_path):
         [got] = wait_for(client, "sink", 1, timeout=180)
         assert (str(got), got.message_id) == ("through", "x1")
     finally:
-        serve.send_signal(signal.SIGTERM)
+        serve.send_signal(stop_signal)  # SIGINT: what Ctrl-C sends
         output, _ = serve.communicate(timeout=120)
     assert serve.returncode == 0, output
     assert "forwarded 1 messages" in output and "stopped serving namespace" in output
