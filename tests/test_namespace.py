@@ -104,3 +104,41 @@ def test_client_argument_checks(ns_path):
         ServiceBusClient(ns_path, retry_backoff_factor="fast")
     with pytest.raises(ValueError, match="retry_mode must be one of exponential, fixed, got 'linear'"):
         ServiceBusClient(ns_path, retry_mode="linear")
+
+
+def test_a_version_1_namespace_is_upgraded_when_opened(ns_path):
+    """Namespaces written before the forwarding columns existed gain them on first open; old rows read as
+    never forwarded, and sends and receives work on the upgraded tables."""
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from sparkbus import storage
+    from sparkbus.engine.catalog import NAMESPACE_KEY, Catalog, Change
+    from sparkbus.engine.namespace import FORMAT_VERSION
+    from sparkbus.storage.schemas import MESSAGES, TABLE_CONFIGURATION, TRANSFER_COLUMNS
+
+    sparkbus.create_namespace(ns_path)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+    uri = sparkbus.ServiceBusAdministrationClient(ns_path).get_entity_tables("q")["messages"]
+    old = pa.schema([f for f in MESSAGES if f.name not in TRANSFER_COLUMNS])
+    storage.remove_tree(uri)
+    storage.create_table(uri, old, configuration=TABLE_CONFIGURATION["messages"])
+    row = {f.name: None for f in old}
+    row.update(partition_id=0, sequence_number=1, message_id="old", body=b"old", body_size=3, header_size=3,
+               enqueued_time_utc=datetime.now(timezone.utc))
+    write_deltalake(uri, pa.Table.from_pylist([row], schema=old), mode="append")
+    catalog = Catalog(os.path.abspath(ns_path))
+    catalog.transact(lambda snap: Change(upserts=[snap.rows[NAMESPACE_KEY].updated(
+        {**snap.rows[NAMESPACE_KEY].properties, "format_version": 1})]))
+
+    client = sparkbus.ServiceBusClient(ns_path)  # opening upgrades
+    assert catalog.snapshot().rows[NAMESPACE_KEY].properties["format_version"] == FORMAT_VERSION
+    assert set(TRANSFER_COLUMNS) <= {f.name for f in storage.open_table(uri).schema().fields}
+    client.get_queue_sender("q").send_messages(sparkbus.ServiceBusMessage("new"))
+    with client.get_queue_receiver("q") as receiver:
+        got = receiver.receive_messages(5, max_wait_time=1)
+        assert [(str(m), m.sequence_number, m.dead_letter_source) for m in got] == [("old", 1, None), ("new", 2, None)]
+        receiver.complete_messages(got)
+    assert sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q").total_message_count == 0

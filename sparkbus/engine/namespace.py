@@ -8,10 +8,14 @@ from typing import Optional
 
 from ..core import tiers
 from ..exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
+from .. import storage
 from ..storage import local_path
-from .catalog import NAMESPACE_KEY, Catalog, Row
+from ..storage.schemas import ENTITY_TABLES
+from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 
-FORMAT_VERSION = 1
+# 2: messages tables carry the forwarding columns (storage.schemas.TRANSFER_COLUMNS); namespaces of
+# version 1 are upgraded in place when first opened (see _upgrade).
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -87,4 +91,23 @@ def open_catalog(path: str) -> Catalog:
     catalog = Catalog(root)
     if not catalog.exists():
         raise MessagingEntityNotFoundError(f"no sparkbus namespace at {root} (create it with sparkbus.create_namespace)")
+    _upgrade(catalog)
     return catalog
+
+
+def _upgrade(catalog: Catalog) -> None:
+    """Bring a namespace written by an older sparkbus to FORMAT_VERSION: add the columns its entities'
+    tables lack, then record the version. Every step can be repeated, so processes opening the namespace
+    at once, or one that dies half way, leave it consistent (the version is recorded last)."""
+    snap = catalog.snapshot()
+    if snap.rows[NAMESPACE_KEY].properties.get("format_version", 1) >= FORMAT_VERSION:
+        return
+    for entity in snap.of_kind("queue", "topic", "subscription"):
+        for role, schema in ENTITY_TABLES.items():
+            storage.add_missing_columns(os.path.join(catalog.root, entity.storage, role), schema)
+
+    def record(current: Snapshot) -> Change:
+        row = current.rows[NAMESPACE_KEY]
+        return Change(upserts=[row.updated({**row.properties, "format_version": FORMAT_VERSION})])
+
+    catalog.transact(record)

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
 from deltalake.exceptions import DeltaError
+from deltalake.schema import Field
 
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
 # the log separately. A hook that failed after a successful commit (another process's log cleanup won
@@ -90,6 +91,25 @@ def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PAR
     if root is not None and durable():  # the table's own directory, and the entity directory holding it
         _sync_directories((os.path.dirname(root.rstrip("/")),))
     return table
+
+
+def add_missing_columns(uri: str, schema: pa.Schema) -> list[str]:
+    """Add the schema's columns the table lacks (nullable; rows written before read them as null), in one
+    commit made durable; returns their names. A concurrent upgrade that added them first is fine."""
+    table = open_table(uri)
+    have = {field.name for field in table.schema().fields}
+    missing = [field for field in schema if field.name not in have]
+    if not missing:
+        return []
+    try:
+        table.alter.add_columns([Field.from_arrow(field.with_nullable(True)) for field in missing])
+    except DeltaError:
+        table = open_table(uri)  # lost to another process's upgrade? then the columns are there now
+        if any(field.name not in {f.name for f in table.schema().fields} for field in missing):
+            raise
+        return []
+    sync_version(table)
+    return [field.name for field in missing]
 
 
 def durable() -> bool:
@@ -253,8 +273,9 @@ class PartitionReader:
             self._files.move_to_end(path)
             return cached
         data = pq.ParquetFile(path).read(use_threads=False)
-        if data.schema != self._file_schema:
-            data = data.select(self._file_schema.names).cast(self._file_schema)
+        if data.schema != self._file_schema:  # older files lack columns added since: they read as null
+            data = pa.table([data[f.name] if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
+                             for f in self._file_schema], names=self._file_schema.names).cast(self._file_schema)
         self._files[path] = data
         self._bytes += data.nbytes
         while self._bytes > self._max_bytes and len(self._files) > 1:
