@@ -13,7 +13,7 @@ from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusAdministrationClient, Ser
 from sparkbus.cli import format_table, namespace_rows
 from sparkbus.definitions import apply_definition, load_definition
 from sparkbus.spark import get_spark
-from sparkbus.streaming import fanout_once
+from sparkbus.streaming import fanout_once, forward_once
 
 
 def main() -> None:
@@ -59,13 +59,18 @@ def main() -> None:
             ServiceBusMessage("refund 7 issued", subject="refund", application_properties={"region": "eu", "amount": 5}),
         ])
     fanout_once(spark, args.namespace, "events")  # a Structured Streaming query run with trigger(availableNow)
-    print("\nafter fan-out, what each subscription of events received:")
+    forward_once(spark, args.namespace)  # the audit subscription forwards what it gets to the audit-archive queue
+    print("\nafter fan-out and forwarding, what each subscription of events received:")
     for sub in admin.list_subscriptions("events"):
-        with client.get_subscription_receiver("events", sub.name, max_wait_time=1) as receiver:
+        if sub.forward_to:  # a forwarding subscription cannot be received from: read its destination
+            receiver = client.get_queue_receiver(sub.forward_to, max_wait_time=1)
+        else:
+            receiver = client.get_subscription_receiver("events", sub.name, max_wait_time=1)
+        with receiver:
             copies = receiver.receive_messages(max_message_count=20)
             receiver.complete_messages(copies)
         rules = ", ".join(f"{r.name}: {r.filter!r}" for r in admin.list_rules("events", sub.name))
-        print(f"  {sub.name} ({rules})")
+        print(f"  {sub.name} ({rules})" + (f", forwarded to queue {sub.forward_to}" if sub.forward_to else ""))
         for m in copies:
             print(f"    {str(m)!r} {m.application_properties}")
     with client.get_queue_receiver("orders", max_wait_time=1) as receiver:
