@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 
 from .core.connection import parse_connection_string
 from .core.names import subscription_path
-from .engine.namespace import open_catalog
+from .engine.namespace import governor_of, open_catalog
 from .engine.retry import RetryPolicy
 from .receiver import ServiceBusReceiveMode, ServiceBusReceiver
 from .sender import ServiceBusSender
@@ -25,6 +25,7 @@ class ServiceBusClient:
                  **kwargs: object) -> None:
         self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
         self._catalog = open_catalog(path)
+        self._governor = governor_of(self._catalog)
         self.retry_total = int(retry_total)
         self.retry_backoff_factor = float(retry_backoff_factor)
         self.retry_backoff_max = float(retry_backoff_max)
@@ -50,7 +51,8 @@ class ServiceBusClient:
         self.close()
 
     def close(self) -> None:
-        """Nothing to release: every operation opens the tables it needs."""
+        """Persists the process's metrics of the namespace (every operation opens the tables it needs)."""
+        self._governor.recorder.flush()
 
     def _check_entity_path(self, name: object, what: str) -> None:
         if not isinstance(name, str):

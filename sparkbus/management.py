@@ -6,12 +6,14 @@ never see an entity without storage. Deletion removes the catalog rows first, th
 """
 from __future__ import annotations
 
+import functools
 import os
 import uuid
-from typing import Callable, Optional, Union
+from datetime import datetime
+from typing import Callable, Optional, TypeVar, Union
 
 from . import storage
-from .core import entities, forwarding, tiers
+from .core import entities, forwarding, throttling, tiers
 from .core.connection import parse_connection_string
 from .core.filters import (RuleProperties, TrueRuleFilter, action_from_json, action_to_json, check_action, check_filter,
                            filter_from_json, filter_quota_kind, filter_to_json)
@@ -20,7 +22,11 @@ from .core.names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_p
 from .engine import fanout
 from .engine.availability import require_available, unavailable_partitions
 from .engine.catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
-from .engine.namespace import NamespaceProperties, namespace_properties, open_catalog
+from .engine import metrics
+from .engine.metrics import Metrics
+from .engine.namespace import NamespaceProperties, governor_of, namespace_properties, open_catalog, update_namespace
+from .engine.retry import RetryPolicy
+from .engine.throttle import Usage
 from .engine.registry import table_uris
 from .engine.runtime import entity_counts
 from .exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
@@ -29,13 +35,32 @@ from .storage.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 
 ENTITIES_DIR = "entities"
 TOP_LEVEL = ("queue", "topic")
+MANAGED = Usage(throttling.MANAGEMENT_COST)
+F = TypeVar("F", bound=Callable)
+
+
+def _management(method: F) -> F:
+    """A management operation: admitted by the namespace's throttling and charged 10 credits (seed),
+    retried under the client's retry policy when throttled; counted on the namespace's metrics."""
+    @functools.wraps(method)
+    def charged(self: "ServiceBusAdministrationClient", *args: object, **kwargs: object) -> object:
+        return self._governor.call(metrics.NAMESPACE, lambda: method(self, *args, **kwargs), lambda _: MANAGED,
+                                   self._retry)
+    return charged  # type: ignore[return-value]
 
 
 class ServiceBusAdministrationClient:
-    """Management plane of the namespace at `path` (a directory or file:// URI), as in azure-servicebus."""
+    """Management plane of the namespace at `path` (a directory or file:// URI), as in azure-servicebus.
 
-    def __init__(self, path: str, **kwargs: object) -> None:
+    Retry settings are azure-core's (retry_total=10, retry_backoff_factor=0.8, retry_backoff_max=120,
+    retry_mode="exponential"): a throttled management call is retried under them.
+    """
+
+    def __init__(self, path: str, *, retry_total: int = 10, retry_backoff_factor: float = 0.8,
+                 retry_backoff_max: float = 120, retry_mode: str = "exponential", **kwargs: object) -> None:
+        self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
         self._catalog: Catalog = open_catalog(path)
+        self._governor = governor_of(self._catalog)
 
     @classmethod
     def from_connection_string(cls, conn_str: str, **kwargs: object) -> "ServiceBusAdministrationClient":
@@ -49,7 +74,8 @@ class ServiceBusAdministrationClient:
         self.close()
 
     def close(self) -> None:
-        """Nothing to release: every call opens the tables it needs."""
+        """Persists the process's metrics of the namespace (every call opens the tables it needs)."""
+        self._governor.recorder.flush()
 
     # ---- namespace -------------------------------------------------------------------------------------
 
@@ -59,61 +85,98 @@ class ServiceBusAdministrationClient:
     def _namespace(self, snap: Snapshot) -> NamespaceProperties:
         return namespace_properties(snap.rows[NAMESPACE_KEY], self._catalog.root)
 
+    def update_namespace(self, *, messaging_units: Optional[int] = None,
+                         credits_per_second: object = ...) -> NamespaceProperties:
+        """Scale a premium namespace to messaging_units (1, 2, 4, 8 or 16), or set a basic/standard one's
+        credits_per_second (None: no credit throttling). Running clients follow at their next operation."""
+        return update_namespace(self._catalog, messaging_units=messaging_units, credits_per_second=credits_per_second)
+
+    # ---- metrics ---------------------------------------------------------------------------------------
+
+    def get_namespace_metrics(self, *, start_time: Optional[datetime] = None,
+                              end_time: Optional[datetime] = None) -> Metrics:
+        """Request and message counts of the whole namespace, per minute and in total: what every process
+        persisted to the metrics table, plus this process's counts not yet persisted."""
+        return metrics.read(self._catalog.root, self._governor.recorder, start=start_time, end=end_time)
+
+    def get_entity_metrics(self, entity_path: str, *, start_time: Optional[datetime] = None,
+                           end_time: Optional[datetime] = None) -> Metrics:
+        """The data-plane counts of one queue, topic or subscription ('<topic>/Subscriptions/<name>');
+        management operations are the namespace's."""
+        row = self._find(self._catalog.snapshot(), None, entity_path)
+        return metrics.read(self._catalog.root, self._governor.recorder, entity=row.path, start=start_time,
+                            end=end_time)
+
     # ---- queues and topics -----------------------------------------------------------------------------
 
+    @_management
     def create_queue(self, queue_name: str, **kwargs: object) -> entities.QueueProperties:
         return self._create_top_level("queue", queue_name, kwargs)
 
+    @_management
     def create_topic(self, topic_name: str, **kwargs: object) -> entities.TopicProperties:
         return self._create_top_level("topic", topic_name, kwargs)
 
+    @_management
     def get_queue(self, queue_name: str) -> entities.QueueProperties:
         snap = self._catalog.snapshot()
         return self._properties(snap, self._find(snap, "queue", _name_of(queue_name)))
 
+    @_management
     def get_topic(self, topic_name: str) -> entities.TopicProperties:
         snap = self._catalog.snapshot()
         return self._properties(snap, self._find(snap, "topic", _name_of(topic_name)))
 
+    @_management
     def list_queues(self) -> list[entities.QueueProperties]:
         snap = self._catalog.snapshot()
         return [self._properties(snap, row) for row in snap.of_kind("queue")]
 
+    @_management
     def list_topics(self) -> list[entities.TopicProperties]:
         snap = self._catalog.snapshot()
         return [self._properties(snap, row) for row in snap.of_kind("topic")]
 
+    @_management
     def update_queue(self, queue: Union[entities.QueueProperties, dict], **kwargs: object) -> None:
         self._update("queue", _name_of(queue), {**entities.settable_values("queue", queue), **kwargs})
 
+    @_management
     def update_topic(self, topic: Union[entities.TopicProperties, dict], **kwargs: object) -> None:
         self._update("topic", _name_of(topic), {**entities.settable_values("topic", topic), **kwargs})
 
+    @_management
     def delete_queue(self, queue: Union[str, entities.QueueProperties]) -> None:
         self._delete("queue", _name_of(queue))
 
+    @_management
     def delete_topic(self, topic: Union[str, entities.TopicProperties]) -> None:
         """Deletes the topic with its subscriptions, their rules, and all their data."""
         self._delete("topic", _name_of(topic))
 
+    @_management
     def get_queue_runtime_properties(self, queue_name: str) -> entities.QueueRuntimeProperties:
         snap = self._catalog.snapshot()
         return self._runtime(snap, self._find(snap, "queue", _name_of(queue_name)))
 
+    @_management
     def get_topic_runtime_properties(self, topic_name: str) -> entities.TopicRuntimeProperties:
         snap = self._catalog.snapshot()
         return self._runtime(snap, self._find(snap, "topic", _name_of(topic_name)))
 
+    @_management
     def list_queues_runtime_properties(self) -> list[entities.QueueRuntimeProperties]:
         snap = self._catalog.snapshot()
         return [self._runtime(snap, row) for row in snap.of_kind("queue")]
 
+    @_management
     def list_topics_runtime_properties(self) -> list[entities.TopicRuntimeProperties]:
         snap = self._catalog.snapshot()
         return [self._runtime(snap, row) for row in snap.of_kind("topic")]
 
     # ---- subscriptions ---------------------------------------------------------------------------------
 
+    @_management
     def create_subscription(self, topic_name: str, subscription_name: str,
                             **kwargs: object) -> entities.SubscriptionProperties:
         """Creates the subscription with the rule '$Default' (TrueRuleFilter); it has its topic's partitions."""
@@ -141,28 +204,34 @@ class ServiceBusAdministrationClient:
 
         return self._create_with_storage(decide)
 
+    @_management
     def get_subscription(self, topic_name: str, subscription_name: str) -> entities.SubscriptionProperties:
         snap = self._catalog.snapshot()
         return self._properties(snap, self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name)))
 
+    @_management
     def list_subscriptions(self, topic_name: str) -> list[entities.SubscriptionProperties]:
         snap = self._catalog.snapshot()
         topic = self._find(snap, "topic", _name_of(topic_name))
         return [self._properties(snap, row) for row in snap.children(topic.key, "subscription")]
 
+    @_management
     def update_subscription(self, topic_name: str, subscription: Union[entities.SubscriptionProperties, dict],
                             **kwargs: object) -> None:
         path = subscription_path(_name_of(topic_name), _name_of(subscription))
         self._update("subscription", path, {**entities.settable_values("subscription", subscription), **kwargs})
 
+    @_management
     def delete_subscription(self, topic_name: str, subscription: Union[str, entities.SubscriptionProperties]) -> None:
         self._delete("subscription", subscription_path(_name_of(topic_name), _name_of(subscription)))
 
+    @_management
     def get_subscription_runtime_properties(self, topic_name: str,
                                             subscription_name: str) -> entities.SubscriptionRuntimeProperties:
         snap = self._catalog.snapshot()
         return self._runtime(snap, self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name)))
 
+    @_management
     def list_subscriptions_runtime_properties(self, topic_name: str) -> list[entities.SubscriptionRuntimeProperties]:
         snap = self._catalog.snapshot()
         topic = self._find(snap, "topic", _name_of(topic_name))
@@ -170,6 +239,7 @@ class ServiceBusAdministrationClient:
 
     # ---- rules -----------------------------------------------------------------------------------------
 
+    @_management
     def create_rule(self, topic_name: str, subscription_name: str, rule_name: str, *, filter: object = None,
                     action: object = None, **kwargs: object) -> RuleProperties:
         if kwargs:
@@ -189,15 +259,18 @@ class ServiceBusAdministrationClient:
 
         return _rule_properties(self._catalog.transact(decide))
 
+    @_management
     def get_rule(self, topic_name: str, subscription_name: str, rule_name: str) -> RuleProperties:
         snap = self._catalog.snapshot()
         return _rule_properties(self._find_rule(snap, _name_of(topic_name), _name_of(subscription_name), rule_name))
 
+    @_management
     def list_rules(self, topic_name: str, subscription_name: str) -> list[RuleProperties]:
         snap = self._catalog.snapshot()
         sub = self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name))
         return [_rule_properties(row) for row in snap.children(sub.key, "rule")]
 
+    @_management
     def update_rule(self, topic_name: str, subscription_name: str, rule: Union[RuleProperties, dict, str],
                     **kwargs: object) -> None:
         """Replace a rule's filter and/or action; what is not given keeps its stored value."""
@@ -231,6 +304,7 @@ class ServiceBusAdministrationClient:
 
         self._catalog.transact(decide)
 
+    @_management
     def delete_rule(self, topic_name: str, subscription_name: str, rule: Union[str, RuleProperties]) -> None:
         topic_name, subscription_name, rule_name = _name_of(topic_name), _name_of(subscription_name), _name_of(rule)
 

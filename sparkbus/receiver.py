@@ -9,15 +9,18 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
-from typing import Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 from .core import transitions
+from .core.throttling import data_cost
 from .core.values import decode_properties
 from .engine.catalog import Catalog
 from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, deferred_partitions, policy,
                               poll)
+from .engine.namespace import governor_of
 from .engine.registry import EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
+from .engine.throttle import Usage
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
                          MessagingEntityDisabledError, SessionLockLostError)
 from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
@@ -78,8 +81,14 @@ class ServiceBusReceivedMessage:
             or self.application_properties.get(DEAD_LETTER_DESCRIPTION_PROPERTY))
         self.dead_letter_source = state_row.get("dead_letter_source") or row.get("dead_letter_source_entity")
         self._partition_id: int = row["partition_id"]
+        self._size: int = row["body_size"] + row["header_size"]  # as counted when sent (or copied to a subscription)
         self._state_row = state_row if self.lock_token is not None else None  # as locked: settling reads nothing
         self._settled = False
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Body + header bytes as stored: what the entity's size quota counted for this message."""
+        return self._size
 
     def __str__(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -156,6 +165,8 @@ class ServiceBusReceiver:
         self.max_wait_time = _check_wait(max_wait_time)
         self.entity_path = entity_path
         self._delivery = Delivery(catalog, entity_path, RECEIVER_KINDS, retry)
+        self._governor = governor_of(catalog)
+        self._retry = retry
         # Where this receiver starts its round of the partitions: receivers that all started at partition 0
         # raced for the same oldest messages on every call (4 processes: complete p50 109 ms, p99 488 ms).
         self._next_partition = random.randrange(1 << 16)
@@ -183,7 +194,9 @@ class ServiceBusReceiver:
 
     def close(self) -> None:
         """Message locks simply expire, as in Service Bus. A held session is released: the locks of its
-        unsettled messages end now (they are delivered again first), then the session lock."""
+        unsettled messages end now (they are delivered again first), then the session lock. Closing
+        persists the process's metrics."""
+        self._governor.recorder.flush()
         if self.session is None or self._session_closed:
             return
         self._session_closed = True
@@ -222,11 +235,13 @@ class ServiceBusReceiver:
                 raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
         info = self._delivery.entity.get()
         self._check_receivable(info)
-        found: list[ServiceBusReceivedMessage] = []
-        for partition, wanted in deferred_partitions(numbers).items():
-            found += self._delivered(DEFERRED, self._delivery.lock(
-                info, partition, DEFERRED, len(wanted), delete=self._deletes, sequence_numbers=wanted,
-                session=self._session_lock))
+
+        def lock() -> list[ServiceBusReceivedMessage]:
+            return [m for partition, wanted in deferred_partitions(numbers).items()
+                    for m in self._delivered(DEFERRED, self._delivery.lock(
+                        info, partition, DEFERRED, len(wanted), delete=self._deletes, sequence_numbers=wanted,
+                        session=self._session_lock))]
+        found = self._charged(info, lock)
         missing = sorted(set(numbers) - {m.sequence_number for m in found})
         if missing:
             raise MessageNotFoundError(f"no deferred, unlocked message with sequence number(s) {missing[:10]}")
@@ -243,12 +258,20 @@ class ServiceBusReceiver:
             self._check_receivable(info)
             queue = SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else ACTIVE
             self._next_partition += 1
-            fetched = self._delivered(queue, self._delivery.lock_any(
+            fetched = self._charged(info, lambda: self._delivered(queue, self._delivery.lock_any(
                 info, queue, count - len(got) + self.prefetch_count, delete=self._deletes,
-                start=self._next_partition - 1, session=self._session_lock))
+                start=self._next_partition - 1, session=self._session_lock)))
             wanted = count - len(got)
             got, self._prefetched = got + fetched[:wanted], self._prefetched + fetched[wanted:]
         return got
+
+    def _charged(self, info: EntityInfo, operation: Callable[[], list[ServiceBusReceivedMessage]], *,
+                 peeking: bool = False) -> list[ServiceBusReceivedMessage]:
+        """operation (receiving or peeking), admitted and charged 1 credit per message it returned;
+        received messages count as outgoing messages, peeked ones do not."""
+        def usage(messages: list[ServiceBusReceivedMessage]) -> Usage:
+            return Usage(data_cost(len(messages)), outgoing_messages=0 if peeking else len(messages))
+        return self._governor.call(info.path, operation, usage, self._retry)
 
     def _delivered(self, queue: str, locked: list[tuple[dict, dict]]) -> list[ServiceBusReceivedMessage]:
         kind = ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
@@ -324,7 +347,8 @@ class ServiceBusReceiver:
         self._check_settleable(message)
         info = self._delivery.entity.get()
         rules = policy(info)
-        written = self._delivery.settle(info, _held([message]), lambda row, now: transitions.renewed(row, now, rules))
+        written = self._governor.count(info.path, lambda: self._delivery.settle(
+            info, _held([message]), lambda row, now: transitions.renewed(row, now, rules)))
         message._state_row = written[message.sequence_number]
         message.locked_until_utc = message._state_row["locked_until_utc"]
         return message.locked_until_utc
@@ -337,7 +361,10 @@ class ServiceBusReceiver:
             message._settled = True
 
     def _settle_held(self, held: dict[int, Held], change: Change) -> None:
-        self._delivery.settle(self._delivery.entity.get(), held, change, self._session_lock)
+        """Settlement is counted as a request but neither throttled nor charged: the receive paid, and
+        refusing the settlement would only let the lock lapse and deliver the message again."""
+        info = self._delivery.entity.get()
+        self._governor.count(info.path, lambda: self._delivery.settle(info, held, change, self._session_lock))
         for seq in held:
             self._session_held.pop(seq, None)
 
@@ -368,11 +395,15 @@ class ServiceBusReceiver:
             raise ValueError(f"sequence_number must be an int >= 0, got {sequence_number!r}")
         info = self._delivery.entity.get()
         cursor = sequence_number if sequence_number or self._peek_cursor is None else self._peek_cursor
-        found, self._peek_cursor = self._delivery.peek(
-            info, cursor, max_message_count, sub_queue=SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else None,
-            session_id=None if self.session is None else self.session.session_id)
-        now = datetime.now(timezone.utc)
-        return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
+
+        def peek() -> list[ServiceBusReceivedMessage]:
+            found, self._peek_cursor = self._delivery.peek(
+                info, cursor, max_message_count,
+                sub_queue=SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else None,
+                session_id=None if self.session is None else self.session.session_id)
+            now = datetime.now(timezone.utc)
+            return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
+        return self._charged(info, peek, peeking=True)
 
     def _check_receivable(self, info: EntityInfo, receiving: bool = True) -> None:
         """Status and session rules; a plain receiver of a session entity may peek but not receive."""

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, TypeVar, Union
 
 from .engine.catalog import Catalog
+from .core.throttling import data_cost
 from .engine.enqueue import EnqueueResult, EntityWriter, cancel_scheduled
+from .engine.namespace import governor_of
 from .engine.registry import CachedEntity, EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
+from .engine.throttle import Usage
 from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing, to_utc
 from .transactions import ServiceBusTransaction
 
 SENDER_KINDS = ("queue", "topic")
+T = TypeVar("T")
 Sendable = Union[ServiceBusMessage, Iterable[ServiceBusMessage], ServiceBusMessageBatch]
 
 
@@ -30,8 +34,17 @@ def as_messages(message: Sendable) -> list[ServiceBusMessage]:
     return messages
 
 
+def sent(count: int) -> Usage:
+    """A send of `count` messages: 1 credit each."""
+    return Usage(data_cost(count), incoming_messages=count)
+
+
 class ServiceBusSender:
-    """Sender of one queue or topic. One send_messages call is one atomic Delta commit."""
+    """Sender of one queue or topic. One send_messages call is one atomic Delta commit.
+
+    Every call is admitted by the namespace's throttling (sparkbus.engine.throttle) and charged 1 credit
+    per message; a throttled call is retried under the client's retry policy.
+    """
 
     def __init__(self, catalog: Catalog, entity_name: str, spark: object = None, *,
                  retry: RetryPolicy = DEFAULT_RETRY) -> None:
@@ -41,6 +54,7 @@ class ServiceBusSender:
         self._retry = retry
         self._entity = CachedEntity(catalog, entity_name, SENDER_KINDS)
         self._writer = EntityWriter(self._entity.get, retry=retry)
+        self._governor = governor_of(catalog)
 
     def entity_info(self) -> EntityInfo:
         """The entity's settings (re-read from the catalog at most once a second)."""
@@ -57,7 +71,12 @@ class ServiceBusSender:
         self.close()
 
     def close(self) -> None:
-        """Nothing to release: sends are committed before they return."""
+        """Sends are committed before they return; closing persists the process's metrics."""
+        self._governor.recorder.flush()
+
+    def _charged(self, count: int, operation: Callable[[], T]) -> T:
+        """operation, admitted and charged as a send of `count` messages."""
+        return self._governor.call(self.entity_info().path, operation, lambda _: sent(count), self._retry)
 
     def send_messages(self, message: Sendable, *, timeout: Optional[float] = None,
                       transaction: Optional[ServiceBusTransaction] = None) -> None:
@@ -68,10 +87,12 @@ class ServiceBusSender:
         """
         messages = as_messages(message)
         if transaction is not None:
-            transaction.add(self.entity_info(), lambda held: self._send(held, batch_limit=False), messages)
+            self._charged(len(messages), lambda: transaction.add(
+                self.entity_info(), lambda held: self._send(held, batch_limit=False), messages))
             return
         if messages:
-            self._writer.append(to_outgoing(messages))
+            rows = to_outgoing(messages)
+            self._charged(len(messages), lambda: self._writer.append(rows))
 
     def _send(self, messages: list[ServiceBusMessage], *, batch_limit: bool = True) -> EnqueueResult:
         """One atomic commit of messages, returning the result (used by transactions)."""
@@ -88,7 +109,8 @@ class ServiceBusSender:
             m.scheduled_enqueue_time_utc = when
         if not messages:
             return []
-        result = self._writer.append(to_outgoing(messages))
+        rows = to_outgoing(messages)
+        result = self._charged(len(messages), lambda: self._writer.append(rows))
         return [s for s in result.sequence_numbers if s is not None]
 
     def cancel_scheduled_messages(self, sequence_numbers: Union[int, Iterable[int]], *,
@@ -99,7 +121,7 @@ class ServiceBusSender:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
         if numbers:
-            cancel_scheduled(self.entity_info(), sorted(set(numbers)), self._retry)
+            self._charged(len(numbers), lambda: cancel_scheduled(self.entity_info(), sorted(set(numbers)), self._retry))
 
     def create_message_batch(self, max_size_in_bytes: Optional[int] = None) -> ServiceBusMessageBatch:
         """A batch limited to max_size_in_bytes (at most the tier's batch limit, which is the default)."""
@@ -113,8 +135,11 @@ class ServiceBusSender:
         return ServiceBusMessageBatch(max_size_in_bytes)
 
     def send_dataframe(self, df: object) -> EnqueueResult:
-        """Send every row of a Spark DataFrame as one atomic commit (see sparkbus.spark.dataframes)."""
+        """Send every row of a Spark DataFrame as one atomic commit (see sparkbus.spark.dataframes). It is
+        admitted as one request and charged 1 credit per row: a large DataFrame goes through and leaves
+        the namespace throttled until the following periods repaid it."""
         from .spark.dataframes import send_dataframe
 
-        return send_dataframe(self._writer, df)
+        return self._governor.call(self.entity_info().path, lambda: send_dataframe(self._writer, df),
+                                   lambda result: sent(result.message_count + result.duplicate_count), self._retry)
 

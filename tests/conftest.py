@@ -20,8 +20,9 @@ def ns_path(tmp_path):
 
 @pytest.fixture
 def admin(ns_path):
-    """A standard-tier namespace with seed quotas."""
-    sparkbus.create_namespace(ns_path)
+    """A standard-tier namespace with seed quotas and credit throttling off: tests of other behaviour
+    send bulk data and must not wait for credits (tests/test_throttling.py covers the default budget)."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
     return sparkbus.ServiceBusAdministrationClient(ns_path)
 
 

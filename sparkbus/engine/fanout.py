@@ -27,10 +27,12 @@ subscription created before a message was sent sees it; one created later starts
 after its creation. Scheduled topic messages are not part of the cursor's pass: when due they are copied
 one by one under app ids "sparkbus.fanout.s<sequence number>" and then marked completed in the topic's
 `locks` table (cancel_scheduled_messages on the topic marks them cancelled before that).
+
+Throttling: each batch waits until the namespace's credits admit it and is charged one credit per filter
+evaluated (sparkbus.engine.throttle), as the seeds charge a topic's filter evaluations.
 """
 from __future__ import annotations
 
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -54,10 +56,12 @@ from ..storage import maintenance
 from ..storage.schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
+from .namespace import governor_of
 from .registry import EntityInfo, resolve
+from .throttle import Usage
 
 FILTER_EVALUATION_REASON = "FilterEvaluationException"
-NO_RETRY = retry.RetryPolicy(total=0)  # the cursor: one round of re-plans, then left to the next batch
+NO_RETRY = retry.NO_RETRY  # the cursor: one round of re-plans, then left to the next batch
 BATCH_ROWS = 200_000  # topic messages fanned out at once (1 KiB bodies: about 200 MB in memory)
 _LATEST_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
 
@@ -82,8 +86,8 @@ class Target:
 
 @dataclass
 class FanoutResult:
-    """What one batch did: topic messages handled, filter evaluations (the throttling seam charges one
-    credit each), and copies and dead-letters per subscription path."""
+    """What one batch did: topic messages handled, filter evaluations (one credit each), and copies and
+    dead-letters per subscription path."""
 
     messages: int = 0
     evaluations: int = 0
@@ -98,9 +102,10 @@ class FanoutResult:
                 mine[path] = mine.get(path, 0) + count
 
 
-# Filter evaluations per namespace root in this process: the seam where credit-based throttling charges
-# one credit per filter evaluated for a message sent to a topic.
-EVALUATIONS: Counter = Counter()
+def _charged(catalog: Catalog, topic: EntityInfo, work: Callable[[], FanoutResult]) -> FanoutResult:
+    """work once the namespace's throttling admits it (waiting for credits, never failing: the service
+    is charged like a client), charged one credit per filter evaluated."""
+    return governor_of(catalog).call(topic.path, work, lambda done: Usage(done.evaluations), NO_RETRY, wait=True)
 
 
 def compile_rule(row: Row) -> CompiledRule:
@@ -146,9 +151,13 @@ def deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table, *, advance: boo
     with advance_topic, at the end). Returns what was done; raises only for storage failures (the batch
     can then be run again).
     """
-    result = FanoutResult()
     if rows.num_rows == 0:
-        return result
+        return FanoutResult()
+    return _charged(catalog, topic, lambda: _deliver(catalog, topic, rows, advance))
+
+
+def _deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table, advance: bool) -> FanoutResult:
+    result = FanoutResult()
     rows = rows.select(MESSAGES.names).cast(MESSAGES)
     ends = batch_ends(rows)
     immediate = np.asarray(pc.is_null(rows["scheduled_enqueue_time_utc"]).to_numpy(zero_copy_only=False), dtype=bool)
@@ -161,7 +170,6 @@ def deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table, *, advance: boo
             result.add(done)
     if advance:
         advance_topic(topic, ends)
-    EVALUATIONS[catalog.root] += result.evaluations
     return result
 
 
@@ -426,9 +434,13 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
         WHERE m.scheduled_enqueue_time_utc IS NOT NULL AND CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us}
           AND l.sequence_number IS NULL
         ORDER BY m.partition_id, m.sequence_number""", messages=topic_messages, locks=topic_locks)
-    result = FanoutResult()
     if due.num_rows == 0:
-        return result
+        return FanoutResult()
+    return _charged(catalog, topic, lambda: _deliver_due(catalog, topic, due))
+
+
+def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutResult:
+    result = FanoutResult()
     due = due.select(MESSAGES.names).cast(MESSAGES)
     snap = catalog.snapshot()
     view = MessageView(due)
@@ -443,7 +455,6 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
         part = table.filter(pc.equal(table["partition_id"], p))
         retry.run(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part),
                   what=f"completing due scheduled messages of {topic.path!r}")
-    EVALUATIONS[catalog.root] += result.evaluations
     return result
 
 

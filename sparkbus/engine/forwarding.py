@@ -17,7 +17,8 @@ A transfer is three conditional commits per source partition, each safe to repea
    detection and quota) that records k as the destination's application transaction
    "<source tables>.p<p>". The destination holds batch k exactly when that version is k or more: a
    replay sees it and writes nothing, and two forwarders copying the same batch conflict on the app id.
-   A destination that refuses the whole batch (full, disabled since the claim) writes nothing.
+   A destination that refuses the whole batch (full, disabled since the claim) writes nothing. The copy
+   waits until the namespace's throttling admits it and is charged as a send of its messages.
 3. Release. The claimed rows become completed (or, when the copy was refused, transfer-dead-lettered
    with the error), conditionally on still carrying the claim token.
 
@@ -41,6 +42,7 @@ from .. import storage
 from ..core import forwarding as rules
 from ..core import transitions
 from ..core.encoding import OUTGOING, body_sizes, header_sizes
+from ..core.throttling import data_cost
 from ..core.values import decode_properties, encode_properties
 from ..exceptions import (CommitConflictError, InvalidOperationError, MessagingEntityDisabledError,
                           PartitionUnavailableError, ServiceBusError)
@@ -48,7 +50,9 @@ from ..storage.schemas import ACTIVE, DEAD_LETTERED, LOCKS, MESSAGES, TRANSFER_C
 from . import locks, retention, retry
 from .catalog import Catalog, Snapshot
 from .enqueue import EntityWriter
+from .namespace import governor_of
 from .registry import EntityInfo, resolve
+from .throttle import Usage
 
 CLAIM_DURATION = timedelta(minutes=5)  # a claim's lock, should forwarding be switched off meanwhile
 BATCH = 5_000                          # messages claimed at once per source partition
@@ -239,9 +243,13 @@ def _finish(catalog: Catalog, info: EntityInfo, partition: int, kind: str, batch
         # Has it already (a forwarder stopped before releasing)? Asked before the destination's checks:
         # one that became disabled since must not send a copy it holds to the transfer dead-letters.
         if (storage.open_table(destination.tables["messages"]).transaction_version(app_id) or 0) < batch:
-            EntityWriter(lambda: destination).append(
-                _copies(info, partition, kind, claimed), batch_limit=False, info=destination,
-                with_sequence_numbers=False, app_transaction=(app_id, batch))
+            copies = _copies(info, partition, kind, claimed)
+            governor_of(catalog).call(  # charged as a send into the destination; waits for credits
+                destination.path, lambda: EntityWriter(lambda: destination).append(
+                    copies, batch_limit=False, info=destination, with_sequence_numbers=False,
+                    app_transaction=(app_id, batch)),
+                lambda _: Usage(data_cost(copies.num_rows), incoming_messages=copies.num_rows), retry.NO_RETRY,
+                wait=True)
     except (CommitConflictError, PartitionUnavailableError):
         raise  # transient: the claim stays and is finished later
     except ServiceBusError as error:  # refused (full, disabled, gone): to the transfer dead-letter sub-queue

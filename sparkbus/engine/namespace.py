@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
-from ..core import tiers
+from ..core import throttling, tiers
 from ..exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
 from .. import storage
 from ..storage import local_path
 from ..storage.schemas import ENTITY_TABLES
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
+from .throttle import Governor, governor, set_budget
 
 # 2: messages tables carry the forwarding columns (storage.schemas.TRANSFER_COLUMNS); namespaces of
 # version 1 are upgraded in place when first opened (see _upgrade).
@@ -33,6 +34,11 @@ class NamespaceProperties:
     @property
     def name(self) -> str:
         return os.path.basename(self.path.rstrip("/"))
+
+    @property
+    def budget(self) -> throttling.Budget:
+        """Credits per second (basic, standard) or the governor's limits (premium)."""
+        return throttling.budget(self.tier, self.credits_per_second, self.messaging_units)
 
 
 def _check_credits(credits_per_second: object, tier: str) -> Optional[int]:
@@ -73,7 +79,46 @@ def create_namespace(path: str, *, tier: str = "standard", partition_count: Opti
         catalog.create(row)
     except FileExistsError:
         raise MessagingEntityAlreadyExistsError(f"a namespace already exists at {root}") from None
-    return namespace_properties(row, root)
+    props = namespace_properties(row, root)
+    set_budget(root, props.budget)
+    return props
+
+
+def update_namespace(catalog: Catalog, *, messaging_units: Optional[int] = None,
+                     credits_per_second: object = ...) -> NamespaceProperties:
+    """Scale a premium namespace (messaging_units) or change a basic/standard one's credit budget
+    (credits_per_second; None switches throttling off). Takes effect at every client's next operation.
+    Arguments that do not apply to the tier -> ValueError, and nothing changes."""
+    if messaging_units is None and credits_per_second is ...:
+        raise TypeError("update_namespace takes messaging_units= (premium) or credits_per_second= (basic, standard)")
+
+    def decide(snap: Snapshot) -> Change:
+        row = snap.rows[NAMESPACE_KEY]
+        p = row.properties
+        units, credits = p["messaging_units"], p["credits_per_second"]
+        if messaging_units is not None:
+            tiers.validate_tier(p["tier"], row.partition_count if p["tier"] == "premium" else None, messaging_units)
+            units = messaging_units
+        if credits_per_second is not ...:
+            if p["tier"] == "premium":
+                raise ValueError("credits_per_second applies to basic and standard namespaces; premium is "
+                                 "governed by its messaging units")
+            credits = _check_credits(credits_per_second, p["tier"])
+        return Change(upserts=[row.updated({**p, "messaging_units": units, "credits_per_second": credits})],
+                      result=row)
+
+    catalog.transact(decide)
+    props = namespace_properties(catalog.snapshot().rows[NAMESPACE_KEY], catalog.root)
+    set_budget(catalog.root, props.budget)
+    return props
+
+
+def governor_of(catalog: Catalog) -> Governor:
+    """The process's governor of the catalog's namespace (sparkbus.engine.throttle)."""
+    def properties() -> NamespaceProperties:
+        return namespace_properties(catalog.snapshot().rows[NAMESPACE_KEY], catalog.root)
+
+    return governor(catalog.root, lambda: properties().budget)
 
 
 def namespace_properties(row: Row, root: str) -> NamespaceProperties:

@@ -54,6 +54,7 @@ class RetryPolicy:
 
 
 DEFAULT = RetryPolicy()
+NO_RETRY = RetryPolicy(total=0)  # one round of re-plans only (work that a later pass redoes, or that waits)
 
 
 def is_transient(error: BaseException) -> bool:

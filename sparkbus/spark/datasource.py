@@ -28,8 +28,12 @@ from pyspark.sql.types import StructType
 
 from .. import storage
 from ..core import sequencing
+from ..core.throttling import data_cost
 from ..engine.catalog import Catalog
 from ..engine.enqueue import EntityWriter
+from ..engine.namespace import governor_of
+from ..engine.retry import NO_RETRY
+from ..engine.throttle import Usage
 from ..engine.fanout import topic_cursors
 from ..engine.forwarding import sources as forwarding_sources
 from ..engine.registry import EntityInfo, resolve
@@ -270,12 +274,18 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
         paths = [m.path for m in messages if m is not None and m.path]
         try:
             tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
-            writer = EntityWriter(lambda: resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic")))
+            catalog = Catalog(self.root)
+            writer = EntityWriter(lambda: resolve(self.root, catalog.snapshot(), self.entity, ("queue", "topic")))
             if tables:
                 staged = pa.concat_tables(tables)
                 codes = np.asarray(staged[dataframes.CODE].to_numpy(zero_copy_only=False), dtype=np.int32)
-                writer.append(staged.drop_columns([dataframes.CODE]), codes=codes, batch_limit=False,
-                              with_sequence_numbers=False, app_transaction=(self.app_id, batchId))
+                # charged as a send of the batch's rows; a throttled sink waits instead of failing the query
+                governor_of(catalog).call(
+                    writer.info().path, lambda: writer.append(
+                        staged.drop_columns([dataframes.CODE]), codes=codes, batch_limit=False,
+                        with_sequence_numbers=False, app_transaction=(self.app_id, batchId)),
+                    lambda _: Usage(data_cost(staged.num_rows), incoming_messages=staged.num_rows), NO_RETRY,
+                    wait=True)
         finally:
             for p in paths:
                 if os.path.exists(p):

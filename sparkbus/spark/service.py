@@ -3,7 +3,8 @@
 One Structured Streaming query (sparkbus.spark.background) fans topic messages out to subscriptions,
 forwards messages of entities with forward_to or forward_dead_lettered_messages_to, and fans out or
 forwards scheduled messages as they fall due; a thread sweeps the namespace (sparkbus.engine.housekeeping:
-retention, compaction, log cleanup) every maintenance_interval seconds. Entities created after the start
+retention, compaction, log cleanup) every maintenance_interval seconds and persists the process's request
+metrics (sparkbus.engine.metrics). Entities created after the start
 are picked up by the next batch. Each batch is logged as one line with its counts.
 
 Stopping: stop() lets the batch under way finish (it holds a lock the stop waits for) before the query
@@ -19,6 +20,7 @@ from typing import Optional
 from .. import storage
 from ..engine import housekeeping
 from ..engine.catalog import Catalog
+from ..engine.namespace import governor_of
 from . import background
 from .datasource import ALL_BACKGROUND
 
@@ -52,7 +54,9 @@ class NamespaceService:
                 if self._gate.closed.is_set():
                     return
                 done = housekeeping.sweep(catalog)
-            LOG.info("maintenance: %d tables, %d completed messages removed", done.tables, done.removed)
+                written = governor_of(catalog).recorder.flush()
+            LOG.info("maintenance: %d tables, %d completed messages removed, %d metrics rows persisted",
+                     done.tables, done.removed, written)
 
     @property
     def is_active(self) -> bool:

@@ -97,3 +97,25 @@ TABLE_CONFIGURATION = {
     "locks": table_configuration("sequence_number,locked_until_utc"),
     "sessions": table_configuration("session_id,locked_until_utc"),
 }
+
+# Request and message counts of a namespace (sparkbus.engine.metrics): one row per minute, entity and
+# process that did something, appended when a process persists its counts. entity is "" for operations
+# of the namespace itself (management). cpu_percent and memory_percent (premium) are the process's share
+# of the machine over the minute.
+METRICS = pa.schema([
+    pa.field("time_utc", TS, nullable=False),
+    pa.field("entity", pa.string(), nullable=False),
+    pa.field("process", pa.string(), nullable=False),
+    pa.field("incoming_requests", pa.int64(), nullable=False),
+    pa.field("successful_requests", pa.int64(), nullable=False),
+    pa.field("throttled_requests", pa.int64(), nullable=False),
+    pa.field("user_errors", pa.int64(), nullable=False),
+    pa.field("server_errors", pa.int64(), nullable=False),
+    pa.field("incoming_messages", pa.int64(), nullable=False),
+    pa.field("outgoing_messages", pa.int64(), nullable=False),
+    pa.field("credits_used", pa.int64(), nullable=False),
+    pa.field("cpu_percent", pa.float64()),
+    pa.field("memory_percent", pa.float64()),
+])
+METRICS_COUNTERS = ("incoming_requests", "successful_requests", "throttled_requests", "user_errors",
+                    "server_errors", "incoming_messages", "outgoing_messages", "credits_used")

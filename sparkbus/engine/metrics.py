@@ -1,0 +1,247 @@
+"""Request and message metrics of a namespace, as Azure Monitor shows them for Service Bus: incoming,
+successful and throttled requests, user and server errors, incoming and outgoing messages, credits used,
+and for premium namespaces the CPU and memory usage.
+
+Each process counts in memory, per minute and entity, in one Recorder per namespace that all its clients
+share (a dict update under a lock: nothing on a caller's path touches storage). The counts are persisted
+by appending them to the namespace's `_metrics` Delta table: by clients when they close, by the namespace
+service periodically, and at interpreter exit. Blind appends do not conflict, so any number of processes
+persist at once, and a count leaves memory only after its append committed (a failed append keeps it for
+the next). A reader sums the table's rows and this process's counts not yet persisted: what a process did
+is visible to itself at once and to every process once persisted.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import write_deltalake
+from deltalake.exceptions import DeltaError
+
+from .. import storage
+from ..storage import maintenance
+from ..storage.schemas import METRICS, METRICS_COUNTERS
+
+METRICS_DIR = "_metrics"
+NAMESPACE = ""  # the entity of operations on the namespace itself (management)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Counters of one minute, entity or namespace (names as Azure Monitor's Service Bus metrics)."""
+
+    incoming_requests: int = 0
+    successful_requests: int = 0
+    throttled_requests: int = 0
+    user_errors: int = 0      # requests refused for what they asked (a ServiceBusError, ValueError, ...)
+    server_errors: int = 0    # requests that failed for any other reason
+    incoming_messages: int = 0
+    outgoing_messages: int = 0
+    credits_used: int = 0
+
+    def __add__(self, other: "Counts") -> "Counts":
+        return Counts(*(getattr(self, n) + getattr(other, n) for n in METRICS_COUNTERS))
+
+    def values(self) -> tuple[int, ...]:
+        return tuple(getattr(self, n) for n in METRICS_COUNTERS)
+
+
+THROTTLED = Counts(incoming_requests=1, throttled_requests=1)
+USER_ERROR = Counts(incoming_requests=1, user_errors=1)
+SERVER_ERROR = Counts(incoming_requests=1, server_errors=1)
+
+
+def succeeded(credits: int, incoming_messages: int = 0, outgoing_messages: int = 0) -> Counts:
+    return Counts(incoming_requests=1, successful_requests=1, incoming_messages=incoming_messages,
+                  outgoing_messages=outgoing_messages, credits_used=credits)
+
+
+@dataclass(frozen=True)
+class MetricsPoint(Counts):
+    """The counts of one minute; cpu_percent and memory_percent (premium) are the share of the machine
+    the namespace's processes used in it."""
+
+    time_utc: datetime = storage.EPOCH
+    cpu_percent: Optional[float] = None
+    memory_percent: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Metrics(Counts):
+    """Totals over the minutes in `points` for one entity (entity=None: the whole namespace); cpu_percent
+    and memory_percent are those of the latest minute that has them."""
+
+    entity: Optional[str] = None
+    cpu_percent: Optional[float] = None
+    memory_percent: Optional[float] = None
+    points: tuple[MetricsPoint, ...] = ()
+
+
+class Recorder:
+    """This process's unpersisted counts of one namespace."""
+
+    def __init__(self, root: str, *, resources: bool) -> None:
+        self.uri = os.path.join(root, METRICS_DIR)
+        self.resources = resources  # sample CPU and memory (premium)
+        self._counts: dict[tuple[int, str], Counts] = {}
+        self._samples: dict[int, tuple[float, float]] = {}  # minute -> (cpu %, memory %)
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._process = f"{socket.gethostname()}:{os.getpid()}"
+        self._cpu_mark = (time.monotonic(), _cpu_seconds())
+
+    def add(self, entity: str, counts: Counts) -> None:
+        minute = int(time.time()) // 60
+        with self._lock:
+            slot = (minute, entity)
+            self._counts[slot] = self._counts[slot] + counts if slot in self._counts else counts
+
+    def pending(self) -> pa.Table:
+        """The unpersisted counts as METRICS rows (with a resource sample of now, for premium)."""
+        with self._lock:
+            if self.resources:
+                self._sample()
+            return self._rows(dict(self._counts), dict(self._samples))
+
+    def flush(self) -> int:
+        """Append the unpersisted counts to the metrics table; returns the rows written. Counts recorded
+        meanwhile stay for the next flush."""
+        with self._flush_lock:
+            with self._lock:
+                if self.resources:
+                    self._sample()
+                counts, samples = dict(self._counts), dict(self._samples)
+            if not counts and not samples:
+                return 0
+            rows = self._rows(counts, samples)
+            _append(self.uri, rows)
+            with self._lock:  # subtract what was written; what came in meanwhile stays
+                for slot, written in counts.items():
+                    left = Counts(*(a - b for a, b in zip(self._counts[slot].values(), written.values())))
+                    if any(left.values()):
+                        self._counts[slot] = left
+                    else:
+                        del self._counts[slot]
+                for minute in samples:
+                    self._samples.pop(minute, None)
+            return rows.num_rows
+
+    def _sample(self) -> None:
+        """The process's CPU share of the machine since the last sample, and its memory share now."""
+        now, cpu = time.monotonic(), _cpu_seconds()
+        then, cpu_then = self._cpu_mark
+        if now - then < 0.5 and int(time.time()) // 60 in self._samples:
+            return
+        self._cpu_mark = (now, cpu)
+        share = 100.0 * (cpu - cpu_then) / max(now - then, 1e-6) / (os.cpu_count() or 1)
+        self._samples[int(time.time()) // 60] = (min(share, 100.0), _memory_percent())
+
+    def _rows(self, counts: dict[tuple[int, str], Counts], samples: dict[int, tuple[float, float]]) -> pa.Table:
+        keys = sorted(set(counts) | {(minute, NAMESPACE) for minute in samples})
+        columns: dict[str, list] = {f.name: [] for f in METRICS}
+        for minute, entity in keys:
+            columns["time_utc"].append(datetime.fromtimestamp(minute * 60, timezone.utc))
+            columns["entity"].append(entity)
+            columns["process"].append(self._process)
+            for name, value in zip(METRICS_COUNTERS, counts.get((minute, entity), Counts()).values()):
+                columns[name].append(value)
+            cpu, memory = samples.get(minute, (None, None)) if entity == NAMESPACE else (None, None)
+            columns["cpu_percent"].append(cpu)
+            columns["memory_percent"].append(memory)
+        return pa.table(columns, schema=METRICS)
+
+
+def _append(uri: str, rows: pa.Table) -> None:
+    if not storage.table_exists(uri):
+        try:
+            storage.create_table(uri, METRICS, partition_by=())
+        except DeltaError:
+            if not storage.table_exists(uri):  # not another process's creation: a real failure
+                raise
+    table = storage.open_table(uri)
+    write_deltalake(table, rows, mode="append", post_commithook_properties=storage.NO_HOOKS)
+    maintenance.after_commit(table)
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _memory_percent() -> float:
+    """Resident memory of this process as a share of the machine's."""
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+        return 100.0 * resident_pages / os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def read(root: str, recorder: Optional[Recorder], *, entity: Optional[str] = None,
+         start: Optional[datetime] = None, end: Optional[datetime] = None) -> Metrics:
+    """Totals and per-minute points of the namespace (entity=None) or one entity, from the metrics table
+    and this process's unpersisted counts, for minutes in [start, end)."""
+    uri = os.path.join(root, METRICS_DIR)
+    parts = [storage.query("SELECT * FROM metrics", metrics=storage.open_table(uri))] if storage.table_exists(uri) else []
+    if recorder is not None:
+        parts.append(recorder.pending())
+    rows = pa.concat_tables([p.select(METRICS.names).cast(METRICS) for p in parts]) if parts else METRICS.empty_table()
+    if entity is not None:
+        rows = rows.filter(pc.equal(rows["entity"], entity))
+    if start is not None:
+        rows = rows.filter(pc.greater_equal(rows["time_utc"], pa.scalar(start, METRICS.field("time_utc").type)))
+    if end is not None:
+        rows = rows.filter(pc.less(rows["time_utc"], pa.scalar(end, METRICS.field("time_utc").type)))
+    grouped = rows.group_by("time_utc").aggregate(
+        [(n, "sum") for n in METRICS_COUNTERS] + [("cpu_percent", "sum"), ("memory_percent", "sum"),
+                                                 ("cpu_percent", "count")]).sort_by("time_utc")
+    points = []
+    for row in grouped.to_pylist():
+        sampled = row["cpu_percent_count"] > 0
+        points.append(MetricsPoint(*(row[f"{n}_sum"] for n in METRICS_COUNTERS), time_utc=row["time_utc"],
+                                   cpu_percent=row["cpu_percent_sum"] if sampled else None,
+                                   memory_percent=row["memory_percent_sum"] if sampled else None))
+    total = Counts()
+    for point in points:
+        total = total + Counts(*point.values())
+    latest = next((p for p in reversed(points) if p.cpu_percent is not None), None)
+    return Metrics(*total.values(), entity=entity, points=tuple(points),
+                   cpu_percent=None if latest is None else latest.cpu_percent,
+                   memory_percent=None if latest is None else latest.memory_percent)
+
+
+_recorders: dict[str, Recorder] = {}
+_registry_lock = threading.Lock()
+
+
+def recorder(root: str, *, resources: bool) -> Recorder:
+    """The process's recorder of the namespace at root (created once, persisted at interpreter exit)."""
+    with _registry_lock:
+        found = _recorders.get(root)
+        if found is None:
+            found = _recorders[root] = Recorder(root, resources=resources)
+            atexit.register(_flush_quietly, found)
+        found.resources = found.resources or resources
+        return found
+
+
+def _flush_quietly(found: Recorder) -> None:
+    try:
+        found.flush()
+    except Exception:  # at exit: the namespace may be gone (a test's temporary directory)
+        pass
+
+
+def known(root: str) -> Optional[Recorder]:
+    with _registry_lock:
+        return _recorders.get(root)
+

@@ -1,0 +1,255 @@
+"""Admission of operations against the namespace's budget, shared by every client of the namespace on
+this machine: credit-based throttling (basic, standard) and the premium resource governor (rules in
+sparkbus.core.throttling), with the request metrics counted on the way (sparkbus.engine.metrics).
+
+The ledger is one small file in the namespace directory (LEDGER_FILE) holding the budget (credits per
+second, operations in flight) and the bucket (period, balance). Every thread of every process reads and
+writes it under an exclusive lock: flock across processes (one open file per process) and a thread lock
+within one, since flock does not exclude threads sharing an open file. A charge is lock, 40-byte pread,
+pwrite, unlock: a few microseconds, beside a send's milliseconds. Nothing is fsynced: processes of one
+machine share the page cache, and a machine crash can only forget spending of a period that is over by
+the time anything restarts. The budget lives in the ledger, not in each client, so update_namespace
+(messaging units, credits) takes effect at every client's next operation.
+
+Operations in flight (premium) each hold one byte of SLOTS_FILE under an fcntl record lock; the kernel
+releases a dead process's locks, so a crashed client never keeps a slot.
+
+A request is admitted while the balance is positive; it is charged after it succeeded, with what it
+actually used (the messages a receive returned), and may drive the balance negative. A throttled request
+did nothing: it is refused before it reads or writes anything, and charged nothing. Clients retry it
+under their retry policy (exponential backoff with jitter, never sooner than the next period); after the
+last retry ServiceBusServerBusyError carries the service's text. Background work (fan-out, forwarding)
+waits for the next period instead.
+
+Several machines (namespaces on object storage): file locks only reach the processes of one machine.
+There each machine keeps its own ledger and takes a share of the budget, leased through a conditional
+commit to a small table of the namespace (budget / machines holding a live lease): exact within a machine,
+within a lease period's imbalance across machines.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import struct
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, TypeVar
+
+from ..core import throttling
+from ..core.throttling import Bucket, Budget
+from ..exceptions import ServiceBusError, ServiceBusServerBusyError
+from . import metrics
+from .retry import RetryPolicy
+
+T = TypeVar("T")
+LEDGER_FILE = ".throttle-ledger"
+SLOTS_FILE = ".throttle-slots"
+_RECORD = struct.Struct("<8sqqqq")  # magic, credits per second, concurrency (-1: unlimited), period, balance
+_MAGIC = b"sbledg01"
+_UNLIMITED = -1
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an admitted operation used: credits charged and messages in or out (for the metrics)."""
+
+    credits: int
+    incoming_messages: int = 0
+    outgoing_messages: int = 0
+
+
+FREE = Usage(0)
+
+
+def _period() -> int:
+    return int(time.time())
+
+
+def _until_next_period() -> float:
+    now = time.time()
+    return int(now) + 1 - now
+
+
+class Ledger:
+    """The namespace's budget and credit bucket, in a file every process of this machine shares."""
+
+    def __init__(self, root: str, initial: Callable[[], Budget]) -> None:
+        self._fd = os.open(os.path.join(root, LEDGER_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        with self._locked():
+            if self._read() is None:  # a namespace created before the ledger existed
+                self._write(initial(), None)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _read(self) -> Optional[tuple[Budget, Bucket]]:
+        data = os.pread(self._fd, _RECORD.size, 0)
+        if len(data) < _RECORD.size:
+            return None
+        magic, credits, concurrency, period, balance = _RECORD.unpack(data)
+        if magic != _MAGIC:
+            return None
+        budget = Budget(None if credits == _UNLIMITED else credits, None if concurrency == _UNLIMITED else concurrency)
+        return budget, Bucket(period, balance)
+
+    def _write(self, budget: Budget, bucket: Optional[Bucket]) -> None:
+        if bucket is None:  # a full bucket
+            bucket = Bucket(_period(), budget.credits_per_second or 0)
+        os.pwrite(self._fd, _RECORD.pack(_MAGIC, _UNLIMITED if budget.credits_per_second is None else budget.credits_per_second,
+                                         _UNLIMITED if budget.concurrency is None else budget.concurrency,
+                                         bucket.period, bucket.balance), 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def budget(self) -> Budget:
+        with self._locked():
+            return self._read()[0]
+
+    def admits(self) -> tuple[bool, Budget]:
+        """Whether the balance is positive now, and the budget it was judged by."""
+        with self._locked():
+            budget, bucket = self._read()
+            if budget.credits_per_second is None:
+                return True, budget
+            return throttling.admits(throttling.replenished(bucket, _period(), budget.credits_per_second)), budget
+
+    def charge(self, credits: int) -> None:
+        with self._locked():
+            budget, bucket = self._read()
+            if budget.credits_per_second is None:
+                return
+            bucket = throttling.replenished(bucket, _period(), budget.credits_per_second)
+            self._write(budget, throttling.charged(bucket, credits))
+
+    def set_budget(self, budget: Budget) -> None:
+        """A new budget from now on; what the balance owes is kept, what it holds is capped at a full bucket
+        of the new budget."""
+        with self._locked():
+            old, bucket = self._read()
+            if budget.credits_per_second is None or old.credits_per_second is None:
+                self._write(budget, None)
+                return
+            bucket = throttling.replenished(bucket, _period(), old.credits_per_second)
+            self._write(budget, Bucket(bucket.period, min(bucket.balance, budget.credits_per_second)))
+
+
+class Slots:
+    """Operations in flight, across the processes of this machine: one locked byte of a file each."""
+
+    def __init__(self, root: str) -> None:
+        self._fd = os.open(os.path.join(root, SLOTS_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        self._held: set[int] = set()  # record locks belong to the process: its threads must not share one
+        self._lock = threading.Lock()
+
+    def take(self, limit: int) -> Optional[int]:
+        """A free slot below limit (locked until release), or None when all are in use."""
+        with self._lock:
+            start = random.randrange(limit)
+            for i in range(limit):
+                slot = (start + i) % limit
+                if slot in self._held:
+                    continue
+                try:
+                    fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, slot)
+                except OSError:
+                    continue
+                self._held.add(slot)
+                return slot
+            return None
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, slot)
+            self._held.discard(slot)
+
+
+class Governor:
+    """Admits, charges and counts the operations of one namespace in this process (one per namespace:
+    see governor())."""
+
+    def __init__(self, root: str, initial: Callable[[], Budget]) -> None:
+        self.root = root
+        self.ledger = Ledger(root, initial)
+        self.slots = Slots(root)
+        # CPU and memory are metrics of premium namespaces, the ones with a governor's concurrency limit
+        self.recorder = metrics.recorder(root, resources=self.ledger.budget().concurrency is not None)
+
+    def call(self, entity: str, operation: Callable[[], T], usage: Callable[[T], Usage], policy: RetryPolicy, *,
+             wait: bool = False) -> T:
+        """Run operation once admitted and charge what usage(result) says. Throttled: retried under
+        policy (wait=True: until admitted, for background work), then ServiceBusServerBusyError (50009)."""
+        retry = 0
+        while True:
+            slot, admitted = self._admit()
+            if admitted:
+                return self._run(entity, operation, usage, slot)
+            self.recorder.add(entity, metrics.THROTTLED)
+            if not wait and retry >= policy.total:
+                raise ServiceBusServerBusyError(throttling.THROTTLED_TEXT)
+            retry += 1
+            pause = _until_next_period() if wait else max(policy.backoff(retry), _until_next_period())
+            time.sleep(pause + random.uniform(0, 0.05))
+
+    def count(self, entity: str, operation: Callable[[], T]) -> T:
+        """Run an operation that is neither throttled nor charged (settlement), counting it as a request."""
+        return self._run(entity, operation, lambda _: FREE, None)
+
+    def _run(self, entity: str, operation: Callable[[], T], usage: Callable[[T], Usage], slot: Optional[int]) -> T:
+        try:
+            result = operation()
+        except (ServiceBusError, ValueError, TypeError, KeyError):
+            self.recorder.add(entity, metrics.USER_ERROR)
+            raise
+        except BaseException:
+            self.recorder.add(entity, metrics.SERVER_ERROR)
+            raise
+        finally:
+            if slot is not None:
+                self.slots.release(slot)
+        used = usage(result)
+        if used.credits:
+            self.ledger.charge(used.credits)
+        self.recorder.add(entity, metrics.succeeded(used.credits, used.incoming_messages, used.outgoing_messages))
+        return result
+
+    def _admit(self) -> tuple[Optional[int], bool]:
+        """(slot taken or None, admitted): a slot first (premium), then a positive balance."""
+        admitted, budget = self.ledger.admits()
+        if not admitted or budget.concurrency is None:
+            return None, admitted
+        slot = self.slots.take(budget.concurrency)
+        return slot, slot is not None
+
+
+_governors: dict[str, Governor] = {}
+_registry_lock = threading.Lock()
+
+
+def governor(root: str, initial: Callable[[], Budget]) -> Governor:
+    """The process's governor of the namespace at root; initial() gives the budget when the namespace
+    has no ledger yet."""
+    with _registry_lock:
+        found = _governors.get(root)
+        if found is None or not os.path.exists(os.path.join(root, LEDGER_FILE)):
+            found = _governors[root] = Governor(root, initial)
+        return found
+
+
+def set_budget(root: str, budget: Budget) -> None:
+    """Write the namespace's budget (create_namespace, update_namespace)."""
+    ledger = Ledger(root, lambda: budget)
+    try:
+        ledger.set_budget(budget)
+    finally:
+        ledger.close()
