@@ -1,5 +1,5 @@
-"""The `sparkbus` command: apply namespace definitions, show a namespace, mark partitions (operators), and
-run background work: fan-out, forwarding, or all of it as the namespace service (`serve`)."""
+"""The `sparkbus` command: apply namespace definitions, show a namespace, mark partitions (operators),
+plan capacity, and run background work: fan-out, forwarding, or all of it as the namespace service (`serve`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import sys
 import threading
 from typing import Optional, Sequence
 
+from .capacity import format_plan, format_seed_table, plan
 from .definitions import apply_definition, load_definition
 from .engine.availability import set_partition_availability
 from .exceptions import ServiceBusError
@@ -65,6 +66,28 @@ def _partition(args: argparse.Namespace) -> None:
                                reason=args.reason)
     state = "available" if args.available else "unavailable"
     print(f"partition {args.partition} of {args.entity or 'every entity'} is {state}")
+
+
+def _capacity(args: argparse.Namespace) -> None:
+    """A plan for --body-size, or Service Bus's measured table next to sparkbus's plans (--table)."""
+    if args.table:
+        if args.body_size is not None:
+            raise ValueError("--table takes no --body-size")
+        print(format_seed_table())
+        return
+    if args.body_size is None:
+        raise ValueError("capacity needs --body-size BYTES (or --table)")
+    properties = None
+    if args.property:
+        pairs = [p.partition("=") for p in args.property]
+        bad = [k for k, eq, _ in pairs if not eq or not k]
+        if bad:
+            raise ValueError(f"--property takes KEY=VALUE, got {bad[0]!r}")
+        properties = {k: v for k, _, v in pairs}
+    print(format_plan(plan(args.body_size, header_size=args.header_size, application_properties=properties,
+                           max_size_in_megabytes=args.max_size_mb, tier=args.tier,
+                           enable_partitioning=args.partitioned, subscriptions=args.subscriptions,
+                           partition_count=args.partition_count)))
 
 
 def _fanout(args: argparse.Namespace) -> None:
@@ -143,6 +166,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     state.add_argument("--available", dest="available", action="store_true")
     part.add_argument("--reason", default="")
     part.set_defaults(run=_partition)
+    cap = commands.add_parser("capacity", help="how many messages of a size fit in a queue or topic (no namespace)")
+    cap.add_argument("--body-size", type=int, help="message body bytes")
+    cap.add_argument("--header-size", type=int, help="message header bytes (default: estimated)")
+    cap.add_argument("--property", action="append", metavar="KEY=VALUE",
+                     help="a string application property, to estimate the header (repeatable)")
+    cap.add_argument("--max-size-mb", type=int, default=1024, help="the entity's max_size_in_megabytes")
+    cap.add_argument("--tier", default="standard", help="basic, standard or premium")
+    cap.add_argument("--partitioned", action="store_true", help="enable_partitioning (basic/standard: 16 partitions)")
+    cap.add_argument("--partition-count", type=int, help="the premium namespace's partition count (1, 2 or 4)")
+    cap.add_argument("--subscriptions", type=int, default=0, help="plan a topic with this many subscriptions")
+    cap.add_argument("--table", action="store_true", help="Service Bus's measured queue capacities next to sparkbus's")
+    cap.set_defaults(run=_capacity)
     fan = commands.add_parser("fanout", help="copy topic messages to their subscriptions (a Spark streaming query)")
     fan.add_argument("--topic", help="one topic; default: every topic, including topics created later")
     fan.add_argument("--once", action="store_true", help="fan out everything pending, then exit")

@@ -593,7 +593,7 @@ def _message_size_kb(ns: NamespaceProperties, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"max_message_size_in_kilobytes must be an int, got {type(value).__name__}")
     if ns.tier == "premium" and ns.partition_count == 1:
-        low, high = 1024, 102_400
+        low, high = 1024, tiers.PREMIUM_LARGE_MESSAGE_KB
     else:
         low = high = limit
     if not low <= value <= high:

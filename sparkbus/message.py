@@ -56,6 +56,11 @@ class ServiceBusMessage:
     def body(self) -> bytes:
         return self._body
 
+    @property
+    def size_in_bytes(self) -> int:
+        """Body + header bytes: what the sender's size limits and the entity's size quota count."""
+        return message_size(self)
+
     def __str__(self) -> str:
         return self._body.decode("utf-8", errors="replace")
 

@@ -15,6 +15,7 @@ PREMIUM_MESSAGING_UNITS = (1, 2, 4, 8, 16)
 STANDARD_SIZES_MB = (1024, 2048, 3072, 4096, 5120)
 PREMIUM_SIZES_MB = STANDARD_SIZES_MB + (10240, 20480, 40960, 81920)
 PREMIUM_ENTITIES_PER_MESSAGING_UNIT = 1000
+PREMIUM_LARGE_MESSAGE_KB = 102_400  # premium entities with 1 partition take messages of up to 100 MB
 KB = 1024
 
 
@@ -94,6 +95,13 @@ def validate_tier(tier: object, partition_count: object, messaging_units: object
     if count not in PREMIUM_PARTITION_COUNTS:
         raise ValueError(f"premium partition_count must be one of {list(PREMIUM_PARTITION_COUNTS)}, got {count}")
     return count
+
+
+def largest_message_kb(tier: str, partition_count: int) -> int:
+    """The largest message size an entity of the tier can be configured to take."""
+    if tier == "premium" and partition_count == 1:
+        return PREMIUM_LARGE_MESSAGE_KB
+    return default_limits(tier, partition_count, 1).max_message_size_in_kilobytes
 
 
 def allowed_sizes_mb(tier: str) -> tuple[int, ...]:

@@ -1,0 +1,284 @@
+"""Credit-based throttling, the premium governor, retries of throttled requests and the request metrics,
+on real namespaces (the ledger file shared by spawned processes, Delta tables for the metrics)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import sparkbus
+from sparkbus import ServiceBusClient, ServiceBusMessage, ServiceBusServerBusyError
+from sparkbus.core import throttling
+from sparkbus.core.throttling import Bucket, replenished
+from sparkbus.engine import fanout
+from sparkbus.engine.namespace import open_catalog
+from sparkbus.engine.throttle import Slots
+
+from conftest import run_spawned, stored_messages
+
+TEXT = ("The request was terminated because the entity is being throttled. Error code: 50009. "
+        "Please wait 2 seconds and try again.")
+
+
+# ---- the rules (pure) -----------------------------------------------------------------------------------
+
+def test_the_error_text_is_the_services():
+    assert throttling.THROTTLED_TEXT == TEXT
+
+
+def test_a_bucket_is_replenished_each_period_up_to_a_full_one():
+    assert replenished(Bucket(10, 300), 11, 1000) == Bucket(11, 1000)  # never above a full bucket
+    assert replenished(Bucket(10, -3500), 12, 1000) == Bucket(12, -1500)
+    assert replenished(Bucket(10, 20), 10, 1000) == Bucket(10, 20)
+    assert replenished(Bucket(10, 20), 9, 1000) == Bucket(10, 20)  # a clock stepped back changes nothing
+
+
+def test_bulk_work_is_admitted_then_repaid_over_the_following_periods():
+    bucket = Bucket(0, 1000)
+    assert throttling.admits(bucket)
+    bucket = throttling.charged(bucket, 5000)  # one 5,000-message DataFrame: admitted, balance -4,000
+    assert bucket.balance == -4000
+    waits = [p for p in range(1, 10) if not throttling.admits(replenished(bucket, p, 1000))]
+    assert waits == [1, 2, 3, 4]  # about five seconds later the namespace is admitted again
+    assert not throttling.admits(Bucket(0, 0))  # admitted only while the balance is positive
+
+
+def test_costs_and_budgets_follow_the_seeds():
+    assert (throttling.data_cost(7), throttling.MANAGEMENT_COST, throttling.filter_cost(10, 3)) == (7, 10, 30)
+    assert throttling.budget("standard", 1000, 1) == throttling.Budget(1000, None)
+    assert throttling.budget("basic", None, 1) == throttling.Budget(None, None)
+    one, two = throttling.budget("premium", None, 1), throttling.budget("premium", None, 2)
+    assert one.credits_per_second > 1000  # 1 MU is faster than a standard namespace
+    assert (two.credits_per_second, two.concurrency) == (2 * one.credits_per_second, 2 * one.concurrency)
+
+
+# ---- admission on a real namespace ---------------------------------------------------------------------
+
+def _filled(ns_path: str, count: int, credits: int = 1000) -> None:
+    """A queue 'q' holding count small messages, sent unthrottled; then the namespace gets its budget."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q")
+    with ServiceBusClient(ns_path).get_queue_sender("q") as sender:
+        for start in range(0, count, 1000):
+            sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}")
+                                  for i in range(start, min(start + 1000, count))])
+    admin.update_namespace(credits_per_second=credits)
+
+
+def _in_debt(ns_path: str, peeked: int) -> None:
+    """Spend `peeked` credits in one admitted request (a peek is charged per message it returns)."""
+    with ServiceBusClient(ns_path).get_queue_receiver("q") as receiver:
+        assert len(receiver.peek_messages(peeked, sequence_number=1)) == peeked
+
+
+def test_out_of_credits_with_retry_total_0_raises_50009_and_does_nothing(ns_path):
+    _filled(ns_path, 4000)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path, retry_total=0)
+    before = stored_messages(admin, "q").num_rows
+    _in_debt(ns_path, 4000)  # balance about -3,000: three seconds of credits owed
+    client = ServiceBusClient(ns_path, retry_total=0)
+    with pytest.raises(ServiceBusServerBusyError) as sent:
+        client.get_queue_sender("q").send_messages(ServiceBusMessage("late", message_id="late"))
+    assert str(sent.value) == TEXT
+    receiver = client.get_queue_receiver("q")
+    with pytest.raises(ServiceBusServerBusyError, match="Error code: 50009"):
+        receiver.receive_messages(max_message_count=5)
+    with pytest.raises(ServiceBusServerBusyError, match="Error code: 50009"):
+        admin.get_queue("q")  # management is throttled too
+    time.sleep(4.5)  # the debt is repaid
+    runtime = admin.get_queue_runtime_properties("q")
+    assert runtime.active_message_count == before == 4000  # nothing written, nothing locked
+    assert stored_messages(admin, "q").num_rows == before
+    peeked = ServiceBusClient(ns_path).get_queue_receiver("q").peek_messages(4000, sequence_number=1)
+    assert all(m.delivery_count == 0 for m in peeked)  # nothing locked or delivered
+    usage = admin.get_namespace_metrics()
+    assert usage.throttled_requests >= 3
+
+
+def test_a_throttled_request_succeeds_once_credits_return_and_is_stored_once(ns_path):
+    _filled(ns_path, 3000)
+    _in_debt(ns_path, 3000)
+    started = time.monotonic()
+    client = ServiceBusClient(ns_path, retry_total=10, retry_backoff_factor=0.2, retry_backoff_max=1)
+    client.get_queue_sender("q").send_messages(ServiceBusMessage("after", message_id="after"))
+    assert time.monotonic() - started >= 1.0  # waited for at least two replenishments (-2,000 owed)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    ids = stored_messages(admin, "q")["message_id"].to_pylist()
+    assert ids.count("after") == 1 and len(ids) == 3001
+    metrics = admin.get_entity_metrics("q")
+    assert metrics.throttled_requests >= 1
+    assert metrics.incoming_messages == 3001 and metrics.credits_used == 3000 + 3000 + 1
+
+
+def test_management_costs_10_and_data_operations_1_per_message(ns_path):
+    sparkbus.create_namespace(ns_path)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q")
+    admin.get_queue("q")
+    admin.list_queues()
+    client = ServiceBusClient(ns_path)
+    client.get_queue_sender("q").send_messages([ServiceBusMessage(str(i)) for i in range(5)])
+    receiver = client.get_queue_receiver("q")
+    got = receiver.receive_messages(max_message_count=3, max_wait_time=1)
+    receiver.complete_messages(got)  # settlement is counted, not charged
+    receiver.peek_messages(10)
+    queue = admin.get_entity_metrics("q")
+    assert (queue.incoming_messages, queue.outgoing_messages) == (5, 3)
+    assert queue.credits_used == 5 + 3 + 2  # sent, received, peeked (the two left)
+    assert queue.successful_requests == 4 and queue.throttled_requests == 0
+    namespace = admin.get_namespace_metrics()
+    assert namespace.credits_used == 3 * 10 + 10  # three management calls, plus the queue's 10 credits
+    assert namespace.incoming_requests == namespace.successful_requests == 3 + 4
+
+
+def test_fan_out_is_charged_one_credit_per_filter_evaluated(ns_path):
+    sparkbus.create_namespace(ns_path)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_topic("t")
+    admin.create_subscription("t", "all")                 # $Default: one filter
+    admin.create_subscription("t", "two")
+    admin.create_rule("t", "two", "red", filter=sparkbus.SqlRuleFilter("color = 'red'"))  # $Default + red
+    ServiceBusClient(ns_path).get_topic_sender("t").send_messages(
+        [ServiceBusMessage(str(i), application_properties={"color": "red"}) for i in range(10)])
+    done = fanout.drain(open_catalog(ns_path), "t")
+    assert done.evaluations == 10 * 3
+    topic = admin.get_entity_metrics("t")
+    assert topic.credits_used == 10 + 30  # the send, then every filter evaluated for every message
+
+
+def test_a_dataframe_send_goes_through_then_the_namespace_waits(ns_path, spark):
+    sparkbus.create_namespace(ns_path)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+    client = ServiceBusClient(ns_path, spark=spark, retry_total=0)
+    sender = client.get_queue_sender("q")
+    df = spark.range(5000).selectExpr("CAST(id AS STRING) AS body")
+    assert sender.send_dataframe(df).message_count == 5000  # admitted with a positive balance
+    with pytest.raises(ServiceBusServerBusyError, match="Error code: 50009"):
+        sender.send_messages(ServiceBusMessage("next"))
+    started = time.monotonic()
+    patient = ServiceBusClient(ns_path, retry_total=20, retry_backoff_factor=0.2, retry_backoff_max=0.5)
+    patient.get_queue_sender("q").send_messages(ServiceBusMessage("next"))
+    waited = time.monotonic() - started
+    assert 2.5 <= waited <= 30  # -4,000 owed: admitted about four to five seconds after the send
+
+
+# ---- the budget is the namespace's: spawned processes share it ------------------------------------------
+
+def _burst(path: str, worker: int, count: int, threads: int, barrier, results) -> None:
+    """Send count single messages from `threads` threads; puts (worker, seconds)."""
+    client = ServiceBusClient(path, retry_total=30, retry_backoff_factor=0.1, retry_backoff_max=0.5)
+    sender = client.get_queue_sender("q")
+    share = [list(range(t, count, threads)) for t in range(threads)]
+
+    def send(numbers: list[int]) -> None:
+        for n in numbers:
+            sender.send_messages(ServiceBusMessage(f"{worker}-{n}", message_id=f"{worker}-{n}"))
+    pool = [threading.Thread(target=send, args=(numbers,)) for numbers in share]
+    barrier.wait()
+    started = time.monotonic()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    elapsed = time.monotonic() - started
+    client.close()  # persists this process's metrics
+    results.put((worker, elapsed))
+
+
+@pytest.mark.slow
+def test_a_burst_from_two_processes_shares_one_budget(ns_path, spawn):
+    sparkbus.create_namespace(ns_path)  # the default budget: 1,000 credits per second
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q", enable_partitioning=True)
+    outcomes = run_spawned(spawn, _burst, [(ns_path, w, 1500, 16) for w in range(2)])
+    ids = stored_messages(admin, "q")["message_id"].to_pylist()
+    assert sorted(ids) == sorted(f"{w}-{n}" for w in range(2) for n in range(1500))  # each exactly once
+    usage = admin.get_entity_metrics("q")
+    assert usage.throttled_requests > 0
+    assert usage.incoming_messages == usage.credits_used == 3000
+    # 3,000 credits at 1,000 per period: at least two replenishments, so more than a second; and never
+    # more than a full bucket per period crossed, plus what concurrent admissions overdrew (one each).
+    elapsed = max(seconds for _, seconds in outcomes)
+    assert elapsed > 1.0
+    assert 3000 <= 1000 * (int(elapsed) + 2) + 2 * 16
+
+
+# ---- premium: the governor ------------------------------------------------------------------------------
+
+def _admitted(receiver, seconds: float) -> int:
+    """Credits admitted to peeks of 1,000 messages (retry_total=0) over `seconds`."""
+    admitted, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            admitted += len(receiver.peek_messages(1000, sequence_number=1))
+        except ServiceBusServerBusyError:
+            time.sleep(0.01)
+    return admitted
+
+
+@pytest.mark.slow
+def test_premium_scaling_from_1_to_2_messaging_units_raises_the_admitted_rate(ns_path):
+    sparkbus.create_namespace(ns_path, tier="premium", messaging_units=1)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q")
+    with ServiceBusClient(ns_path).get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage(str(i)) for i in range(1000)])
+    receiver = ServiceBusClient(ns_path, retry_total=0).get_queue_receiver("q")
+    time.sleep(1.1)
+    one = _admitted(receiver, 3.0)
+    admin.update_namespace(messaging_units=2)  # the running receiver follows at its next operation
+    assert admin.get_namespace_properties().messaging_units == 2
+    time.sleep(1.1)
+    two = _admitted(receiver, 3.0)
+    assert two > 1.5 * one, (one, two)
+    metrics = admin.get_namespace_metrics()
+    assert metrics.throttled_requests > 0
+    assert metrics.cpu_percent is not None and metrics.memory_percent is not None  # premium resources
+
+
+def _hold_slots(path: str, count: int, ready, _results) -> None:
+    slots = Slots(path)
+    for _ in range(count):
+        assert slots.take(count) is not None
+    ready.wait()
+    time.sleep(600)
+
+
+def test_premium_concurrency_is_bounded_across_processes_and_a_dead_holder_frees_its_slots(ns_path, spawn):
+    sparkbus.create_namespace(ns_path, tier="premium", messaging_units=1)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+    limit = throttling.budget("premium", None, 1).concurrency
+    ready = spawn.Barrier(2)
+    holder = spawn.Process(target=_hold_slots, args=(os.path.abspath(ns_path), limit, ready, None))
+    holder.start()
+    try:
+        ready.wait(timeout=60)  # every slot is held by another process
+        receiver = ServiceBusClient(ns_path, retry_total=0).get_queue_receiver("q")
+        with pytest.raises(ServiceBusServerBusyError) as busy:
+            receiver.peek_messages(1)
+        assert str(busy.value) == TEXT
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # a crashed client: the kernel releases its locks
+        holder.join(timeout=30)
+    assert receiver.peek_messages(1) == []
+
+
+def test_update_namespace_checks_its_arguments_and_writes_nothing_on_error(ns_path):
+    sparkbus.create_namespace(ns_path)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    with pytest.raises(ValueError, match="messaging_units applies to the premium tier only"):
+        admin.update_namespace(messaging_units=2)
+    with pytest.raises(ValueError, match="credits_per_second must be at least 1"):
+        admin.update_namespace(credits_per_second=0)
+    with pytest.raises(TypeError, match="update_namespace takes"):
+        admin.update_namespace()
+    assert admin.get_namespace_properties().credits_per_second == 1000
+    premium = str(os.path.join(os.path.dirname(ns_path), "premium"))
+    sparkbus.create_namespace(premium, tier="premium")
+    with pytest.raises(ValueError, match="premium messaging_units must be one of"):
+        sparkbus.ServiceBusAdministrationClient(premium).update_namespace(messaging_units=3)
+    assert sparkbus.ServiceBusAdministrationClient(premium).get_namespace_properties().messaging_units == 1
