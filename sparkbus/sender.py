@@ -40,7 +40,8 @@ def sent(count: int) -> Usage:
 
 
 class ServiceBusSender:
-    """Sender of one queue or topic. One send_messages call is one atomic Delta commit.
+    """Sender of one queue or topic. The messages of one send_messages call commit atomically; threads
+    sending through one sender at once share commits (group commit, sparkbus.engine.enqueue).
 
     Every call is admitted by the namespace's throttling (sparkbus.engine.throttle) and charged 1 credit
     per message; a throttled call is retried under the client's retry policy.
@@ -92,7 +93,7 @@ class ServiceBusSender:
             return
         if messages:
             rows = to_outgoing(messages)
-            self._charged(len(messages), lambda: self._writer.append(rows))
+            self._charged(len(messages), lambda: self._writer.send(rows))
 
     def _send(self, messages: list[ServiceBusMessage], *, batch_limit: bool = True) -> EnqueueResult:
         """One atomic commit of messages, returning the result (used by transactions)."""
@@ -110,7 +111,7 @@ class ServiceBusSender:
         if not messages:
             return []
         rows = to_outgoing(messages)
-        result = self._charged(len(messages), lambda: self._writer.append(rows))
+        result = self._charged(len(messages), lambda: self._writer.send(rows))
         return [s for s in result.sequence_numbers if s is not None]
 
     def cancel_scheduled_messages(self, sequence_numbers: Union[int, Iterable[int]], *,

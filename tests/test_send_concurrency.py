@@ -84,3 +84,56 @@ def test_retry_policy_under_six_writers_of_one_partition(spawn, admin, ns_path, 
         assert refused > 0
     else:
         assert refused == 0
+
+
+# ---- group commit: threads of one process sharing a sender ----------------------------------------------
+
+def _together(calls: list) -> list:
+    """Run the calls on their own threads, released at once; returns each one's result or exception."""
+    import threading
+
+    start, outcomes = threading.Barrier(len(calls)), [None] * len(calls)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            outcomes[i] = calls[i]()
+        except Exception as error:  # the outcome under test
+            outcomes[i] = error
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_threads_sharing_a_sender_share_commits_and_each_gets_its_own_answer(admin, ns_path):
+    import sparkbus
+    from datetime import datetime, timedelta, timezone
+
+    from sparkbus import MessageSizeExceededError, ServiceBusMessage, storage
+
+    admin.create_queue("q", requires_duplicate_detection=True, enable_partitioning=True)
+    sender = sparkbus.ServiceBusClient(ns_path).get_queue_sender("q")
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    too_big = ServiceBusMessage(b"x" * (300 * 1024))
+    calls = ([lambda i=i: sender.send_messages(ServiceBusMessage(f"m{i}", message_id=f"id{i}")) for i in range(24)]
+             + [lambda i=i: sender.schedule_messages(ServiceBusMessage(f"s{i}", message_id=f"s{i}"), later)
+                for i in range(4)]
+             + [lambda: sender.send_messages(ServiceBusMessage("again", message_id="id0"))]  # a duplicate
+             + [lambda: sender.send_messages(too_big)]
+             + [lambda: sender.send_messages([ServiceBusMessage(b"y" * (100 * 1024)) for _ in range(3)])])
+    outcomes = _together(calls)
+    assert isinstance(outcomes[-2], MessageSizeExceededError)  # a refused message: only its caller fails
+    assert isinstance(outcomes[-1], MessageSizeExceededError) and "the batch of 3 messages" in str(outcomes[-1])
+    assert all(o is None for o in outcomes[:24]) and outcomes[28] is None
+    scheduled = outcomes[24:28]
+    assert all(len(numbers) == 1 for numbers in scheduled)  # each caller gets its own sequence number
+    rows = stored_messages(admin, "q")
+    by_id = dict(zip(rows["message_id"].to_pylist(), rows["sequence_number"].to_pylist()))
+    assert sorted(by_id) == sorted([f"id{i}" for i in range(24)] + [f"s{i}" for i in range(4)])
+    assert rows.num_rows == 28  # the duplicate of id0 was discarded, whichever commit held it
+    assert [by_id[f"s{i}"] for i in range(4)] == [numbers[0] for numbers in scheduled]
+    table = storage.open_table(admin.get_entity_tables("q")["messages"])
+    assert table.version() < 15  # 29 sends committed in a few shared commits (version 0 is the creation)

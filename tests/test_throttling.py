@@ -168,6 +168,9 @@ def test_a_dataframe_send_goes_through_then_the_namespace_waits(ns_path, spark):
 
 # ---- the budget is the namespace's: spawned processes share it ------------------------------------------
 
+THREADS = 48
+
+
 def _burst(path: str, worker: int, count: int, threads: int, barrier, results) -> None:
     """Send count single messages from `threads` threads; puts (worker, seconds)."""
     client = ServiceBusClient(path, retry_total=30, retry_backoff_factor=0.1, retry_backoff_max=0.5)
@@ -193,8 +196,10 @@ def _burst(path: str, worker: int, count: int, threads: int, barrier, results) -
 def test_a_burst_from_two_processes_shares_one_budget(ns_path, spawn):
     sparkbus.create_namespace(ns_path)  # the default budget: 1,000 credits per second
     admin = sparkbus.ServiceBusAdministrationClient(ns_path)
-    admin.create_queue("q", enable_partitioning=True)
-    outcomes = run_spawned(spawn, _burst, [(ns_path, w, 1500, 16) for w in range(2)])
+    admin.create_queue("q")
+    # 48 threads a process: their sends share commits (group commit), so the two processes together
+    # ask for more than 1,000 sends a second and the shared budget has to hold them back
+    outcomes = run_spawned(spawn, _burst, [(ns_path, w, 1500, THREADS) for w in range(2)])
     ids = stored_messages(admin, "q")["message_id"].to_pylist()
     assert sorted(ids) == sorted(f"{w}-{n}" for w in range(2) for n in range(1500))  # each exactly once
     usage = admin.get_entity_metrics("q")
@@ -204,7 +209,7 @@ def test_a_burst_from_two_processes_shares_one_budget(ns_path, spawn):
     # more than a full bucket per period crossed, plus what concurrent admissions overdrew (one each).
     elapsed = max(seconds for _, seconds in outcomes)
     assert elapsed > 1.0
-    assert 3000 <= 1000 * (int(elapsed) + 2) + 2 * 16
+    assert 3000 <= 1000 * (int(elapsed) + 2) + 2 * THREADS
 
 
 # ---- premium: the governor ------------------------------------------------------------------------------

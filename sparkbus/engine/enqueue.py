@@ -2,9 +2,19 @@
 
 One call is one Delta commit: every accepted message of the call becomes visible at once, across
 partitions, or none does. Nothing here knows about the azure-shaped API classes.
+
+Group commit (EntityWriter.send): a commit costs milliseconds of delta-rs work whatever it holds, so
+threads of one process sending to the same entity at the same time share commits. The first caller
+leads a group; callers arriving while the previous group commits join it; the leader commits the group's
+messages in one commit (placement, duplicate detection and numbering as if the callers had sent one
+after the other) and hands each caller its own result. Every caller still returns only after its
+messages committed, so acknowledgement means the same. If the entity refuses the group (a quota, a
+disabled entity: raised before anything is written), each caller's messages are committed on their own,
+so one caller's refusal never becomes another's.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Optional
@@ -19,7 +29,7 @@ from ..core import partitioning, sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
-                          MessagingEntityDisabledError, ServiceBusQuotaExceededError)
+                          MessagingEntityDisabledError, ServiceBusError, ServiceBusQuotaExceededError)
 from ..storage import maintenance
 from ..storage.schemas import CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
@@ -79,6 +89,33 @@ def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[
     return body, header
 
 
+@dataclass
+class _Member:
+    """One caller's messages in a group commit, and what came of them."""
+
+    rows: pa.Table
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Optional[EnqueueResult] = None
+    error: Optional[BaseException] = None
+
+
+def _split(result: EnqueueResult, sizes: list[int]) -> list[EnqueueResult]:
+    """Per caller, its part of a group commit's result (rows in the order the callers' rows were joined)."""
+    parts, start = [], 0
+    for size in sizes:
+        numbers = result.sequence_numbers[start:start + size]
+        start += size
+        ranges: dict[int, tuple[int, int]] = {}
+        for n in numbers:
+            if n is not None:
+                p = sequencing.partition_of_sequence(n)
+                low, high = ranges.get(p, (n, n))
+                ranges[p] = (min(low, n), max(high, n))
+        accepted = sum(n is not None for n in numbers)
+        parts.append(EnqueueResult(accepted, size - accepted, numbers, ranges))
+    return parts
+
+
 class EntityWriter:
     """Appends to one entity's messages table, keeping its table handle and high-water marks between sends."""
 
@@ -93,6 +130,76 @@ class EntityWriter:
         self._marks: dict[int, int] = {}
         self._bounds: dict[int, int] = {}
         self._cached_version = -1
+        self._joining = threading.Lock()     # guards _group
+        self._committing = threading.Lock()  # one group commit at a time
+        self._group: Optional[list[_Member]] = None  # the group new callers join
+
+    def send(self, rows: pa.Table) -> EnqueueResult:
+        """append() of one caller's messages (OUTGOING rows, within the batch limit), committed together
+        with other threads' concurrent sends to this entity (see the module docstring)."""
+        member = _Member(rows)
+        with self._joining:
+            leads = self._group is None
+            if leads:
+                self._group = []
+            group = self._group
+            group.append(member)
+        if leads:
+            with self._committing:  # while the previous group commits, others join this one
+                with self._joining:
+                    self._group = None
+                self._commit_group(group)
+        member.done.wait()
+        if member.error is not None:
+            raise member.error
+        return member.result
+
+    def _commit_group(self, group: list[_Member]) -> None:
+        try:
+            if len(group) > 1:
+                try:
+                    self._commit_together(group)
+                    return
+                except (ServiceBusError, ValueError, TypeError):  # refused before writing: each on its own
+                    pass
+            for member in group:
+                try:
+                    member.result = self.append(member.rows)
+                except BaseException as error:
+                    member.error = error
+        except BaseException as error:
+            for member in group:
+                if member.result is None and member.error is None:
+                    member.error = error
+        finally:
+            for member in group:
+                member.done.set()
+
+    def _commit_together(self, group: list[_Member]) -> None:
+        """One commit of the group's messages. A caller whose own messages break a size or session rule
+        (or its batch limit) is answered on its own, by the same checks it would meet alone, so it does
+        not hold back the others."""
+        info = self.info()
+        rows = pa.concat_tables([m.rows for m in group])
+        counts = [m.rows.num_rows for m in group]  # each at least 1: senders skip empty sends
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        body = np.asarray(body_sizes(rows), dtype=np.int64)
+        header = np.asarray(header_sizes(rows), dtype=np.int64)
+        broken = (header > info.max_header_bytes) | (body + header > info.max_message_bytes)
+        if info.options.requires_session:
+            broken |= np.asarray(pc.is_null(rows["session_id"]))
+        alone = np.logical_or.reduceat(broken, starts) | (np.add.reduceat(body + header, starts) > info.max_batch_bytes)
+        for member in (m for m, refused in zip(group, alone) if refused):
+            try:
+                member.result = self.append(member.rows, info=info)
+            except BaseException as error:
+                member.error = error
+        members = [m for m, refused in zip(group, alone) if not refused]
+        if members:
+            together = rows.filter(pa.array(np.repeat(~alone, counts))) if alone.any() else rows
+            result = self.append(together, batch_limit=False, info=info)
+            for member, part in zip(members, _split(result, [m.rows.num_rows for m in members])):
+                member.result = part
 
     def info(self) -> EntityInfo:
         return self._info_source()
