@@ -7,7 +7,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast bench bench-send bench-receive bench-fanout bench-forward clean
+.PHONY: install demo test test-fast bench bench-send bench-receive bench-fanout bench-forward bench-throttle clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow'
 
-bench: bench-send bench-receive bench-fanout bench-forward
+bench: bench-send bench-receive bench-fanout bench-forward bench-throttle
 
 bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
@@ -46,6 +46,9 @@ bench-fanout: install
 
 bench-forward: install
 	$(BIN)/python benchmarks/bench_forward.py --messages 200000 --latency 100
+
+bench-throttle: install
+	$(BIN)/python benchmarks/bench_throttle.py --budgets 1000,10000 --seconds 5 --sends 1000
 
 clean:
 	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info

@@ -1,5 +1,6 @@
-"""The `sparkbus` command: apply namespace definitions, show a namespace, mark partitions (operators),
-plan capacity, and run background work: fan-out, forwarding, or all of it as the namespace service (`serve`)."""
+"""The `sparkbus` command: apply namespace definitions, show a namespace, its metrics and plot them, scale
+it (update-namespace), mark partitions (operators), plan capacity, and run background work: fan-out,
+forwarding, or all of it as the namespace service (`serve`)."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,9 @@ from .capacity import format_plan, format_seed_table, plan
 from .definitions import apply_definition, load_definition
 from .engine.availability import set_partition_availability
 from .exceptions import ServiceBusError
+from .engine.namespace import NamespaceProperties
 from .management import ServiceBusAdministrationClient
+from .metrics import format_metrics, plot_metrics
 
 COLUMNS = ("kind", "path", "partitions", "status", "availability", "active", "dead_letter", "scheduled",
            "total", "size_in_bytes")
@@ -51,9 +54,40 @@ def format_table(rows: list[dict], columns: Sequence[str] = COLUMNS) -> str:
 def _show(args: argparse.Namespace) -> None:
     admin = ServiceBusAdministrationClient(args.namespace)
     ns = admin.get_namespace_properties()
-    credits = "off" if ns.credits_per_second is None else f"{ns.credits_per_second}/s"
-    print(f"namespace {ns.path}  tier={ns.tier}  partition_count={ns.partition_count}  credits={credits}")
+    print(_namespace_line(ns))
     print(format_table(namespace_rows(admin)))
+
+
+def _namespace_line(ns: NamespaceProperties) -> str:
+    if ns.tier == "premium":
+        limits = f"messaging_units={ns.messaging_units}"
+    else:
+        limits = "credits=" + ("off" if ns.credits_per_second is None else f"{ns.credits_per_second}/s")
+    return f"namespace {ns.path}  tier={ns.tier}  partition_count={ns.partition_count}  {limits}"
+
+
+def _metrics(args: argparse.Namespace) -> None:
+    """Totals and per-minute counts of the namespace or one entity; --plot also writes them as a PNG."""
+    admin = ServiceBusAdministrationClient(args.namespace)
+    report = admin.get_entity_metrics(args.entity) if args.entity else admin.get_namespace_metrics()
+    print(format_metrics(report))
+    if args.plot:
+        print(f"plot written to {plot_metrics(report, args.plot)}")
+
+
+def _update_namespace(args: argparse.Namespace) -> None:
+    """Scale a premium namespace or change a basic/standard namespace's credits per second."""
+    changes: dict = {}
+    if args.messaging_units is not None:
+        changes["messaging_units"] = args.messaging_units
+    if args.credits_per_second is not None:
+        text = args.credits_per_second
+        if text != "off" and not text.isdigit():
+            raise ValueError(f"--credits-per-second takes a whole number or 'off', got {text!r}")
+        changes["credits_per_second"] = None if text == "off" else int(text)
+    if not changes:
+        raise ValueError("update-namespace needs --messaging-units N (premium) or --credits-per-second N|off")
+    print(_namespace_line(ServiceBusAdministrationClient(args.namespace).update_namespace(**changes)))
 
 
 def _apply(args: argparse.Namespace) -> None:
@@ -158,6 +192,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     apply.set_defaults(run=_apply)
     show = commands.add_parser("show", help="print entities and their runtime properties")
     show.set_defaults(run=_show)
+    met = commands.add_parser("metrics", help="request and message counts per minute (and a PNG plot of them)")
+    met.add_argument("--entity", help="one queue, topic or '<topic>/Subscriptions/<name>'; default: the namespace")
+    met.add_argument("--plot", metavar="FILE.png", help="also draw throughput and throttled requests into FILE.png")
+    met.set_defaults(run=_metrics)
+    upd = commands.add_parser("update-namespace", help="scale a premium namespace or set the credit budget")
+    upd.add_argument("--messaging-units", type=int, help="premium: 1, 2, 4, 8 or 16")
+    upd.add_argument("--credits-per-second", help="basic/standard: credits per second, or 'off'")
+    upd.set_defaults(run=_update_namespace)
     part = commands.add_parser("partition", help="mark a partition unavailable or available again (operators)")
     part.add_argument("--partition", type=int, required=True)
     part.add_argument("--entity", help="queue, topic or '<topic>/Subscriptions/<name>'; default: every entity")
@@ -192,7 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     serve.add_argument("--maintenance-interval", type=float, default=30.0,
                        help="seconds between maintenance sweeps (retention, compaction, log cleanup)")
     serve.set_defaults(run=_serve)
-    for sub in (apply, show, part, fan, forward, serve):
+    for sub in (apply, show, met, upd, part, fan, forward, serve):
         sub.add_argument("--namespace", required=True, help="namespace directory or file:// URI")
     args = parser.parse_args(argv)
     try:

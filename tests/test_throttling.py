@@ -287,3 +287,43 @@ def test_update_namespace_checks_its_arguments_and_writes_nothing_on_error(ns_pa
     with pytest.raises(ValueError, match="premium messaging_units must be one of"):
         sparkbus.ServiceBusAdministrationClient(premium).update_namespace(messaging_units=3)
     assert sparkbus.ServiceBusAdministrationClient(premium).get_namespace_properties().messaging_units == 1
+
+
+# ---- metrics: persisted by every process, read by any ----------------------------------------------------
+
+def _send_and_close(path: str, count: int, barrier, results) -> None:
+    barrier.wait()
+    with ServiceBusClient(path) as client:  # closing persists the process's metrics
+        client.get_queue_sender("q").send_messages([ServiceBusMessage(str(i)) for i in range(count)])
+    results.put(count)
+
+
+def test_metrics_persisted_by_other_processes_are_read_plotted_and_listed(ns_path, spawn, tmp_path):
+    import subprocess
+    import sys
+
+    from sparkbus.metrics import metrics_table
+
+    sparkbus.create_namespace(ns_path)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+    run_spawned(spawn, _send_and_close, [(ns_path, 7), (ns_path, 5)])
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    queue = admin.get_entity_metrics("q")  # only other processes sent: all of it came from the table
+    assert (queue.incoming_messages, queue.successful_requests, queue.credits_used) == (12, 2, 12)
+    assert sum(p.incoming_messages for p in queue.points) == 12
+    rows = metrics_table(ns_path).to_pylist()
+    assert len({r["process"] for r in rows if r["entity"] == "q"}) == 2  # one row per process
+    png = tmp_path / "metrics.png"
+    cli = [sys.executable, "-m", "sparkbus.cli"]
+    shown = subprocess.run([*cli, "metrics", "--namespace", ns_path, "--entity", "q", "--plot", str(png)],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "incoming_messages=12" in shown.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    changed = subprocess.run([*cli, "update-namespace", "--namespace", ns_path, "--credits-per-second", "250"],
+                             capture_output=True, text=True, timeout=120)
+    assert changed.returncode == 0 and "credits=250/s" in changed.stdout
+    assert admin.get_namespace_properties().credits_per_second == 250
+    refused = subprocess.run([*cli, "update-namespace", "--namespace", ns_path, "--credits-per-second", "many"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "takes a whole number or 'off'" in refused.stderr

@@ -186,15 +186,21 @@ def _memory_percent() -> float:
         return 0.0
 
 
+def all_rows(root: str, recorder: Optional[Recorder]) -> pa.Table:
+    """The persisted METRICS rows of the namespace and the recorder's unpersisted ones."""
+    uri = os.path.join(root, METRICS_DIR)
+    parts = [storage.query("SELECT * FROM metrics ORDER BY time_utc", metrics=storage.open_table(uri))
+             ] if storage.table_exists(uri) else []
+    if recorder is not None:
+        parts.append(recorder.pending())
+    return pa.concat_tables([p.select(METRICS.names).cast(METRICS) for p in parts]) if parts else METRICS.empty_table()
+
+
 def read(root: str, recorder: Optional[Recorder], *, entity: Optional[str] = None,
          start: Optional[datetime] = None, end: Optional[datetime] = None) -> Metrics:
     """Totals and per-minute points of the namespace (entity=None) or one entity, from the metrics table
     and this process's unpersisted counts, for minutes in [start, end)."""
-    uri = os.path.join(root, METRICS_DIR)
-    parts = [storage.query("SELECT * FROM metrics", metrics=storage.open_table(uri))] if storage.table_exists(uri) else []
-    if recorder is not None:
-        parts.append(recorder.pending())
-    rows = pa.concat_tables([p.select(METRICS.names).cast(METRICS) for p in parts]) if parts else METRICS.empty_table()
+    rows = all_rows(root, recorder)
     if entity is not None:
         rows = rows.filter(pc.equal(rows["entity"], entity))
     if start is not None:
