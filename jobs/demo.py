@@ -12,6 +12,7 @@ import pyarrow as pa
 from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusAdministrationClient, ServiceBusClient, ServiceBusMessage
 from sparkbus.cli import format_table, namespace_rows
 from sparkbus.definitions import apply_definition, load_definition
+from sparkbus.metrics import format_metrics
 from sparkbus.spark import get_spark
 from sparkbus.streaming import fanout_once, forward_once
 
@@ -47,7 +48,8 @@ def main() -> None:
                                                 "concat('bulk-', id) AS message_id")
         result = sender.send_dataframe(orders)
         print(f"\nsent a DataFrame of 10,000 orders in one commit: {result.message_count} accepted, "
-              f"{result.duplicate_count} duplicates, {len(result.partitions)} partitions")
+              f"{result.duplicate_count} duplicates, {len(result.partitions)} partitions; the namespace's "
+              "1,000 credits per second now owe about 9 s, so the next requests wait (throttled, retried)")
     with client.get_queue_sender("invoices") as sender, client.transaction() as txn:
         for i in range(3):
             sender.send_messages(ServiceBusMessage(f"invoice line {i}", session_id="customer-7"), transaction=txn)
@@ -96,6 +98,9 @@ def main() -> None:
     print("\nSpark SQL over the namespace:")
     spark.sql("SELECT kind, count(*) AS entities, sum(partitions) AS partitions, sum(active) AS messages "
               "FROM entities GROUP BY kind ORDER BY kind").show()
+    client.close()  # persists this process's request metrics to the namespace's _metrics table
+    print("request metrics (as `sparkbus metrics --namespace ...` prints them):")
+    print(format_metrics(admin.get_namespace_metrics()))
     spark.stop()
 
 

@@ -44,6 +44,7 @@ def test_bulk_work_is_admitted_then_repaid_over_the_following_periods():
     waits = [p for p in range(1, 10) if not throttling.admits(replenished(bucket, p, 1000))]
     assert waits == [1, 2, 3, 4]  # about five seconds later the namespace is admitted again
     assert not throttling.admits(Bucket(0, 0))  # admitted only while the balance is positive
+    assert [throttling.periods_until_admitted(Bucket(0, b), 1000) for b in (1, 0, -1, -4000, -4500)] == [0, 1, 1, 5, 5]
 
 
 def test_costs_and_budgets_follow_the_seeds():

@@ -75,13 +75,16 @@ def admits(bucket: Bucket) -> bool:
     return bucket.balance > 0
 
 
+def periods_until_admitted(bucket: Bucket, credits_per_second: int) -> int:
+    """How many period starts from the bucket's period until its balance is positive (0: it is now)."""
+    if bucket.balance > 0:
+        return 0
+    return (credits_per_second - bucket.balance) // credits_per_second
+
+
 def charged(bucket: Bucket, credits: int) -> Bucket:
     """The bucket after an admitted operation used `credits` (the balance may go negative)."""
     return Bucket(bucket.period, bucket.balance - credits)
-
-
-def management_cost() -> int:
-    return MANAGEMENT_COST
 
 
 def data_cost(messages: int) -> int:

@@ -17,9 +17,11 @@ releases a dead process's locks, so a crashed client never keeps a slot.
 A request is admitted while the balance is positive; it is charged after it succeeded, with what it
 actually used (the messages a receive returned), and may drive the balance negative. A throttled request
 did nothing: it is refused before it reads or writes anything, and charged nothing. Clients retry it
-under their retry policy (exponential backoff with jitter, never sooner than the next period); after the
-last retry ServiceBusServerBusyError carries the service's text. Background work (fan-out, forwarding)
-waits for the next period instead.
+under their retry policy: each retry waits the policy's backoff (exponential, with jitter) or until the
+ledger's balance turns positive again, whichever is longer (at most retry_backoff_max), so a retry is not
+spent while the debt of a bulk send is still being repaid; after the last retry
+ServiceBusServerBusyError carries the service's text. Background work (fan-out, forwarding) waits until
+it is admitted instead.
 
 Several machines (namespaces on object storage): file locks only reach the processes of one machine.
 There each machine keeps its own ledger and takes a share of the budget, leased through a conditional
@@ -124,6 +126,17 @@ class Ledger:
                 return True, budget
             return throttling.admits(throttling.replenished(bucket, _period(), budget.credits_per_second)), budget
 
+    def seconds_until_admitted(self) -> float:
+        """How long until the balance is positive again (0 when it is, or without a credit budget)."""
+        with self._locked():
+            budget, bucket = self._read()
+            if budget.credits_per_second is None:
+                return 0.0
+            now = time.time()
+            bucket = throttling.replenished(bucket, int(now), budget.credits_per_second)
+            periods = throttling.periods_until_admitted(bucket, budget.credits_per_second)
+            return 0.0 if periods == 0 else int(now) + periods - now
+
     def charge(self, credits: int) -> None:
         with self._locked():
             budget, bucket = self._read()
@@ -198,7 +211,9 @@ class Governor:
             if not wait and retry >= policy.total:
                 raise ServiceBusServerBusyError(throttling.THROTTLED_TEXT)
             retry += 1
-            pause = _until_next_period() if wait else max(policy.backoff(retry), _until_next_period())
+            # not before the credits are back (the ledger knows when), nor before the policy's backoff
+            owed = max(self.ledger.seconds_until_admitted(), _until_next_period())
+            pause = owed if wait else min(max(policy.backoff(retry), owed), max(policy.backoff_max, 0.001))
             time.sleep(pause + random.uniform(0, 0.05))
 
     def count(self, entity: str, operation: Callable[[], T]) -> T:
