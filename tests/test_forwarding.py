@@ -317,6 +317,10 @@ def test_serve_handle_runs_fanout_and_forwarding(spark, admin, client, ns_path):
     finally:
         service.stop()
     assert not service.is_active and not service.query.isActive
+    from sparkbus import storage
+    persisted = storage.query("SELECT entity, sum(incoming_messages) AS n FROM metrics GROUP BY entity",
+                              metrics=storage.open_table(os.path.join(ns_path, "_metrics")))
+    assert dict(zip(*persisted.to_pydict().values()))["sink"] == 20  # the service persisted its metrics
     for path in ("front", "t/Subscriptions/s"):
         counts = (admin.get_queue_runtime_properties(path) if "/" not in path
                   else admin.get_subscription_runtime_properties("t", "s"))

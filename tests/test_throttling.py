@@ -170,12 +170,14 @@ def test_a_dataframe_send_goes_through_then_the_namespace_waits(ns_path, spark):
 # ---- the budget is the namespace's: spawned processes share it ------------------------------------------
 
 THREADS = 48
+READ = 2500  # credits a reader of the namespace spends as the burst starts
 
 
 def _burst(path: str, worker: int, count: int, threads: int, barrier, results) -> None:
-    """Send count single messages from `threads` threads; puts (worker, seconds)."""
+    """Send count single messages to 'burst' from `threads` threads (worker 0 first peeks READ messages of
+    'q', another workload of the namespace); puts (worker, seconds)."""
     client = ServiceBusClient(path, retry_total=30, retry_backoff_factor=0.1, retry_backoff_max=0.5)
-    sender = client.get_queue_sender("q")
+    sender = client.get_queue_sender("burst")
     share = [list(range(t, count, threads)) for t in range(threads)]
 
     def send(numbers: list[int]) -> None:
@@ -186,6 +188,8 @@ def _burst(path: str, worker: int, count: int, threads: int, barrier, results) -
     started = time.monotonic()
     for t in pool:
         t.start()
+    if worker == 0:
+        assert len(client.get_queue_receiver("q").peek_messages(READ, sequence_number=1)) == READ
     for t in pool:
         t.join()
     elapsed = time.monotonic() - started
@@ -195,22 +199,25 @@ def _burst(path: str, worker: int, count: int, threads: int, barrier, results) -
 
 @pytest.mark.slow
 def test_a_burst_from_two_processes_shares_one_budget(ns_path, spawn):
-    sparkbus.create_namespace(ns_path)  # the default budget: 1,000 credits per second
+    _filled(ns_path, READ)  # then the default budget: 1,000 credits per second
     admin = sparkbus.ServiceBusAdministrationClient(ns_path)
-    admin.create_queue("q")
-    # 48 threads a process: their sends share commits (group commit), so the two processes together
-    # ask for more than 1,000 sends a second and the shared budget has to hold them back
+    admin.create_queue("burst")
+    # 48 threads a process: their sends share commits (group commit), so the two processes ask for about
+    # as much as the budget gives; the reader's peek leaves the namespace 1,500 credits or more in debt
+    # at once, so sends are throttled however fast this machine is today.
     outcomes = run_spawned(spawn, _burst, [(ns_path, w, 1500, THREADS) for w in range(2)])
-    ids = stored_messages(admin, "q")["message_id"].to_pylist()
+    ids = stored_messages(admin, "burst")["message_id"].to_pylist()
     assert sorted(ids) == sorted(f"{w}-{n}" for w in range(2) for n in range(1500))  # each exactly once
-    usage = admin.get_entity_metrics("q")
-    assert usage.throttled_requests > 0
+    usage = admin.get_entity_metrics("burst")
+    assert usage.throttled_requests > 0, usage
     assert usage.incoming_messages == usage.credits_used == 3000
-    # 3,000 credits at 1,000 per period: at least two replenishments, so more than a second; and never
-    # more than a full bucket per period crossed, plus what concurrent admissions overdrew (one each).
+    assert admin.get_entity_metrics("q").credits_used == READ + READ  # filled (unthrottled), then peeked
+    # 5,500 credits at 1,000 per period, from at most a full bucket: admissions may overdraw (the peek by
+    # up to 2,499, each concurrent send by 1), so at least two replenishments, more than a second; and
+    # never more than a full bucket per period crossed.
     elapsed = max(seconds for _, seconds in outcomes)
-    assert elapsed > 1.0
-    assert 3000 <= 1000 * (int(elapsed) + 2) + 2 * THREADS
+    assert elapsed > 1.0, elapsed
+    assert 3000 + READ <= 1000 * (int(elapsed) + 2) + READ + 2 * THREADS, elapsed
 
 
 # ---- premium: the governor ------------------------------------------------------------------------------
@@ -328,3 +335,23 @@ def test_metrics_persisted_by_other_processes_are_read_plotted_and_listed(ns_pat
     refused = subprocess.run([*cli, "update-namespace", "--namespace", ns_path, "--credits-per-second", "many"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "takes a whole number or 'off'" in refused.stderr
+
+
+def test_forwarding_waits_for_credits_instead_of_failing(ns_path):
+    from sparkbus.engine.forwarding import forward_all
+
+    _filled(ns_path, 2500)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("dst")
+    admin.create_queue("src", forward_to="dst")
+    ServiceBusClient(ns_path).get_queue_sender("src").send_messages([ServiceBusMessage(str(i)) for i in range(10)])
+    _in_debt(ns_path, 2500)  # at least 1,500 credits owed
+    started = time.monotonic()
+    done = forward_all(open_catalog(ns_path))
+    assert time.monotonic() - started > 0.5  # it waited for a replenishment or two (at least one boundary)
+    assert done.forwarded == {"src": 10}
+    assert sorted(str(m) for m in ServiceBusClient(ns_path).get_queue_receiver("dst").peek_messages(20)) == \
+        sorted(str(i) for i in range(10))
+    destination = admin.get_entity_metrics("dst")
+    assert destination.throttled_requests >= 1 and destination.incoming_messages == 10
+    assert destination.credits_used == 10 + 10  # the forwarded copies as a send, and the peek above

@@ -67,7 +67,8 @@ class NamespaceService:
         return self._gate.closed.wait(timeout)
 
     def stop(self) -> None:
-        """Finish the batch (or sweep) under way, then stop the query and the sweeps."""
+        """Finish the batch (or sweep) under way, then stop the query and the sweeps, and persist the
+        process's metrics."""
         if self._gate.closed.is_set():
             return
         self._gate.closed.set()
@@ -75,4 +76,5 @@ class NamespaceService:
             pass
         background.stop_query(self.query)  # not under the lock: a batch waiting for it must be let through
         self._sweeper.join(timeout=60)
+        governor_of(Catalog(self.root)).recorder.flush()  # the counts since the last sweep
         LOG.info("stopped serving namespace %s", self.root)
