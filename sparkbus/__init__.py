@@ -3,14 +3,18 @@ from __future__ import annotations
 
 from .autolock import AutoLockRenewer
 from .client import ServiceBusClient
+from .core.connection import ServiceBusConnectionStringProperties, parse_connection_string
+from .core.vocabulary import TransportType
 from .core.entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                             SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
 from .engine.availability import set_partition_availability
 from .engine.enqueue import EnqueueResult
 from .engine.namespace import NamespaceProperties, create_namespace
-from .exceptions import (CommitConflictError, InvalidOperationError, MessageAlreadySettled, MessageLockLostError,
-                         MessageNotFoundError, MessageSizeExceededError, MessagingEntityAlreadyExistsError, MessagingEntityDisabledError,
-                         MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
+from .exceptions import (AutoLockRenewFailed, AutoLockRenewTimeout, CommitConflictError, InvalidOperationError,
+                         MessageAlreadySettled, MessageLockLostError, MessageNotFoundError, MessageSizeExceededError,
+                         MessagingEntityAlreadyExistsError, MessagingEntityDisabledError, MessagingEntityNotFoundError,
+                         OperationTimeoutError, PartitionUnavailableError, ServiceBusAuthenticationError,
+                         ServiceBusAuthorizationError, ServiceBusCommunicationError, ServiceBusConnectionError,
                          ServiceBusError, ServiceBusQuotaExceededError, ServiceBusServerBusyError,
                          SessionCannotBeLockedError, SessionLockLostError)
 from .management import ServiceBusAdministrationClient
@@ -35,5 +39,8 @@ __all__ = [
     "ServiceBusError", "MessagingEntityNotFoundError", "MessagingEntityAlreadyExistsError", "InvalidOperationError",
     "MessageSizeExceededError", "ServiceBusQuotaExceededError", "ServiceBusServerBusyError", "MessageLockLostError",
     "SessionLockLostError", "SessionCannotBeLockedError", "MessageAlreadySettled", "OperationTimeoutError", "PartitionUnavailableError",
-    "MessagingEntityDisabledError", "MessageNotFoundError", "CommitConflictError",
+    "MessagingEntityDisabledError", "MessageNotFoundError", "CommitConflictError", "ServiceBusConnectionError",
+    "ServiceBusAuthenticationError", "ServiceBusAuthorizationError", "ServiceBusCommunicationError",
+    "AutoLockRenewFailed", "AutoLockRenewTimeout", "TransportType", "parse_connection_string",
+    "ServiceBusConnectionStringProperties",
 ]

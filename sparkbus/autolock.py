@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Optional
@@ -28,7 +29,15 @@ class AutoLockRenewer:
     max_lock_renewal_duration (seconds) passes, or a renewal fails (then on_lock_renew_failure is called
     with the message and the error)."""
 
-    def __init__(self, max_lock_renewal_duration: float = 300, on_lock_renew_failure: Optional[Callable] = None) -> None:
+    def __init__(self, max_lock_renewal_duration: float = 300, on_lock_renew_failure: Optional[Callable] = None,
+                 executor: Optional[Executor] = None, max_workers: Optional[int] = None) -> None:
+        """executor and max_workers are azure-servicebus' and accepted for ported code: one thread renews
+        every lock here (a renewal is one small commit), so no pool is needed."""
+        if executor is not None and not isinstance(executor, Executor):
+            raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
+        if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
+                                        or max_workers < 1):
+            raise ValueError(f"max_workers must be an int >= 1 or None, got {max_workers!r}")
         self._default_duration = _check_duration(max_lock_renewal_duration)
         self._default_callback = on_lock_renew_failure
         self._registered: list[_Registration] = []

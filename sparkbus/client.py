@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Iterator, Optional
 
-from .core.connection import parse_connection_string
+from . import storage
+from .core import throttling
+from .core.connection import namespace_location, parse_connection_string
 from .core.names import subscription_path
+from .engine import sessions
 from .engine.namespace import governor_of, open_catalog
+from .engine.registry import resolve
+from .engine.throttle import Usage
+from .exceptions import InvalidOperationError
+from .message import to_utc
 from .engine.retry import RetryPolicy
 from .receiver import ServiceBusReceiveMode, ServiceBusReceiver
 from .sender import ServiceBusSender
@@ -14,17 +22,26 @@ from .transactions import ServiceBusTransaction
 
 
 class ServiceBusClient:
-    """Client of the namespace at `path`. The retry settings are azure-servicebus': one policy for every
-    transient condition of the client's senders and receivers (sparkbus.engine.retry).
+    """Client of a namespace, constructed as azure-servicebus': ServiceBusClient(fully_qualified_namespace,
+    credential, **kwargs), where fully_qualified_namespace is the namespace's location (a path or URI,
+    optionally written 'sparkbus://<location>'), or from_connection_string(conn_str).
+
+    credential: any azure-core credential (TokenCredential, AzureNamedKeyCredential, AzureSasCredential)
+    is accepted; a local namespace needs none and ignores it. The retry settings are azure-servicebus':
+    one policy for every transient condition of the client's senders and receivers (sparkbus.engine.retry)
+    and for throttled requests. The SDK's other keyword arguments (transport_type, http_proxy,
+    custom_endpoint_address, connection_verify, uamqp_transport, logging_enable, user_agent, ...) are
+    accepted and ignored: there is no network connection to configure.
 
     spark: an optional SparkSession for DataFrame sends and receives; message operations never need one.
     """
 
-    def __init__(self, path: str, *, retry_total: int = 3, retry_backoff_factor: float = 0.8,
-                 retry_backoff_max: float = 120, retry_mode: str = "exponential", spark: object = None,
-                 **kwargs: object) -> None:
+    def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, *,
+                 retry_total: int = 3, retry_backoff_factor: float = 0.8, retry_backoff_max: float = 120,
+                 retry_mode: str = "exponential", spark: object = None, **kwargs: object) -> None:
         self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
-        self._catalog = open_catalog(path)
+        self._catalog = open_catalog(namespace_location(fully_qualified_namespace))
+        self.credential = credential
         self._governor = governor_of(self._catalog)
         self.retry_total = int(retry_total)
         self.retry_backoff_factor = float(retry_backoff_factor)
@@ -36,7 +53,7 @@ class ServiceBusClient:
     def from_connection_string(cls, conn_str: str, **kwargs: object) -> "ServiceBusClient":
         """'Endpoint=sparkbus://<path>;...'; an EntityPath binds the client to that entity, as in the SDK."""
         info = parse_connection_string(conn_str)
-        client = cls(info.namespace, **kwargs)
+        client = cls(info.fully_qualified_namespace, **kwargs)
         client._entity_path = info.entity_path
         return client
 
@@ -89,6 +106,30 @@ class ServiceBusClient:
                                   receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
                                   max_wait_time=max_wait_time, session_id=session_id, spark=self.spark,
                                   retry=self._retry)
+
+    def list_queue_sessions(self, queue_name: str, *, state_updated_after: Optional[datetime] = None,
+                            **kwargs: object) -> list[str]:
+        """Session ids of a session-enabled queue: sessions with messages in it or with a session state;
+        with state_updated_after, those whose state was set after that time."""
+        self._check_entity_path(queue_name, "queue")
+        return self._list_sessions(queue_name, ("queue",), state_updated_after)
+
+    def list_subscription_sessions(self, topic_name: str, subscription_name: str, *,
+                                   state_updated_after: Optional[datetime] = None, **kwargs: object) -> list[str]:
+        """Session ids of a session-enabled subscription (as list_queue_sessions)."""
+        self._check_entity_path(topic_name, "topic")
+        return self._list_sessions(subscription_path(topic_name, subscription_name), ("subscription",),
+                                   state_updated_after)
+
+    def _list_sessions(self, path: str, kinds: tuple[str, ...], after: Optional[datetime]) -> list[str]:
+        info = resolve(self._catalog.root, self._catalog.snapshot(), path, kinds)
+        if not info.options.requires_session:
+            raise InvalidOperationError(f"{info.kind} {info.path!r} does not require sessions: it has none to list")
+        when = None if after is None else to_utc(after, "state_updated_after")
+        tables = {role: storage.open_table(uri) for role, uri in info.tables.items()}
+        return self._governor.call(info.path, lambda: sessions.listed(
+            tables["messages"], tables["locks"], tables["sessions"], when),
+            lambda _: Usage(throttling.MANAGEMENT_COST), self._retry)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

@@ -1,16 +1,58 @@
 """The sparkbus error classes, importable as in azure-servicebus: `from sparkbus.exceptions import ...`
 (`azure.servicebus.exceptions`); every one is also exported from `sparkbus`.
 
-Invalid argument values raise ValueError or TypeError; violations of Service Bus rules raise these.
+Invalid argument values raise ValueError or TypeError; violations of Service Bus rules raise these. As in
+the SDK, ServiceBusError is an azure-core AzureError, MessageSizeExceededError and MessageAlreadySettled
+are also ValueErrors, and (as the SDK's management client raises azure-core's HTTP errors) a missing or
+already existing entity is also azure-core's ResourceNotFoundError / ResourceExistsError, so code written
+for either catches what sparkbus raises.
 """
 from __future__ import annotations
 
+from typing import Any, Optional, Union
 
-class ServiceBusError(Exception):
-    """Base of every Service Bus rule violation raised by sparkbus."""
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 
 
-class MessagingEntityNotFoundError(ServiceBusError):
+class ServiceBusError(AzureError):
+    """Base of every Service Bus rule violation raised by sparkbus. Takes the message positionally (as
+    sparkbus raises them) or as message= (as the SDK constructs its subclasses)."""
+
+    def __init__(self, message: Optional[Union[str, bytes]] = None, *args: Any, **kwargs: Any) -> None:
+        message = kwargs.pop("message", message)
+        if isinstance(message, bytes):
+            message = message.decode("utf-8")
+        for ignored in ("retryable", "shutdown_handler", "condition", "status_code"):  # SDK transport details
+            kwargs.pop(ignored, None)
+        super().__init__(message or "Service Bus has encountered an error.", *args, **kwargs)
+
+
+class ServiceBusConnectionError(ServiceBusError):
+    """An error occurred in the connection (for ported code: a local namespace has none)."""
+
+
+class ServiceBusAuthenticationError(ServiceBusError):
+    """Authenticating the connection failed (for ported code; storage credentials of object-store
+    namespaces report here)."""
+
+
+class ServiceBusAuthorizationError(ServiceBusError):
+    """The credential is not allowed to do the operation."""
+
+
+class ServiceBusCommunicationError(ServiceBusError):
+    """The namespace could not be reached."""
+
+
+class AutoLockRenewFailed(ServiceBusError):
+    """An AutoLockRenewer could not renew a lock."""
+
+
+class AutoLockRenewTimeout(ServiceBusError):
+    """An AutoLockRenewer reached max_lock_renewal_duration."""
+
+
+class MessagingEntityNotFoundError(ServiceBusError, ResourceNotFoundError):
     """The namespace, queue, topic, subscription or rule does not exist."""
 
 
@@ -22,7 +64,7 @@ class MessageNotFoundError(ServiceBusError):
     """No message with the given sequence number is in the entity."""
 
 
-class MessagingEntityAlreadyExistsError(ServiceBusError):
+class MessagingEntityAlreadyExistsError(ServiceBusError, ResourceExistsError):
     """An entity (or namespace) with that name already exists."""
 
 
@@ -30,7 +72,7 @@ class InvalidOperationError(ServiceBusError):
     """The operation is not allowed on this entity or in this state."""
 
 
-class MessageSizeExceededError(ServiceBusError):
+class MessageSizeExceededError(ServiceBusError, ValueError):
     """A message or batch is larger than the tier allows."""
 
 
@@ -59,7 +101,7 @@ class SessionCannotBeLockedError(ServiceBusError):
     """The requested session is locked by another receiver."""
 
 
-class MessageAlreadySettled(ServiceBusError):
+class MessageAlreadySettled(ServiceBusError, ValueError):
     """The message was already completed, abandoned, deferred or dead-lettered."""
 
 
@@ -73,6 +115,12 @@ class PartitionUnavailableError(ServiceBusError):
 
 __all__ = [
     "ServiceBusError",
+    "ServiceBusConnectionError",
+    "ServiceBusAuthenticationError",
+    "ServiceBusAuthorizationError",
+    "ServiceBusCommunicationError",
+    "AutoLockRenewFailed",
+    "AutoLockRenewTimeout",
     "MessagingEntityNotFoundError",
     "MessagingEntityAlreadyExistsError",
     "MessagingEntityDisabledError",

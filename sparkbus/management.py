@@ -14,11 +14,16 @@ from typing import Callable, Optional, TypeVar, Union
 
 from . import storage
 from .core import entities, forwarding, throttling, tiers
-from .core.connection import parse_connection_string
-from .core.filters import (RuleProperties, TrueRuleFilter, action_from_json, action_to_json, check_action, check_filter,
+from .core.connection import namespace_location, parse_connection_string
+from .core.entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
+                            SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
+from .core.filters import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
+                           TrueRuleFilter, action_from_json, action_to_json, check_action, check_filter,
                            filter_from_json, filter_quota_kind, filter_to_json)
 from .core.names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_path, subscription_path,
                          validate_child_name, validate_entity_name)
+from .core.vocabulary import (AccessRights, ApiVersion, EntityAvailabilityStatus, EntityStatus, MessagingSku,
+                              NamespaceType)
 from .engine import fanout
 from .engine.availability import require_available, unavailable_partitions
 from .engine.catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
@@ -50,22 +55,28 @@ def _management(method: F) -> F:
 
 
 class ServiceBusAdministrationClient:
-    """Management plane of the namespace at `path` (a directory or file:// URI), as in azure-servicebus.
+    """Management plane of a namespace, constructed as azure-servicebus':
+    ServiceBusAdministrationClient(fully_qualified_namespace, credential, **kwargs) with the namespace's
+    location (a directory or file:// URI, optionally written 'sparkbus://<location>'), or
+    from_connection_string(conn_str). The credential is accepted and ignored by local namespaces.
 
     Retry settings are azure-core's (retry_total=10, retry_backoff_factor=0.8, retry_backoff_max=120,
-    retry_mode="exponential"): a throttled management call is retried under them.
+    retry_mode="exponential"): a throttled management call is retried under them. Other azure-core
+    keyword arguments (api_version, logging_enable, ...) are accepted and ignored.
     """
 
-    def __init__(self, path: str, *, retry_total: int = 10, retry_backoff_factor: float = 0.8,
-                 retry_backoff_max: float = 120, retry_mode: str = "exponential", **kwargs: object) -> None:
+    def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, *,
+                 retry_total: int = 10, retry_backoff_factor: float = 0.8, retry_backoff_max: float = 120,
+                 retry_mode: str = "exponential", **kwargs: object) -> None:
         self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
-        self._catalog: Catalog = open_catalog(path)
+        self._catalog: Catalog = open_catalog(namespace_location(fully_qualified_namespace))
+        self.credential = credential
         self._governor = governor_of(self._catalog)
 
     @classmethod
     def from_connection_string(cls, conn_str: str, **kwargs: object) -> "ServiceBusAdministrationClient":
         """Accepts 'Endpoint=sparkbus://<namespace path or URI>;...' (EntityPath is ignored, as in the SDK)."""
-        return cls(parse_connection_string(conn_str).namespace, **kwargs)
+        return cls(parse_connection_string(conn_str).fully_qualified_namespace, **kwargs)
 
     def __enter__(self) -> "ServiceBusAdministrationClient":
         return self
@@ -471,6 +482,8 @@ class ServiceBusAdministrationClient:
             size = options["max_size_in_megabytes"]
             extra = {"max_size_in_megabytes_per_partition": tiers.size_per_partition_mb(ns.tier, size, row.partition_count),
                      "total_max_size_in_megabytes": tiers.total_size_mb(ns.tier, size, row.partition_count)}
+            if row.kind == "topic":  # the SDK's TopicProperties carries the topic's size too
+                extra["size_in_bytes"] = self._runtime(snap, row).size_in_bytes
         else:
             extra = {"topic_name": snap.rows[row.parent].path}
         down = unavailable_partitions(snap, row.key, row.partition_count)
@@ -486,7 +499,7 @@ class ServiceBusAdministrationClient:
             cursors = fanout.topic_cursors(storage.open_table(uris["messages"]), row.partition_count)
         counts = entity_counts(uris["messages"], uris["locks"], fanned_out=cursors,
                                header_copies=len(subscriptions) if row.kind == "topic" else 1)
-        extra = {"subscription_count": len(subscriptions)} if row.kind == "topic" else {}
+        extra = {"subscription_count": len(subscriptions), **_filter_counts(snap, subscriptions)} if row.kind == "topic" else {}
         if row.kind == "subscription":
             extra = {"topic_name": snap.rows[row.parent].path}
         # Messages an entity forwards are pending transfer, not active (or dead-lettered) there.
@@ -506,6 +519,13 @@ class ServiceBusAdministrationClient:
             updated_at_utc=row.updated_at_utc, accessed_at_utc=counts.accessed_at_utc or row.created_at_utc,
             partition_count=row.partition_count,
             availability_status=_status(unavailable_partitions(snap, row.key, row.partition_count)), **extra)
+
+
+def _filter_counts(snap: Snapshot, subscriptions: list[Row]) -> dict[str, int]:
+    """sql_filter_count and correlation_filter_count of a topic's subscriptions' rules."""
+    kinds = [filter_quota_kind(filter_from_json(r.properties["filter"]))
+             for sub in subscriptions for r in snap.children(sub.key, "rule")]
+    return {"sql_filter_count": kinds.count("SQL"), "correlation_filter_count": kinds.count("correlation")}
 
 
 def _name_of(entity: object) -> str:
@@ -611,3 +631,11 @@ def _check_tier_features(ns: NamespaceProperties, kind: str, options: dict) -> N
     for name in ("requires_session", "requires_duplicate_detection", "forward_to", "forward_dead_lettered_messages_to"):
         if options.get(name):
             raise InvalidOperationError(f"{name} is not available in the basic tier; use standard or premium")
+
+
+# What ported code imports from azure.servicebus.management.
+__all__ = ["ServiceBusAdministrationClient", "NamespaceProperties", "QueueProperties", "QueueRuntimeProperties",
+           "TopicProperties", "TopicRuntimeProperties", "SubscriptionProperties", "SubscriptionRuntimeProperties",
+           "RuleProperties", "SqlRuleFilter", "CorrelationRuleFilter", "TrueRuleFilter", "FalseRuleFilter",
+           "SqlRuleAction", "AccessRights", "ApiVersion", "EntityAvailabilityStatus", "EntityStatus", "MessagingSku",
+           "NamespaceType", "Metrics"]

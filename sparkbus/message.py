@@ -23,16 +23,24 @@ def to_utc(value: object, name: str) -> Optional[datetime]:
 class ServiceBusMessage:
     """A message to send. body is bytes or str (stored as UTF-8); message_id defaults to a new uuid4 hex."""
 
-    def __init__(self, body: Union[bytes, str], *, application_properties: Optional[dict] = None,
+    def __init__(self, body: Union[bytes, str, None], *, application_properties: Optional[dict] = None,
                  session_id: Optional[str] = None, message_id: Optional[str] = None,
                  partition_key: Optional[str] = None, scheduled_enqueue_time_utc: Optional[datetime] = None,
                  time_to_live: Optional[timedelta] = None, content_type: Optional[str] = None,
                  correlation_id: Optional[str] = None, subject: Optional[str] = None, to: Optional[str] = None,
-                 reply_to: Optional[str] = None, reply_to_session_id: Optional[str] = None) -> None:
+                 reply_to: Optional[str] = None, reply_to_session_id: Optional[str] = None,
+                 encoding: str = "UTF-8", label: Optional[str] = None) -> None:
+        """As azure-servicebus' constructor: a str body is encoded with `encoding` and None is an empty body;
+        `label`, the older SDKs' name of subject (still in the SDK's samples), sets subject when subject is
+        not given."""
+        if subject is None:
+            subject = label
+        if body is None:
+            body = b""
         if isinstance(body, str):
-            body = body.encode("utf-8")
+            body = body.encode(encoding)
         if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"body must be bytes or str, got {type(body).__name__}")
+            raise TypeError(f"body must be bytes, str or None, got {type(body).__name__}")
         self._body = bytes(body)
         self.application_properties = check_properties(application_properties, "application_properties")
         strings = dict(session_id=session_id, message_id=message_id or uuid.uuid4().hex, partition_key=partition_key,

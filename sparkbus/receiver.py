@@ -56,11 +56,27 @@ class ServiceBusMessageState(IntEnum):
     SCHEDULED = 2
 
 
+class MessageBody(bytes):
+    """A received message's body: bytes, and what azure-servicebus gives for a data body, an iterator of
+    its byte sections (one here). So sparkbus code comparing or decoding `msg.body` and ported code doing
+    `b"".join(msg.body)`, `next(msg.body)` or `for section in msg.body` both work; iterating gives the whole
+    body as one section, not its byte values (`bytes(msg.body)` or `msg.body_bytes` for plain bytes)."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter((bytes(self),))
+
+    def __next__(self) -> bytes:
+        if self.__dict__.get("_read"):
+            raise StopIteration
+        self.__dict__["_read"] = True
+        return bytes(self)
+
+
 class ServiceBusReceivedMessage:
     """A received (or peeked) message: the sent properties plus broker-assigned ones."""
 
     def __init__(self, row: dict, state_row: Optional[dict], state: ServiceBusMessageState) -> None:
-        self.body: bytes = row["body"]
+        self.body = MessageBody(row["body"])
         self.application_properties = decode_properties(row["application_properties"])
         for name in ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
                      "reply_to", "reply_to_session_id", "sequence_number", "enqueued_time_utc",
@@ -89,6 +105,22 @@ class ServiceBusReceivedMessage:
     def size_in_bytes(self) -> int:
         """Body + header bytes as stored: what the entity's size quota counted for this message."""
         return self._size
+
+    @property
+    def body_bytes(self) -> bytes:
+        """The body as plain bytes (a sparkbus addition; `body` is also bytes, iterating as the SDK's)."""
+        return bytes(self.body)
+
+    @property
+    def body_type(self) -> str:
+        """AmqpMessageBodyType.DATA's value: sparkbus stores bodies as bytes."""
+        return "data"
+
+    @property
+    def enqueued_sequence_number(self) -> int:
+        """The sequence number assigned where the message was enqueued (the entity it is read from: a
+        forwarded message is numbered anew by its destination, which is the number kept)."""
+        return self.sequence_number
 
     def __str__(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -185,6 +217,22 @@ class ServiceBusReceiver:
             requested = NEXT_AVAILABLE if isinstance(session_id, ServiceBusSessionFilter) else session_id
             lock = self._delivery.lock_session(info, requested, self.max_wait_time, self._next_partition)
             self.session = ServiceBusSession(self._delivery, lock, self._session_held)
+
+    @classmethod
+    def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
+                                topic_name: Optional[str] = None, subscription_name: Optional[str] = None,
+                                **kwargs: object) -> "ServiceBusReceiver":
+        """A receiver straight from a connection string, as the SDK's (underscored, but used by its
+        samples); receiver keywords (receive_mode, sub_queue, max_wait_time, ...) pass through."""
+        from .client import ServiceBusClient
+
+        receiver_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _RECEIVER_KEYWORDS}
+        client = ServiceBusClient.from_connection_string(conn_str, **kwargs)
+        if queue_name is not None and topic_name is None and subscription_name is None:
+            return client.get_queue_receiver(queue_name, **receiver_options)
+        if queue_name is None and topic_name is not None and subscription_name is not None:
+            return client.get_subscription_receiver(topic_name, subscription_name, **receiver_options)
+        raise TypeError("give queue_name, or topic_name and subscription_name")
 
     def __enter__(self) -> "ServiceBusReceiver":
         return self
@@ -426,6 +474,9 @@ class ServiceBusReceiver:
             raise InvalidOperationError(
                 f"session receivers need an entity created with requires_session=True (not {info.path!r}"
                 f"{' and not its dead-letter sub-queue' if self.sub_queue is not None else ''})")
+
+
+_RECEIVER_KEYWORDS = ("receive_mode", "sub_queue", "prefetch_count", "max_wait_time", "session_id")
 
 
 def _held(messages: list[ServiceBusReceivedMessage]) -> dict[int, Held]:

@@ -108,7 +108,7 @@ def test_typed_values_round_trip():
 ])
 def test_connection_strings(conn, namespace, entity):
     info = parse_connection_string(conn)
-    assert (info.namespace, info.entity_path) == (namespace, entity)
+    assert (info.fully_qualified_namespace, info.entity_path) == (namespace, entity)
 
 
 @pytest.mark.parametrize("conn", ["Endpoint=sb://x.servicebus.windows.net/", "SharedAccessKey=x", "garbage",

@@ -15,12 +15,19 @@ _KEYS = {"endpoint": "Endpoint", "sharedaccesskeyname": "SharedAccessKeyName", "
 
 
 @dataclass(frozen=True)
-class ConnectionInfo:
-    namespace: str
+class ServiceBusConnectionStringProperties:
+    """The parts of a connection string, named as azure-servicebus names them; fully_qualified_namespace
+    is the namespace's location (the Endpoint without 'sparkbus://')."""
+
+    fully_qualified_namespace: str
+    endpoint: str
     entity_path: Optional[str] = None
+    shared_access_key_name: Optional[str] = None
+    shared_access_key: Optional[str] = None
+    shared_access_signature: Optional[str] = None
 
 
-def parse_connection_string(conn_str: object) -> ConnectionInfo:
+def parse_connection_string(conn_str: object) -> ServiceBusConnectionStringProperties:
     """Split a sparkbus connection string; ValueError saying the expected form when malformed."""
     if not isinstance(conn_str, str):
         raise TypeError(f"connection string must be a str, got {type(conn_str).__name__}")
@@ -43,4 +50,18 @@ def parse_connection_string(conn_str: object) -> ConnectionInfo:
         location = location.rstrip("/")
     if not location:
         raise ValueError(f"Endpoint {endpoint!r} names no namespace; expected {EXPECTED}")
-    return ConnectionInfo(namespace=location, entity_path=values.get("EntityPath") or None)
+    return ServiceBusConnectionStringProperties(
+        fully_qualified_namespace=location, endpoint=endpoint, entity_path=values.get("EntityPath") or None,
+        shared_access_key_name=values.get("SharedAccessKeyName"), shared_access_key=values.get("SharedAccessKey"),
+        shared_access_signature=values.get("SharedAccessSignature"))
+
+
+def namespace_location(fully_qualified_namespace: object) -> str:
+    """The namespace location a client was given: a path or URI, or the same after 'sparkbus://' (the
+    form a connection string's Endpoint takes), so a value meant for either works."""
+    if not isinstance(fully_qualified_namespace, str):
+        raise TypeError(f"fully_qualified_namespace must be a str (a namespace path or URI), got "
+                        f"{type(fully_qualified_namespace).__name__}")
+    if fully_qualified_namespace.lower().startswith(SCHEME):
+        return fully_qualified_namespace[len(SCHEME):].rstrip("/") or "/"
+    return fully_qualified_namespace

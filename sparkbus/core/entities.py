@@ -5,7 +5,7 @@ its validator once, in OPTIONS; each kind lists the options it accepts. Properti
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Callable, Optional
 
@@ -59,6 +59,16 @@ def _passthrough(name: str, value: object) -> object:
     return value
 
 
+def _metadata(name: str, value: object) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
+    if len(value) > 1024:
+        raise ValueError(f"{name} must be at most 1024 characters, got {len(value)}")
+    return value
+
+
 MINUTE = timedelta(minutes=1)
 
 
@@ -80,6 +90,13 @@ class EntityOptions:
     forward_to: Optional[str] = None
     forward_dead_lettered_messages_to: Optional[str] = None
     status: str = "Active"
+    # Stored and returned as the SDK's; sparkbus does not act on them (README, "Differences").
+    auto_delete_on_idle: timedelta = MAX_DURATION
+    enable_batched_operations: bool = True
+    enable_express: bool = False
+    user_metadata: Optional[str] = None
+    filtering_messages_before_publishing: bool = False
+    support_ordering: bool = True
 
     @classmethod
     def from_stored(cls, data: dict) -> "EntityOptions":
@@ -114,23 +131,35 @@ OPTIONS: dict[str, Option] = {
     "forward_to": Option(_optional_name),
     "forward_dead_lettered_messages_to": Option(_optional_name),
     "status": Option(_status),
+    "auto_delete_on_idle": Option(_duration_range(5 * MINUTE, MAX_DURATION)),
+    "enable_batched_operations": Option(_bool),
+    "enable_express": Option(_bool),
+    "user_metadata": Option(_metadata),
+    "filtering_messages_before_publishing": Option(_bool),
+    "support_ordering": Option(_bool),
 }
+# Accepted by create_*/update_* as the SDK accepts them, and dropped: shared access rules have no meaning
+# on a namespace that is a directory (properties objects carry an empty list).
+IGNORED_OPTIONS = ("authorization_rules",)
+COMMON_SDK_OPTIONS = ("auto_delete_on_idle", "enable_batched_operations", "user_metadata")
 
 QUEUE_OPTIONS = (
     "enable_partitioning", "max_size_in_megabytes", "requires_duplicate_detection",
     "duplicate_detection_history_time_window", "requires_session", "lock_duration", "max_delivery_count",
     "default_message_time_to_live", "dead_lettering_on_message_expiration", "forward_to",
-    "forward_dead_lettered_messages_to", "max_message_size_in_kilobytes", "status",
+    "forward_dead_lettered_messages_to", "max_message_size_in_kilobytes", "status", *COMMON_SDK_OPTIONS,
+    "enable_express",
 )
 TOPIC_OPTIONS = (
     "enable_partitioning", "max_size_in_megabytes", "requires_duplicate_detection",
     "duplicate_detection_history_time_window", "default_message_time_to_live",
-    "max_message_size_in_kilobytes", "status",
+    "max_message_size_in_kilobytes", "status", *COMMON_SDK_OPTIONS, "enable_express",
+    "filtering_messages_before_publishing", "support_ordering",
 )
 SUBSCRIPTION_OPTIONS = (
     "requires_session", "lock_duration", "max_delivery_count", "default_message_time_to_live",
     "dead_lettering_on_message_expiration", "dead_lettering_on_filter_evaluation_exceptions", "forward_to",
-    "forward_dead_lettered_messages_to", "status",
+    "forward_dead_lettered_messages_to", "status", *COMMON_SDK_OPTIONS,
 )
 KIND_OPTIONS = {"queue": QUEUE_OPTIONS, "topic": TOPIC_OPTIONS, "subscription": SUBSCRIPTION_OPTIONS}
 DURATION_OPTIONS = {name for name in OPTIONS if isinstance(getattr(DEFAULTS, name), timedelta)}
@@ -139,6 +168,7 @@ DURATION_OPTIONS = {name for name in OPTIONS if isinstance(getattr(DEFAULTS, nam
 def check_options(kind: str, values: dict) -> dict:
     """Validate user-given options of a kind; unknown names -> TypeError like an unexpected keyword."""
     allowed = KIND_OPTIONS[kind]
+    values = {k: v for k, v in values.items() if k not in IGNORED_OPTIONS or kind == "subscription"}
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise TypeError(f"unknown {kind} option(s) {unknown}; allowed: {sorted(allowed)}")
@@ -177,6 +207,11 @@ class _TopLevelCommon(_EntityCommon):
     default_message_time_to_live: timedelta = DEFAULTS.default_message_time_to_live
     max_message_size_in_kilobytes: Optional[int] = DEFAULTS.max_message_size_in_kilobytes
     status: str = DEFAULTS.status
+    auto_delete_on_idle: timedelta = DEFAULTS.auto_delete_on_idle
+    enable_batched_operations: bool = DEFAULTS.enable_batched_operations
+    enable_express: bool = DEFAULTS.enable_express
+    user_metadata: Optional[str] = DEFAULTS.user_metadata
+    authorization_rules: list = field(default_factory=list)
 
 
 @dataclass
@@ -195,6 +230,10 @@ class QueueProperties(_TopLevelCommon):
 class TopicProperties(_TopLevelCommon):
     """Properties of a topic (azure-servicebus TopicProperties) plus partition_count and sizes."""
 
+    filtering_messages_before_publishing: bool = DEFAULTS.filtering_messages_before_publishing
+    support_ordering: bool = DEFAULTS.support_ordering
+    size_in_bytes: int = 0
+
 
 @dataclass
 class SubscriptionProperties(_EntityCommon):
@@ -210,6 +249,9 @@ class SubscriptionProperties(_EntityCommon):
     forward_to: Optional[str] = DEFAULTS.forward_to
     forward_dead_lettered_messages_to: Optional[str] = DEFAULTS.forward_dead_lettered_messages_to
     status: str = DEFAULTS.status
+    auto_delete_on_idle: timedelta = DEFAULTS.auto_delete_on_idle
+    enable_batched_operations: bool = DEFAULTS.enable_batched_operations
+    user_metadata: Optional[str] = DEFAULTS.user_metadata
 
 
 PROPERTIES_CLASS = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
@@ -250,6 +292,8 @@ class TopicRuntimeProperties(_RuntimeCommon):
     """Message counts and size of a topic, aggregated over its partitions."""
 
     subscription_count: int = 0
+    sql_filter_count: int = 0
+    correlation_filter_count: int = 0
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .. import storage
 from ..core import transitions
 from ..exceptions import SessionCannotBeLockedError, SessionLockLostError
 from ..storage import maintenance
-from ..storage.schemas import ACTIVE, SESSIONS
+from ..storage.schemas import ACTIVE, GONE_SQL, SESSIONS
 
 
 def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[dict]:
@@ -77,4 +77,24 @@ def available(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTabl
           AND (s.lock_token IS NULL OR CAST(s.locked_until_utc AS BIGINT) <= {now_us})
         GROUP BY m.session_id ORDER BY first LIMIT {int(limit)}""",
         messages=messages, locks=locks_table, sessions=sessions)
+    return found["session_id"].to_pylist()
+
+
+def listed(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTable,
+           state_updated_after: Optional[datetime] = None) -> list[str]:
+    """Session ids of an entity, as Service Bus lists them: sessions with messages still in the entity or
+    with a session state; with state_updated_after, the sessions whose state was set after that time."""
+    if state_updated_after is not None:
+        after_us = storage.micros(state_updated_after)
+        found = storage.query(f"""
+            SELECT DISTINCT session_id FROM sessions
+            WHERE state IS NOT NULL AND CAST(updated_at_utc AS BIGINT) > {after_us} ORDER BY session_id""",
+            sessions=sessions)
+        return found["session_id"].to_pylist()
+    found = storage.query(f"""
+        SELECT DISTINCT m.session_id FROM messages m
+        LEFT JOIN locks l ON l.partition_id = m.partition_id AND l.sequence_number = m.sequence_number
+        WHERE m.session_id IS NOT NULL AND (l.state IS NULL OR l.state NOT IN ({GONE_SQL}))
+        UNION SELECT DISTINCT session_id FROM sessions WHERE state IS NOT NULL
+        ORDER BY session_id""", messages=messages, locks=locks_table, sessions=sessions)
     return found["session_id"].to_pylist()
