@@ -5,7 +5,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Iterator, Optional
 
-from . import storage
 from .core import throttling
 from .core.connection import namespace_location, parse_connection_string
 from .core.names import subscription_path
@@ -126,10 +125,8 @@ class ServiceBusClient:
         if not info.options.requires_session:
             raise InvalidOperationError(f"{info.kind} {info.path!r} does not require sessions: it has none to list")
         when = None if after is None else to_utc(after, "state_updated_after")
-        tables = {role: storage.open_table(uri) for role, uri in info.tables.items()}
-        return self._governor.call(info.path, lambda: sessions.listed(
-            tables["messages"], tables["locks"], tables["sessions"], when),
-            lambda _: Usage(throttling.MANAGEMENT_COST), self._retry)
+        return self._governor.call(info.path, lambda: sessions.listed(info.tables, when),
+                                   lambda _: Usage(throttling.MANAGEMENT_COST), self._retry)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

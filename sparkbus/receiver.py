@@ -17,7 +17,8 @@ from .core.values import decode_properties
 from .engine.catalog import Catalog
 from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, deferred_partitions, policy,
                               poll)
-from .engine.namespace import governor_of
+from .core.names import subscription_path
+from .engine.namespace import governor_of, open_connection
 from .engine.registry import EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
@@ -223,16 +224,18 @@ class ServiceBusReceiver:
                                 topic_name: Optional[str] = None, subscription_name: Optional[str] = None,
                                 **kwargs: object) -> "ServiceBusReceiver":
         """A receiver straight from a connection string, as the SDK's (underscored, but used by its
-        samples); receiver keywords (receive_mode, sub_queue, max_wait_time, ...) pass through."""
-        from .client import ServiceBusClient
+        samples); receiver keywords (receive_mode, sub_queue, max_wait_time, ...) and retry_* as the
+        client's, the SDK's others ignored."""
 
-        receiver_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _RECEIVER_KEYWORDS}
-        client = ServiceBusClient.from_connection_string(conn_str, **kwargs)
         if queue_name is not None and topic_name is None and subscription_name is None:
-            return client.get_queue_receiver(queue_name, **receiver_options)
-        if queue_name is None and topic_name is not None and subscription_name is not None:
-            return client.get_subscription_receiver(topic_name, subscription_name, **receiver_options)
-        raise TypeError("give queue_name, or topic_name and subscription_name")
+            path = queue_name
+        elif queue_name is None and topic_name is not None and subscription_name is not None:
+            path = subscription_path(topic_name, subscription_name)
+        else:
+            raise TypeError("give queue_name, or topic_name and subscription_name")
+        catalog, _ = open_connection(conn_str)
+        options = {k: kwargs[k] for k in _RECEIVER_KEYWORDS if k in kwargs}
+        return cls(catalog, path, retry=RetryPolicy.from_keywords(kwargs), **options)
 
     def __enter__(self) -> "ServiceBusReceiver":
         return self

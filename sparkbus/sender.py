@@ -7,7 +7,7 @@ from typing import Callable, Iterable, Optional, TypeVar, Union
 from .engine.catalog import Catalog
 from .core.throttling import data_cost
 from .engine.enqueue import EnqueueResult, EntityWriter, cancel_scheduled
-from .engine.namespace import governor_of
+from .engine.namespace import governor_of, open_connection
 from .engine.registry import CachedEntity, EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
@@ -60,13 +60,12 @@ class ServiceBusSender:
     @classmethod
     def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
                                 topic_name: Optional[str] = None, **kwargs: object) -> "ServiceBusSender":
-        """A sender straight from a connection string, as the SDK's (underscored, but used by its samples)."""
-        from .client import ServiceBusClient
-
-        client = ServiceBusClient.from_connection_string(conn_str, **kwargs)
+        """A sender straight from a connection string, as the SDK's (underscored, but used by its samples);
+        retry_* keywords as ServiceBusClient's, the SDK's others ignored."""
         if (queue_name is None) == (topic_name is None):
             raise TypeError("give exactly one of queue_name and topic_name")
-        return client.get_queue_sender(queue_name) if queue_name else client.get_topic_sender(topic_name)
+        catalog, _ = open_connection(conn_str)
+        return cls(catalog, queue_name or topic_name, retry=RetryPolicy.from_keywords(kwargs))
 
     def entity_info(self) -> EntityInfo:
         """The entity's settings (re-read from the catalog at most once a second)."""

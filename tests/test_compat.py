@@ -174,3 +174,29 @@ def test_auto_lock_renewer_takes_the_sdks_pool_arguments():
         AutoLockRenewer(max_workers=0)
     with pytest.raises(TypeError, match="executor must be"):
         AutoLockRenewer(executor="pool")
+
+
+def test_the_message_api_needs_no_pyspark(admin, ns_path):
+    """pip install sparkbus (no [spark] extra): a process where pyspark cannot be imported sends,
+    receives and manages."""
+    import subprocess
+    import sys
+
+    admin.create_queue("q")
+    script = f"""
+import sys
+sys.modules["pyspark"] = None  # as if it were not installed: any import of it fails
+import sparkbus
+from sparkbus import ServiceBusClient, ServiceBusMessage
+admin = sparkbus.ServiceBusAdministrationClient({ns_path!r})
+admin.create_topic("t")
+with ServiceBusClient({ns_path!r}) as client:
+    client.get_queue_sender("q").send_messages(ServiceBusMessage("no spark"))
+    with client.get_queue_receiver("q", max_wait_time=1) as receiver:
+        [m] = receiver.receive_messages()
+        receiver.complete_message(m)
+print(str(m), "pyspark" in sys.modules and sys.modules["pyspark"] is not None)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["no", "spark", "False"]

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Optional
 
 from ..core import throttling, tiers
+from ..core.connection import parse_connection_string
 from ..exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
 from .. import storage
 from ..storage import local_path
@@ -126,6 +127,12 @@ def namespace_properties(row: Row, root: str) -> NamespaceProperties:
     return NamespaceProperties(path=root, tier=p["tier"], partition_count=row.partition_count,
                                messaging_units=p["messaging_units"], credits_per_second=p["credits_per_second"],
                                limits=tiers.limits_from_dict(p["limits"]), created_at_utc=row.created_at_utc)
+
+
+def open_connection(conn_str: str) -> tuple[Catalog, Optional[str]]:
+    """The catalog of the namespace a connection string names, and its EntityPath (or None)."""
+    info = parse_connection_string(conn_str)
+    return open_catalog(info.fully_qualified_namespace), info.entity_path
 
 
 def open_catalog(path: str) -> Catalog:

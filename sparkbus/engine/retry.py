@@ -47,6 +47,13 @@ class RetryPolicy:
         if self.mode not in MODES:
             raise ValueError(f"retry_mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
+    @classmethod
+    def from_keywords(cls, keywords: dict) -> "RetryPolicy":
+        """The policy the client keywords retry_total, retry_backoff_factor, retry_backoff_max and
+        retry_mode describe (defaults for those not given)."""
+        return cls(*(keywords.get(f"retry_{name}", getattr(DEFAULT, name))
+                     for name in ("total", "backoff_factor", "backoff_max", "mode")))
+
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based), jitter included."""
         base = self.backoff_factor if self.mode == "fixed" else self.backoff_factor * 2 ** (retry - 1)

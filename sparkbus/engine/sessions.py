@@ -80,10 +80,11 @@ def available(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTabl
     return found["session_id"].to_pylist()
 
 
-def listed(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTable,
-           state_updated_after: Optional[datetime] = None) -> list[str]:
-    """Session ids of an entity, as Service Bus lists them: sessions with messages still in the entity or
-    with a session state; with state_updated_after, the sessions whose state was set after that time."""
+def listed(tables: dict[str, str], state_updated_after: Optional[datetime] = None) -> list[str]:
+    """Session ids of an entity (its table uris by role), as Service Bus lists them: sessions with messages
+    still in the entity or with a session state; with state_updated_after, the sessions whose state was
+    set after that time."""
+    sessions = storage.open_table(tables["sessions"])
     if state_updated_after is not None:
         after_us = storage.micros(state_updated_after)
         found = storage.query(f"""
@@ -96,5 +97,6 @@ def listed(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTable,
         LEFT JOIN locks l ON l.partition_id = m.partition_id AND l.sequence_number = m.sequence_number
         WHERE m.session_id IS NOT NULL AND (l.state IS NULL OR l.state NOT IN ({GONE_SQL}))
         UNION SELECT DISTINCT session_id FROM sessions WHERE state IS NOT NULL
-        ORDER BY session_id""", messages=messages, locks=locks_table, sessions=sessions)
+        ORDER BY session_id""", locks=storage.open_table(tables["locks"]),  # before messages: see retention
+        messages=storage.open_table(tables["messages"]), sessions=sessions)
     return found["session_id"].to_pylist()
