@@ -1,6 +1,7 @@
 """The `sparkbus` command: apply namespace definitions, show a namespace, its metrics and plot them, scale
-it (update-namespace), mark partitions (operators), plan capacity, and run background work: fan-out,
-forwarding, or all of it as the namespace service (`serve`)."""
+it (update-namespace), send, peek and receive messages (sparkbus.cli_messages), mark partitions
+(operators), plan capacity, and run background work: fan-out, forwarding, or all of it as the namespace
+service (`serve`). Exit codes: 0 done, 1 refused (the error on one stderr line), 2 bad usage."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import sys
 import threading
 from typing import Optional, Sequence
 
+from . import cli_messages
 from .capacity import format_plan, format_seed_table, plan
 from .definitions import apply_definition, load_definition
 from .engine.availability import set_partition_availability
@@ -44,11 +46,7 @@ def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
 
 
 def format_table(rows: list[dict], columns: Sequence[str] = COLUMNS) -> str:
-    cells = [list(columns)] + [[str(r[c]) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return cli_messages.format_table(rows, columns)
 
 
 def _show(args: argparse.Namespace) -> None:
@@ -234,7 +232,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     serve.add_argument("--maintenance-interval", type=float, default=30.0,
                        help="seconds between maintenance sweeps (retention, compaction, log cleanup)")
     serve.set_defaults(run=_serve)
-    for sub in (apply, show, met, upd, part, fan, forward, serve):
+    messaging = cli_messages.register(commands)
+    for sub in (apply, show, met, upd, part, fan, forward, serve, *messaging):
         sub.add_argument("--namespace", required=True, help="namespace directory or file:// URI")
     args = parser.parse_args(argv)
     try:

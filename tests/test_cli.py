@@ -73,3 +73,27 @@ def test_console_script_in_fresh_process(ns_path):
     subprocess.run([exe, "apply", EXAMPLE, "--namespace", ns_path], check=True, capture_output=True)
     out = subprocess.run([exe, "show", "--namespace", ns_path], check=True, capture_output=True, text=True).stdout
     assert "tier=standard" in out and "events/Subscriptions/audit" in out
+
+
+def test_send_peek_and_receive_from_the_command_line(admin, ns_path, tmp_path, capsys):
+    import json
+
+    admin.create_queue("q")
+    lines = tmp_path / "messages.jsonl"
+    lines.write_text('"plain"\n\n{"body": "typed", "subject": "s", "application_properties": {"n": 1}}\n')
+    assert main(["send", "--namespace", ns_path, "--entity", "q", "--file", str(lines)]) == 0
+    assert main(["send", "--namespace", ns_path, "--entity", "q", "--body", "a", "--body", "b", "--json"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["sent 2 message(s) to q", '{"sent": 2}']
+    assert main(["peek", "--namespace", ns_path, "--entity", "q", "--count", "10"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:2] == ["sequence_number", "enqueued_time_utc"] and len(table) == 2 + 4
+    assert main(["receive", "--namespace", ns_path, "--entity", "q", "--count", "2", "--json"]) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(m["body"], m["subject"], m["application_properties"]) for m in got] == [
+        ("plain", None, {}), ("typed", "s", {"n": 1})]
+    assert admin.get_queue_runtime_properties("q").active_message_count == 2  # received ones were completed
+    lines.write_text('{"bod": 1}\n')
+    assert main(["send", "--namespace", ns_path, "--entity", "q", "--file", str(lines)]) == 1
+    assert 'line 1: expected a string or an object with "body"' in capsys.readouterr().err
+    assert main(["receive", "--namespace", ns_path, "--entity", "q", "--count", "0"]) == 1
+    assert admin.get_queue_runtime_properties("q").active_message_count == 2  # nothing written or taken
