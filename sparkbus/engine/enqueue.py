@@ -163,6 +163,8 @@ class EntityWriter:
                 except (ServiceBusError, ValueError, TypeError):  # refused before writing: each on its own
                     pass
             for member in group:
+                if member.result is not None or member.error is not None:
+                    continue  # answered on its own already (_commit_together)
                 try:
                     member.result = self.append(member.rows)
                 except BaseException as error:
