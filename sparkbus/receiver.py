@@ -245,9 +245,7 @@ class ServiceBusReceiver:
 
     def close(self) -> None:
         """Message locks simply expire, as in Service Bus. A held session is released: the locks of its
-        unsettled messages end now (they are delivered again first), then the session lock. Closing
-        persists the process's metrics."""
-        self._governor.recorder.flush()
+        unsettled messages end now (they are delivered again first), then the session lock."""
         if self.session is None or self._session_closed:
             return
         self._session_closed = True

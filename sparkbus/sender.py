@@ -82,8 +82,8 @@ class ServiceBusSender:
         self.close()
 
     def close(self) -> None:
-        """Sends are committed before they return; closing persists the process's metrics."""
-        self._governor.recorder.flush()
+        """Nothing to release: sends are committed before they return (the client's close persists the
+        process's metrics)."""
 
     def _charged(self, count: int, operation: Callable[[], T]) -> T:
         """operation, admitted and charged as a send of `count` messages."""

@@ -41,10 +41,6 @@ class Budget:
     credits_per_second: Optional[int]
     concurrency: Optional[int]
 
-    @property
-    def limited(self) -> bool:
-        return self.credits_per_second is not None or self.concurrency is not None
-
 
 def budget(tier: str, credits_per_second: Optional[int], messaging_units: int) -> Budget:
     """The budget of a namespace: the credit budget in basic and standard, the governor's in premium."""

@@ -51,6 +51,7 @@ from ..core.encoding import header_sizes
 from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter, action_from_json, filter_from_json
 from ..core.language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
 from ..core.names import key
+from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
 from ..storage import maintenance
 from ..storage.schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
@@ -105,7 +106,8 @@ class FanoutResult:
 def _charged(catalog: Catalog, topic: EntityInfo, work: Callable[[], FanoutResult]) -> FanoutResult:
     """work once the namespace's throttling admits it (waiting for credits, never failing: the service
     is charged like a client), charged one credit per filter evaluated."""
-    return governor_of(catalog).call(topic.path, work, lambda done: Usage(done.evaluations), NO_RETRY, wait=True)
+    return governor_of(catalog).call(topic.path, work, lambda done: Usage(FILTER_COST * done.evaluations), NO_RETRY,
+                                     wait=True)
 
 
 def compile_rule(row: Row) -> CompiledRule:
