@@ -74,7 +74,7 @@ def main() -> None:
         rules = ", ".join(f"{r.name}: {r.filter!r}" for r in admin.list_rules("events", sub.name))
         print(f"  {sub.name} ({rules})" + (f", forwarded to queue {sub.forward_to}" if sub.forward_to else ""))
         for m in copies:
-            print(f"    {str(m)!r} {m.application_properties}")
+            print(f"    {str(m)!r} {m.str_application_properties}")
     with client.get_queue_receiver("orders", max_wait_time=1) as receiver:
         first = receiver.receive_messages(max_message_count=3)
         receiver.complete_message(first[0])

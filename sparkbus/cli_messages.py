@@ -115,7 +115,7 @@ def receive(args: argparse.Namespace) -> None:
 def _record(message: ServiceBusReceivedMessage) -> dict:
     record = {name: getattr(message, name) for name in SHOWN}
     record.update(body=str(message), enqueued_time_utc=message.enqueued_time_utc.isoformat(),
-                  application_properties=message.application_properties,
+                  application_properties=message.str_application_properties,
                   dead_letter_reason=message.dead_letter_reason)
     return record
 

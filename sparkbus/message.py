@@ -3,13 +3,75 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import pyarrow as pa
 
+from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType, AmqpMessageHeader, AmqpMessageProperties
+from .core import amqp
 from .core.encoding import LENGTH_LIMITED, MAX_ID_LENGTH, OUTGOING, STRING_PROPERTIES, body_sizes, header_sizes
 from .core.values import check_properties, encode_properties
 from .exceptions import MessageSizeExceededError
+
+# AMQP properties that are ServiceBusMessage fields, by their ServiceBusMessage name.
+AMQP_PROPERTY_FIELDS = {"message_id": "message_id", "to": "to", "subject": "subject", "reply_to": "reply_to",
+                        "correlation_id": "correlation_id", "content_type": "content_type",
+                        "session_id": "group_id", "reply_to_session_id": "reply_to_group_id"}
+PARTITION_KEY_ANNOTATION = b"x-opt-partition-key"
+SCHEDULED_TIME_ANNOTATION = b"x-opt-scheduled-enqueue-time"
+
+
+class MessageBody(bytes):
+    """A data body of one section: bytes, and what azure-servicebus gives for a data body, an iterator of
+    its byte sections. So sparkbus code comparing or decoding `msg.body` and ported code doing
+    `b"".join(msg.body)`, `next(msg.body)` or `for section in msg.body` both work; iterating gives the whole
+    body as one section, not its byte values (`bytes(msg.body)` or `msg.body_bytes` for plain bytes)."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter((bytes(self),))
+
+    def __next__(self) -> bytes:
+        if self.__dict__.get("_read"):
+            raise StopIteration
+        self.__dict__["_read"] = True
+        return bytes(self)
+
+
+def public_body(body_type: Optional[str], stored: bytes) -> Any:
+    """`message.body` of a stored body: MessageBody for one data section (the usual case), an iterator of
+    sections for several data or sequence sections, the value of a value body."""
+    if body_type is None:
+        return MessageBody(stored)
+    kind, body = amqp.loaded_body(body_type, stored)
+    return body if kind == amqp.VALUE else iter(list(body))
+
+
+def body_text(body_type: Optional[str], stored: bytes, encoding: str = "utf-8") -> str:
+    """str(message) as azure-servicebus gives it: data sections decoded and joined, otherwise str(body)."""
+    if body_type is None:
+        return stored.decode(encoding, errors="replace")
+    kind, body = amqp.loaded_body(body_type, stored)
+    if kind == amqp.DATA:
+        return "".join(section.decode(encoding, errors="replace") for section in body)
+    return str(body)
+
+
+def amqp_text(value: Any, name: str) -> Optional[str]:
+    """An AMQP property read as a ServiceBusMessage str field (bytes are UTF-8 text on the wire)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, (int, uuid.UUID)):
+        return str(value)
+    raise TypeError(f"AMQP property {name} must be a string, got {type(value).__name__}")
+
+
+def str_keys(props: Optional[dict]) -> Optional[dict]:
+    """Property keys as str: azure-servicebus hands back bytes keys, and re-sending them must work."""
+    if not isinstance(props, dict):
+        return props
+    return {k.decode("utf-8") if isinstance(k, bytes) else k: v for k, v in props.items()}
 
 
 def to_utc(value: object, name: str) -> Optional[datetime]:
@@ -21,9 +83,10 @@ def to_utc(value: object, name: str) -> Optional[datetime]:
 
 
 class ServiceBusMessage:
-    """A message to send. body is bytes or str (stored as UTF-8); message_id defaults to a new uuid4 hex."""
+    """A message to send. body is bytes or str (stored as UTF-8), or a list of them (one data section each);
+    message_id defaults to a new uuid4 hex. ServiceBusMessage.from_amqp wraps an AmqpAnnotatedMessage."""
 
-    def __init__(self, body: Union[bytes, str, None], *, application_properties: Optional[dict] = None,
+    def __init__(self, body: Union[bytes, str, list, None], *, application_properties: Optional[dict] = None,
                  session_id: Optional[str] = None, message_id: Optional[str] = None,
                  partition_key: Optional[str] = None, scheduled_enqueue_time_utc: Optional[datetime] = None,
                  time_to_live: Optional[timedelta] = None, content_type: Optional[str] = None,
@@ -37,12 +100,20 @@ class ServiceBusMessage:
             subject = label
         if body is None:
             body = b""
-        if isinstance(body, str):
-            body = body.encode(encoding)
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"body must be bytes, str or None, got {type(body).__name__}")
-        self._body = bytes(body)
-        self.application_properties = check_properties(application_properties, "application_properties")
+        if isinstance(body, (list, tuple)):
+            if not all(isinstance(s, (bytes, bytearray, str)) for s in body):
+                raise TypeError("a list body holds data sections: bytes or str")
+            body = [s.encode(encoding) if isinstance(s, str) else bytes(s) for s in body]
+            self._body_type, self._body = amqp.stored_body(amqp.DATA, body)
+        else:
+            if isinstance(body, str):
+                body = body.encode(encoding)
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                raise TypeError(f"body must be bytes, str, a list of them or None, got {type(body).__name__}")
+            self._body_type, self._body = None, bytes(body)
+        self._encoding = encoding
+        self.application_properties = check_properties(str_keys(application_properties),
+                                                       "application_properties")
         strings = dict(session_id=session_id, message_id=message_id or uuid.uuid4().hex, partition_key=partition_key,
                        content_type=content_type, correlation_id=correlation_id, subject=subject, to=to,
                        reply_to=reply_to, reply_to_session_id=reply_to_session_id)
@@ -60,9 +131,49 @@ class ServiceBusMessage:
         self.time_to_live = time_to_live
         self.scheduled_enqueue_time_utc = to_utc(scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
 
+    @classmethod
+    def from_amqp(cls, message: AmqpAnnotatedMessage) -> "ServiceBusMessage":
+        """The message a sender sends for an AmqpAnnotatedMessage: its body of any kind, application
+        properties, the properties that are message fields, header time_to_live (ms) and the partition-key
+        and scheduled-time annotations. Raises TypeError or ValueError as the constructor does."""
+        properties = message.properties or AmqpMessageProperties()
+        fields = {name: amqp_text(properties.get(amqp_name), amqp_name) for name, amqp_name in AMQP_PROPERTY_FIELDS.items()}
+        annotations = str_keys(message.annotations) or {}
+        ttl = message.header.time_to_live if message.header is not None else None
+        scheduled = annotations.get(SCHEDULED_TIME_ANNOTATION.decode())
+        if isinstance(scheduled, int) and not isinstance(scheduled, bool):
+            scheduled = datetime.fromtimestamp(scheduled / 1000, timezone.utc)
+        out = cls(None, application_properties=message.application_properties,
+                  partition_key=amqp_text(annotations.get(PARTITION_KEY_ANNOTATION.decode()), "x-opt-partition-key"),
+                  scheduled_enqueue_time_utc=scheduled,
+                  time_to_live=None if not ttl else timedelta(milliseconds=ttl), **fields)
+        out._body_type, out._body = amqp.stored_body(message.body_type.value, message._sections().body)
+        return out
+
     @property
-    def body(self) -> bytes:
-        return self._body
+    def body(self) -> Any:
+        """As azure-servicebus: a data body iterates its sections (here also bytes when it is one section),
+        a sequence body iterates its lists, a value body is the value."""
+        return public_body(self._body_type, self._body)
+
+    @property
+    def body_type(self) -> AmqpMessageBodyType:
+        return AmqpMessageBodyType(self._body_type or amqp.DATA)
+
+    @property
+    def raw_amqp_message(self) -> AmqpAnnotatedMessage:
+        """The message as AMQP sections (built on each access; changes to it do not change the message)."""
+        kind, body = amqp.loaded_body(self._body_type, self._body)
+        annotations = {}
+        if self.partition_key is not None:
+            annotations[PARTITION_KEY_ANNOTATION] = self.partition_key
+        if self.scheduled_enqueue_time_utc is not None:
+            annotations[SCHEDULED_TIME_ANNOTATION] = self.scheduled_enqueue_time_utc
+        ttl = None if self.time_to_live is None else self.time_to_live // timedelta(milliseconds=1)
+        return AmqpAnnotatedMessage(
+            **{f"{kind}_body": body}, application_properties=dict(self.application_properties) or None,
+            properties=AmqpMessageProperties(**{a: getattr(self, n) for n, a in AMQP_PROPERTY_FIELDS.items()}),
+            header=AmqpMessageHeader(time_to_live=ttl), annotations=annotations or None)
 
     @property
     def size_in_bytes(self) -> int:
@@ -70,7 +181,7 @@ class ServiceBusMessage:
         return message_size(self)
 
     def __str__(self) -> str:
-        return self._body.decode("utf-8", errors="replace")
+        return body_text(self._body_type, self._body, self._encoding)
 
     def __repr__(self) -> str:
         return f"ServiceBusMessage(message_id={self.message_id!r}, session_id={self.session_id!r}, body={len(self._body)} bytes)"
@@ -81,7 +192,8 @@ def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
     messages = list(messages)
     columns = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
     columns["application_properties"] = [encode_properties(m.application_properties) for m in messages]
-    columns["body"] = [m.body for m in messages]
+    columns["body"] = [m._body for m in messages]
+    columns["body_type"] = [m._body_type for m in messages]
     columns["time_to_live_ms"] = [None if m.time_to_live is None else m.time_to_live // timedelta(milliseconds=1)
                                   for m in messages]
     columns["scheduled_enqueue_time_utc"] = [m.scheduled_enqueue_time_utc for m in messages]
@@ -102,9 +214,12 @@ class ServiceBusMessageBatch:
         self._messages: list[ServiceBusMessage] = []
         self._size = 0
 
-    def add_message(self, message: ServiceBusMessage) -> None:
+    def add_message(self, message: Union[ServiceBusMessage, AmqpAnnotatedMessage]) -> None:
+        if isinstance(message, AmqpAnnotatedMessage):
+            message = ServiceBusMessage.from_amqp(message)
         if not isinstance(message, ServiceBusMessage):
-            raise TypeError(f"add_message takes a ServiceBusMessage, got {type(message).__name__}")
+            raise TypeError(f"add_message takes a ServiceBusMessage or AmqpAnnotatedMessage, "
+                            f"got {type(message).__name__}")
         size = message_size(message)
         if self._size + size > self.max_size_in_bytes:
             raise MessageSizeExceededError(

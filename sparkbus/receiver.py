@@ -9,11 +9,12 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
-from typing import Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from .core import transitions
+from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
+from .core import amqp, transitions
 from .core.throttling import data_cost
-from .core.values import decode_properties
+from .core.values import check_properties, decode_properties, encode_properties
 from .engine.catalog import Catalog
 from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, deferred_partitions, policy,
                               poll)
@@ -25,6 +26,8 @@ from .engine.throttle import Usage
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
                          MessagingEntityDisabledError, SessionLockLostError)
 from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
+from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text, body_text,
+                      public_body, str_keys)
 from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
 
 RECEIVER_KINDS = ("queue", "subscription")
@@ -57,28 +60,18 @@ class ServiceBusMessageState(IntEnum):
     SCHEDULED = 2
 
 
-class MessageBody(bytes):
-    """A received message's body: bytes, and what azure-servicebus gives for a data body, an iterator of
-    its byte sections (one here). So sparkbus code comparing or decoding `msg.body` and ported code doing
-    `b"".join(msg.body)`, `next(msg.body)` or `for section in msg.body` both work; iterating gives the whole
-    body as one section, not its byte values (`bytes(msg.body)` or `msg.body_bytes` for plain bytes)."""
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter((bytes(self),))
-
-    def __next__(self) -> bytes:
-        if self.__dict__.get("_read"):
-            raise StopIteration
-        self.__dict__["_read"] = True
-        return bytes(self)
-
-
 class ServiceBusReceivedMessage:
-    """A received (or peeked) message: the sent properties plus broker-assigned ones."""
+    """A received (or peeked) message: the sent properties plus broker-assigned ones.
+
+    As azure-servicebus: `application_properties` has bytes keys and str values as bytes (what the SDK decodes
+    from the wire; datetimes as epoch milliseconds); `str_application_properties` is the sparkbus alternative
+    with the keys and values as they were sent."""
 
     def __init__(self, row: dict, state_row: Optional[dict], state: ServiceBusMessageState) -> None:
-        self.body = MessageBody(row["body"])
-        self.application_properties = decode_properties(row["application_properties"])
+        self._body_type: Optional[str] = row.get("body_type")
+        self._stored_body: bytes = row["body"]
+        self.str_application_properties: dict = decode_properties(row["application_properties"])
+        self.application_properties: dict = amqp.wire_form(self.str_application_properties)
         for name in ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
                      "reply_to", "reply_to_session_id", "sequence_number", "enqueued_time_utc",
                      "scheduled_enqueue_time_utc", "expires_at_utc"):
@@ -92,15 +85,48 @@ class ServiceBusReceivedMessage:
         self.locked_until_utc: Optional[datetime] = state_row.get("locked_until_utc")
         # A message forwarded out of a dead-letter sub-queue carries them as application properties and a column.
         self.dead_letter_reason = (state_row.get("dead_letter_reason", row.get("prior_reason"))
-                                   or self.application_properties.get(DEAD_LETTER_REASON_PROPERTY))
+                                   or self.str_application_properties.get(DEAD_LETTER_REASON_PROPERTY))
         self.dead_letter_error_description = (
             state_row.get("dead_letter_error_description", row.get("prior_description"))
-            or self.application_properties.get(DEAD_LETTER_DESCRIPTION_PROPERTY))
+            or self.str_application_properties.get(DEAD_LETTER_DESCRIPTION_PROPERTY))
         self.dead_letter_source = state_row.get("dead_letter_source") or row.get("dead_letter_source_entity")
-        self._partition_id: int = row["partition_id"]
+        self._partition_id: Optional[int] = row["partition_id"]
         self._size: int = row["body_size"] + row["header_size"]  # as counted when sent (or copied to a subscription)
         self._state_row = state_row if self.lock_token is not None else None  # as locked: settling reads nothing
         self._settled = False
+        self._sections: Optional[amqp.Sections] = None  # as decoded by from_bytes
+
+    @classmethod
+    def from_bytes(cls, message: bytes) -> "ServiceBusReceivedMessage":
+        """A message decoded from an AMQP 1.0 message payload, as azure-servicebus' from_bytes: broker
+        annotations in it (sequence number, enqueued time, lock token, ...) fill those properties, absent ones
+        are None. It has no receiver and cannot be settled. Raises TypeError unless message is bytes,
+        ValueError if it is empty or not an AMQP message."""
+        if not isinstance(message, bytes):
+            raise TypeError(f"message must be bytes, got {type(message).__name__}")
+        if not message:
+            raise ValueError("message cannot be empty")
+        try:
+            sections = amqp.decode_message(message)
+            row = _row_of(sections)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"message is not a valid AMQP 1.0 message payload: {e}") from e
+        delivery = {**sections.delivery_annotations, **sections.annotations}
+        lock_token = delivery.get(LOCK_TOKEN_ANNOTATION)
+        state_row = {"delivery_count": sections.header.get("delivery_count", 0),
+                     "lock_token": None if lock_token is None else str(lock_token),
+                     "locked_until_utc": _time(delivery.get(LOCKED_UNTIL_ANNOTATION))}
+        received = cls(row, state_row, ServiceBusMessageState.ACTIVE)
+        received.application_properties = sections.application_properties
+        received._state_row = None  # no receiver: nothing to settle with
+        received._sections = sections
+        return received
+
+    @property
+    def body(self) -> Any:
+        """As azure-servicebus: a data body iterates its sections (and is bytes too when it is one section,
+        the usual case), a sequence body iterates its lists, a value body is the value."""
+        return public_body(self._body_type, self._stored_body)
 
     @property
     def size_in_bytes(self) -> int:
@@ -109,13 +135,13 @@ class ServiceBusReceivedMessage:
 
     @property
     def body_bytes(self) -> bytes:
-        """The body as plain bytes (a sparkbus addition; `body` is also bytes, iterating as the SDK's)."""
-        return bytes(self.body)
+        """The body as stored, plain bytes (a sparkbus addition): a one-section data body's bytes, or the AMQP
+        encoding of the sections of any other body."""
+        return bytes(self._stored_body)
 
     @property
-    def body_type(self) -> str:
-        """AmqpMessageBodyType.DATA's value: sparkbus stores bodies as bytes."""
-        return "data"
+    def body_type(self) -> AmqpMessageBodyType:
+        return AmqpMessageBodyType(self._body_type or amqp.DATA)
 
     @property
     def enqueued_sequence_number(self) -> int:
@@ -123,12 +149,69 @@ class ServiceBusReceivedMessage:
         forwarded message is numbered anew by its destination, which is the number kept)."""
         return self.sequence_number
 
+    @property
+    def raw_amqp_message(self) -> AmqpAnnotatedMessage:
+        """The message as AMQP sections: the sent body, properties and application properties, the broker's
+        header (delivery_count, time_to_live) and annotations (x-opt-sequence-number, x-opt-enqueued-time,
+        x-opt-locked-until, x-opt-partition-key, ...)."""
+        if self._sections is not None:
+            return AmqpAnnotatedMessage._from_sections(self._sections)
+        kind, body = amqp.loaded_body(self._body_type, self._stored_body)
+        annotations = {SEQUENCE_NUMBER_ANNOTATION: self.sequence_number,
+                       ENQUEUED_TIME_ANNOTATION: amqp.wire_form(self.enqueued_time_utc),
+                       PARTITION_KEY_ANNOTATION: self.partition_key,
+                       SCHEDULED_TIME_ANNOTATION: amqp.wire_form(self.scheduled_enqueue_time_utc),
+                       LOCKED_UNTIL_ANNOTATION: amqp.wire_form(self.locked_until_utc),
+                       DEAD_LETTER_SOURCE_ANNOTATION: self.dead_letter_source}
+        properties = {a: amqp.wire_form(getattr(self, n)) for n, a in AMQP_PROPERTY_FIELDS.items()}
+        ttl = None if self.time_to_live is None else self.time_to_live // timedelta(milliseconds=1)
+        return AmqpAnnotatedMessage._from_sections(amqp.Sections(
+            body_type=kind, body=body, header={"delivery_count": self.delivery_count, "time_to_live": ttl},
+            annotations={k: amqp.wire_form(v) for k, v in annotations.items() if v is not None},
+            properties={k: v for k, v in properties.items() if v is not None},
+            application_properties=self.application_properties))
+
     def __str__(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
+        return body_text(self._body_type, self._stored_body)
 
     def __repr__(self) -> str:
         return (f"ServiceBusReceivedMessage(sequence_number={self.sequence_number}, message_id={self.message_id!r}, "
                 f"delivery_count={self.delivery_count})")
+
+
+SEQUENCE_NUMBER_ANNOTATION = b"x-opt-sequence-number"
+ENQUEUED_TIME_ANNOTATION = b"x-opt-enqueued-time"
+LOCKED_UNTIL_ANNOTATION = b"x-opt-locked-until"
+LOCK_TOKEN_ANNOTATION = b"x-opt-lock-token"
+DEAD_LETTER_SOURCE_ANNOTATION = b"x-opt-deadletter-source"
+
+
+def _time(value: Any) -> Optional[datetime]:
+    """An AMQP timestamp (epoch milliseconds) as a UTC datetime."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"an AMQP timestamp is an integer of milliseconds, got {value!r}")
+    return datetime.fromtimestamp(value / 1000, timezone.utc)
+
+
+def _row_of(sections: amqp.Sections) -> dict:
+    """A messages-table row for a decoded AMQP message (what from_bytes builds its message from)."""
+    annotations = {**sections.delivery_annotations, **sections.annotations}
+    body_type, body = amqp.stored_body(sections.body_type, sections.body)
+    props = {name: amqp_text(sections.properties.get(a), a) for name, a in AMQP_PROPERTY_FIELDS.items()}
+    ttl = sections.header.get("time_to_live")
+    enqueued = _time(annotations.get(ENQUEUED_TIME_ANNOTATION))
+    app = str_keys(sections.application_properties)
+    check_properties(app, "application_properties")
+    return {**props, "body": body, "body_type": body_type, "application_properties": encode_properties(app),
+            "partition_key": amqp_text(annotations.get(PARTITION_KEY_ANNOTATION), "x-opt-partition-key"),
+            "sequence_number": annotations.get(SEQUENCE_NUMBER_ANNOTATION), "enqueued_time_utc": enqueued,
+            "scheduled_enqueue_time_utc": _time(annotations.get(SCHEDULED_TIME_ANNOTATION)),
+            "time_to_live_ms": ttl,
+            "expires_at_utc": None if enqueued is None or ttl is None else enqueued + timedelta(milliseconds=ttl),
+            "dead_letter_source_entity": amqp_text(annotations.get(DEAD_LETTER_SOURCE_ANNOTATION), "deadletter-source"),
+            "partition_id": None, "body_size": len(body), "header_size": 0}
 
 
 class ServiceBusSession:
@@ -420,6 +503,8 @@ class ServiceBusReceiver:
     def _check_settleable(self, message: ServiceBusReceivedMessage) -> None:
         if not isinstance(message, ServiceBusReceivedMessage):
             raise TypeError(f"expected a ServiceBusReceivedMessage, got {type(message).__name__}")
+        if message._sections is not None:
+            raise InvalidOperationError("a message decoded by from_bytes has no receiver and cannot be settled")
         if self._deletes:
             raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
         if message._settled:

@@ -11,26 +11,30 @@ from .engine.namespace import governor_of, open_connection
 from .engine.registry import CachedEntity, EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
+from .amqp import AmqpAnnotatedMessage
 from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing, to_utc
 from .transactions import ServiceBusTransaction
 
 SENDER_KINDS = ("queue", "topic")
 T = TypeVar("T")
-Sendable = Union[ServiceBusMessage, Iterable[ServiceBusMessage], ServiceBusMessageBatch]
+Single = Union[ServiceBusMessage, AmqpAnnotatedMessage]
+Sendable = Union[Single, Iterable[Single], ServiceBusMessageBatch]
 
 
 def as_messages(message: Sendable) -> list[ServiceBusMessage]:
-    if isinstance(message, ServiceBusMessage):
-        return [message]
+    """The messages to send; AmqpAnnotatedMessages become the ServiceBusMessages they stand for."""
+    if isinstance(message, (ServiceBusMessage, AmqpAnnotatedMessage)):
+        message = [message]
     if isinstance(message, ServiceBusMessageBatch):
         return message.messages
     if isinstance(message, (str, bytes)) or not isinstance(message, Iterable):
-        raise TypeError("send_messages takes a ServiceBusMessage, a list of them or a ServiceBusMessageBatch, "
-                        f"got {type(message).__name__}")
-    messages = list(message)
+        raise TypeError("send_messages takes a ServiceBusMessage or AmqpAnnotatedMessage, a list of them or a "
+                        f"ServiceBusMessageBatch, got {type(message).__name__}")
+    messages = [ServiceBusMessage.from_amqp(m) if isinstance(m, AmqpAnnotatedMessage) else m for m in message]
     for m in messages:
         if not isinstance(m, ServiceBusMessage):
-            raise TypeError(f"send_messages lists must hold ServiceBusMessage objects, got {type(m).__name__}")
+            raise TypeError("send_messages lists must hold ServiceBusMessage or AmqpAnnotatedMessage objects, "
+                            f"got {type(m).__name__}")
     return messages
 
 

@@ -107,8 +107,8 @@ def test_client_argument_checks(ns_path):
 
 
 def test_a_version_1_namespace_is_upgraded_when_opened(ns_path):
-    """Namespaces written before the forwarding columns existed gain them on first open; old rows read as
-    never forwarded, and sends and receives work on the upgraded tables."""
+    """Namespaces written before the forwarding and body_type columns existed gain them on first open; old
+    rows read as never forwarded ordinary bodies, and sends and receives work on the upgraded tables."""
     from datetime import datetime, timezone
 
     import pyarrow as pa
@@ -122,7 +122,7 @@ def test_a_version_1_namespace_is_upgraded_when_opened(ns_path):
     sparkbus.create_namespace(ns_path)
     sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
     uri = sparkbus.ServiceBusAdministrationClient(ns_path).get_entity_tables("q")["messages"]
-    old = pa.schema([f for f in MESSAGES if f.name not in TRANSFER_COLUMNS])
+    old = pa.schema([f for f in MESSAGES if f.name not in (*TRANSFER_COLUMNS, "body_type")])
     storage.remove_tree(uri)
     storage.create_table(uri, old, configuration=TABLE_CONFIGURATION["messages"])
     row = {f.name: None for f in old}
@@ -135,10 +135,11 @@ def test_a_version_1_namespace_is_upgraded_when_opened(ns_path):
 
     client = sparkbus.ServiceBusClient(ns_path)  # opening upgrades
     assert catalog.snapshot().rows[NAMESPACE_KEY].properties["format_version"] == FORMAT_VERSION
-    assert set(TRANSFER_COLUMNS) <= {f.name for f in storage.open_table(uri).schema().fields}
+    assert {*TRANSFER_COLUMNS, "body_type"} <= {f.name for f in storage.open_table(uri).schema().fields}
     client.get_queue_sender("q").send_messages(sparkbus.ServiceBusMessage("new"))
     with client.get_queue_receiver("q") as receiver:
         got = receiver.receive_messages(5, max_wait_time=1)
-        assert [(str(m), m.sequence_number, m.dead_letter_source) for m in got] == [("old", 1, None), ("new", 2, None)]
+        assert [(str(m), m.sequence_number, m.dead_letter_source, m.body_type) for m in got] == \
+            [("old", 1, None, "data"), ("new", 2, None, "data")]
         receiver.complete_messages(got)
     assert sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q").total_message_count == 0

@@ -28,7 +28,7 @@ def test_peek_lock_settlements_keep_counts_exact(admin, client):
     assert len(got) == 4 and len({m.sequence_number for m in got}) == 4
     first = got[0]
     assert first.delivery_count == 1 and first.lock_token and first.locked_until_utc > datetime.now(timezone.utc)
-    assert first.subject == "s" and first.application_properties["i"] == int(str(first)[1:])
+    assert first.subject == "s" and first.str_application_properties["i"] == int(str(first)[1:])
     assert first.state == ServiceBusMessageState.ACTIVE and first.enqueued_time_utc <= datetime.now(timezone.utc)
     assert counts(admin, "q") == (8, 0, 0, 8)  # locked messages are still active
     receiver.complete_message(got[0])

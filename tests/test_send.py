@@ -20,7 +20,7 @@ def test_message_fields_and_validation():
                           session_id="s", subject="greeting", time_to_live=timedelta(minutes=5))
     assert m.body == "héllo".encode() and str(m) == "héllo"
     assert uuid.UUID(m.message_id).hex == m.message_id and m.message_id != ServiceBusMessage(b"").message_id
-    with pytest.raises(TypeError, match="body must be bytes, str or None"):
+    with pytest.raises(TypeError, match="body must be bytes, str, a list of them or None"):
         ServiceBusMessage(5)
     with pytest.raises(TypeError, match=r"application_properties\['x'\] has type dict"):
         ServiceBusMessage(b"", application_properties={"x": {}})

@@ -36,7 +36,7 @@ def test_dataframe_sent_to_a_topic_is_fanned_out_once(spark, admin, client, ns_p
     fanout_once(spark, ns_path)                                   # every topic; nothing left to copy
     big = copies(client, "events", "big")
     assert sorted(str(m) for m in big) == sorted(f"m{i}" for i in range(0, 40, 4))
-    assert all(m.application_properties == {"seen": True, "RuleName": "big"} for m in big)
+    assert all(m.str_application_properties == {"seen": True, "RuleName": "big"} for m in big)
     assert len(copies(client, "events", "all")) == 40
 
 

@@ -75,13 +75,13 @@ def test_each_subscription_receives_exactly_its_copies(topic, client, ns_path):
     assert [str(m) for m in received(client, "corr")] == ["m2"]
     assert received(client, "none") == [] and received(client, "empty") == []
     two = received(client, "two")
-    plain = sorted(str(m) for m in two if "RuleName" not in m.application_properties)
+    plain = sorted(str(m) for m in two if "RuleName" not in m.str_application_properties)
     assert plain == ["m1", "m3", "m4", "m5"]                       # big OR odd: one copy each
-    tagged = sorted((str(m), m.application_properties["level"], m.subject) for m in two
-                    if m.application_properties.get("RuleName") == "tag")
+    tagged = sorted((str(m), m.str_application_properties["level"], m.subject) for m in two
+                    if m.str_application_properties.get("RuleName") == "tag")
     assert tagged == [("m4", 40, "x"), ("m5", 50, "x")]
-    removed = [m for m in two if m.application_properties.get("RuleName") == "all"]
-    assert len(removed) == 6 and all("color" not in m.application_properties for m in removed)
+    removed = [m for m in two if m.str_application_properties.get("RuleName") == "all"]
+    assert len(removed) == 6 and all("color" not in m.str_application_properties for m in removed)
     assert all(m.subject in ("orders", "other") for m in removed)   # actions change only their own copy
     assert drain(ns_path).messages == 0                              # nothing pending, nothing twice
 
@@ -97,7 +97,7 @@ def test_copies_keep_properties_and_get_their_own_numbers(topic, client, ns_path
     first = copies[0]
     assert first.body == b"\x00body" and first.message_id == "mid" and first.partition_key == "pk"
     assert (first.content_type, first.correlation_id, first.to, first.reply_to) == ("ct", "cid", "t", "r")
-    assert first.application_properties == {"when": datetime(2026, 1, 1, tzinfo=timezone.utc)}
+    assert first.str_application_properties == {"when": datetime(2026, 1, 1, tzinfo=timezone.utc)}
     partition = sequencing.partition_of_sequence(first.sequence_number)
     assert [m.sequence_number & sequencing.LOW_MASK for m in copies] == [1, 2]   # numbering from 1
     assert all(sequencing.partition_of_sequence(m.sequence_number) == partition for m in copies)
@@ -178,7 +178,7 @@ def test_session_subscription_dead_letters_copies_without_a_session_id(topic, cl
     result = drain(ns_path)
     assert [str(m) for m in received(client, "sessions", session_id="s")] == ["keyed"]
     dead = received(client, "sessions", dead_letter=True)
-    assert [(str(m), m.session_id, m.application_properties) for m in dead] == \
+    assert [(str(m), m.session_id, m.str_application_properties) for m in dead] == \
         [("plain", None, {"n": 1}), ("plain", None, {"n": 1, "x": 1, "RuleName": "act"})]
     assert {m.dead_letter_reason for m in dead} == {"Session id is null."}
     assert {m.dead_letter_error_description for m in dead} == \

@@ -19,7 +19,8 @@ STRING_PROPERTIES = ("message_id", "session_id", "partition_key", "correlation_i
 LENGTH_LIMITED = ("message_id", "session_id", "partition_key")
 # Columns a sender provides; partition_id, sequence_number and the times are set when the send commits.
 OUTGOING = pa.schema([MESSAGES.field(name) for name in (*STRING_PROPERTIES, "application_properties", "body",
-                                                         "time_to_live_ms", "scheduled_enqueue_time_utc")])
+                                                         "body_type", "time_to_live_ms",
+                                                         "scheduled_enqueue_time_utc")])
 FIXED_WIDTH_BYTES = 8  # a time-to-live or scheduled time, when set, counts as 8 header bytes
 
 

@@ -15,9 +15,10 @@ from ..storage.schemas import ENTITY_TABLES
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .throttle import Governor, governor, set_budget
 
-# 2: messages tables carry the forwarding columns (storage.schemas.TRANSFER_COLUMNS); namespaces of
-# version 1 are upgraded in place when first opened (see _upgrade).
-FORMAT_VERSION = 2
+# 2: messages tables carry the forwarding columns (storage.schemas.TRANSFER_COLUMNS); 3: and body_type
+# (AMQP sequence and value bodies). Namespaces of older versions are upgraded in place when first opened
+# (see _upgrade).
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)

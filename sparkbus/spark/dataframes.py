@@ -169,11 +169,12 @@ RECEIVED_SPARK_SCHEMA = (
 
 
 def messages_to_arrow(messages: list) -> pa.Table:
-    """Received messages as Arrow rows (application properties as their stored typed JSON)."""
+    """Received messages as Arrow rows (body as stored, application properties as their stored typed JSON)."""
     rows = []
     for m in messages:
-        row = {name: getattr(m, name) for name in RECEIVED_COLUMNS if name != "application_properties"}
-        row["application_properties"] = encode_properties(m.application_properties)
+        row = {name: getattr(m, name) for name in RECEIVED_COLUMNS if name not in ("body", "application_properties")}
+        row["body"] = m.body_bytes
+        row["application_properties"] = encode_properties(m.str_application_properties)
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=_RECEIVED_ARROW)
 

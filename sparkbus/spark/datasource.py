@@ -57,7 +57,7 @@ SCHEMA = (
     "reply_to string, reply_to_session_id string, application_properties string, body binary, "
     "time_to_live_ms long, enqueued_time_utc timestamp, scheduled_enqueue_time_utc timestamp, "
     "expires_at_utc timestamp, body_size long, header_size long, transfer_hop_count int, "
-    "dead_letter_source_entity string")
+    "dead_letter_source_entity string, body_type string")
 _ARROW = pa.schema([pa.field("entity", pa.string())] + [f.with_nullable(True) for f in MESSAGES])
 # .option("content", "ranges"): one row per entity partition and micro-batch naming the sequence numbers
 # it covers, no message read (the fan-out and forwarding queries read the rows themselves, on the driver).

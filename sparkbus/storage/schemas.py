@@ -35,6 +35,9 @@ MESSAGES = pa.schema([
     # message forwarded out of a dead-letter sub-queue, the entity it was dead-lettered in.
     pa.field("transfer_hop_count", pa.int32()),
     pa.field("dead_letter_source_entity", pa.string()),
+    # Null for an ordinary body (one AMQP data section, stored as its bytes); "data", "sequence" or "value"
+    # when body holds AMQP body sections (sparkbus.core.amqp: several data sections, sequences, a value).
+    pa.field("body_type", pa.string()),
 ])
 # Columns of MESSAGES that forwarding carries from a message to its copy (a sender leaves them null).
 TRANSFER_COLUMNS = ("transfer_hop_count", "dead_letter_source_entity")
