@@ -16,8 +16,8 @@ from .core import amqp, transitions
 from .core.throttling import data_cost
 from .core.values import check_properties, decode_properties, encode_properties
 from .engine.catalog import Catalog
-from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, deferred_partitions, policy,
-                              poll)
+from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, available_partitions,
+                              deferred_partitions, policy, poll)
 from .core.names import subscription_path
 from .engine.namespace import governor_of, open_connection
 from .engine.registry import EntityInfo
@@ -26,11 +26,12 @@ from .engine.throttle import Usage
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
                          MessagingEntityDisabledError, SessionLockLostError)
 from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
-from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text, body_text,
+from .message import (AMQP_PROPERTY_FIELDS, to_utc, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text, body_text,
                       public_body, str_keys)
 from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
 
 RECEIVER_KINDS = ("queue", "subscription")
+MAX_DELETE_COUNT = 4000  # messages one delete_messages call removes at most, as Service Bus
 
 
 class ServiceBusReceiveMode(str, Enum):
@@ -514,6 +515,44 @@ class ServiceBusReceiver:
         if self.session is not None and message.session_id != self.session.session_id:
             raise InvalidOperationError(f"message {message.sequence_number} belongs to session {message.session_id!r}; "
                                         f"this receiver holds session {self.session.session_id!r}")
+
+    # ---- batch delete ----------------------------------------------------------------------------------
+
+    def delete_messages(self, *, max_message_count: int, before_enqueued_time_utc: Optional[datetime] = None) -> int:
+        """Remove up to max_message_count (1 to 4,000) messages without receiving them, oldest first in each
+        partition: unlocked messages of the receiver's queue or sub-queue (of its session, for a session
+        receiver) enqueued before before_enqueued_time_utc (default now). Deferred messages and scheduled
+        ones not yet due stay. Returns how many were removed; 1 credit each."""
+        if isinstance(max_message_count, bool) or not isinstance(max_message_count, int) or \
+                not 1 <= max_message_count <= MAX_DELETE_COUNT:
+            raise ValueError(f"max_message_count must be an int from 1 to {MAX_DELETE_COUNT}, got {max_message_count!r}")
+        before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or datetime.now(timezone.utc)
+        info = self._delivery.entity.get()
+        self._check_receivable(info)
+        queue = SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else ACTIVE
+
+        def delete() -> int:
+            removed = 0
+            for partition in available_partitions(info):
+                if self._session_lock is not None and partition != self._session_lock.partition:
+                    continue
+                removed += self._delivery.delete(info, partition, queue, max_message_count - removed, before,
+                                                 self._session_lock)
+                if removed == max_message_count:
+                    break
+            return removed
+        return self._governor.call(info.path, delete, lambda n: Usage(data_cost(n)), self._retry)
+
+    def purge_messages(self, *, before_enqueued_time_utc: Optional[datetime] = None) -> int:
+        """delete_messages until none is left that qualifies (enqueued before before_enqueued_time_utc,
+        default the time of the call); returns how many were removed."""
+        before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or datetime.now(timezone.utc)
+        total = 0
+        while True:
+            removed = self.delete_messages(max_message_count=MAX_DELETE_COUNT, before_enqueued_time_utc=before)
+            total += removed
+            if removed == 0:
+                return total
 
     # ---- peek ------------------------------------------------------------------------------------------
 

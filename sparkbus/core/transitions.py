@@ -86,7 +86,8 @@ def renewed(row: dict, now: datetime, policy: Policy) -> dict:
 
 
 def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, limit: int,
-               sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None) -> pa.Table:
+               sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None,
+               enqueued_before: Optional[datetime] = None) -> pa.Table:
     """Up to `limit` oldest of one partition's messages that a receiver of `queue` may lock now, given
     the partition's message rows and state rows, with the state columns plan() needs (lock_state,
     prior_deliveries, prior_reason, prior_description).
@@ -110,6 +111,9 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
         keep = pc.and_(keep, pc.is_in(messages["sequence_number"], value_set=pa.array(sequence_numbers, pa.int64())))
     if session_id is not None:
         keep = pc.and_(keep, pc.fill_null(pc.equal(messages["session_id"], session_id), False))
+    if enqueued_before is not None:
+        enqueued = messages["enqueued_time_utc"].cast(pa.int64())
+        keep = pc.and_(keep, pc.less(enqueued, micros(enqueued_before)))
     chosen = pc.indices_nonzero(keep)
     oldest = chosen.take(pc.sort_indices(messages["sequence_number"].take(chosen))[:limit])
     # filter, not take: take on a table of many chunks first concatenates every chunk (all the bodies)
@@ -190,6 +194,15 @@ def locked_until(rows: pa.Table, until: datetime) -> pa.Table:
     """State rows with their locks extended to `until`."""
     index = rows.schema.get_field_index("locked_until_utc")
     return rows.set_column(index, "locked_until_utc", pa.array([until] * rows.num_rows, TS))
+
+
+def deleted(found: pa.Table, now: datetime) -> pa.Table:
+    """The state rows that remove candidates (batch delete): completed, as if received and completed, with
+    their delivery counts unchanged."""
+    rows = [new_state(pid, seq, COMPLETED, deliveries, now) for pid, seq, deliveries in
+            zip(found["partition_id"].to_pylist(), found["sequence_number"].to_pylist(),
+                found["prior_deliveries"].to_pylist())]
+    return from_rows(rows, LOCKS)
 
 
 def new_state(partition: int, sequence_number: int, state: str, delivery_count: int, now: datetime, *,

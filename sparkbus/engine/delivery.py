@@ -142,6 +142,26 @@ class Delivery:
         self.retain(info, partition)
         return delivered
 
+    def delete(self, info: EntityInfo, partition: int, queue: str, count: int, before: datetime,
+               session: Optional[SessionLock] = None) -> int:
+        """Remove up to count unlocked messages of one partition's `queue` enqueued before `before`, oldest
+        first, in one conditional commit (a message locked meanwhile makes it retry); returns how many."""
+        def attempt(_: int) -> int:
+            messages, state = self.snapshot(info)
+            now = datetime.now(timezone.utc)
+            if session is not None:
+                self.check_session(info, session, now)
+            found = transitions.candidates(
+                self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+                queue, now, count, session_id=session.session_id if session else None, enqueued_before=before)
+            if found.num_rows:
+                locks.commit(state, partition, transitions.deleted(found, now))
+            return found.num_rows
+
+        removed = self.retrying(info, attempt)
+        self.retain(info, partition)
+        return removed
+
     def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int,
                  session: Optional[SessionLock] = None) -> list[tuple[dict, dict]]:
         """Up to count messages from the available partitions, visited from the start-th on (a session
