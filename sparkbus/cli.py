@@ -1,18 +1,22 @@
 """The `sparkbus` command: apply namespace definitions, show a namespace, its metrics and plot them, scale
-it (update-namespace), send, peek and receive messages (sparkbus.cli_messages), mark partitions
-(operators), plan capacity, and run background work: fan-out, forwarding, or all of it as the namespace
-service (`serve`). Exit codes: 0 done, 1 refused (the error on one stderr line), 2 bad usage."""
+it (update-namespace), manage namespaces, entities and rules and run maintenance (sparkbus.cli_entities),
+send, peek, receive and resubmit messages (sparkbus.cli_messages), mark partitions (operators), plan
+capacity, and run background work: fan-out, forwarding, or all of it as the namespace service (`serve`).
+`--json` gives scripts JSON instead of tables. Exit codes: 0 done, 1 refused (the error on one stderr
+line), 2 bad usage."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
 import threading
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from . import cli_messages
-from .capacity import format_plan, format_seed_table, plan
+from . import cli_entities, cli_messages
+from .capacity import format_plan, format_seed_table, plan, seed_table
+from .cli_entities import record
 from .definitions import apply_definition, load_definition
 from .engine.availability import set_partition_availability
 from .exceptions import ServiceBusError
@@ -49,11 +53,16 @@ def format_table(rows: list[dict], columns: Sequence[str] = COLUMNS) -> str:
     return cli_messages.format_table(rows, columns)
 
 
+def _out(args: argparse.Namespace, human: str, data: Any) -> None:
+    """Print human text, or with --json the data as one JSON object."""
+    print(json.dumps(data, default=str) if args.json else human)
+
+
 def _show(args: argparse.Namespace) -> None:
     admin = ServiceBusAdministrationClient(args.namespace)
     ns = admin.get_namespace_properties()
-    print(_namespace_line(ns))
-    print(format_table(namespace_rows(admin)))
+    rows = namespace_rows(admin)
+    _out(args, f"{_namespace_line(ns)}\n{format_table(rows)}", {"namespace": record(ns), "entities": rows})
 
 
 def _namespace_line(ns: NamespaceProperties) -> str:
@@ -68,7 +77,7 @@ def _metrics(args: argparse.Namespace) -> None:
     """Totals and per-minute counts of the namespace or one entity; --plot also writes them as a PNG."""
     admin = ServiceBusAdministrationClient(args.namespace)
     report = admin.get_entity_metrics(args.entity) if args.entity else admin.get_namespace_metrics()
-    print(format_metrics(report))
+    _out(args, format_metrics(report), record(report))
     if args.plot:
         print(f"plot written to {plot_metrics(report, args.plot)}")
 
@@ -85,19 +94,21 @@ def _update_namespace(args: argparse.Namespace) -> None:
         changes["credits_per_second"] = None if text == "off" else int(text)
     if not changes:
         raise ValueError("update-namespace needs --messaging-units N (premium) or --credits-per-second N|off")
-    print(_namespace_line(ServiceBusAdministrationClient(args.namespace).update_namespace(**changes)))
+    ns = ServiceBusAdministrationClient(args.namespace).update_namespace(**changes)
+    _out(args, _namespace_line(ns), record(ns))
 
 
 def _apply(args: argparse.Namespace) -> None:
     report = apply_definition(load_definition(args.file), args.namespace)
-    print("\n".join(report.changes) if report.changes else "no changes")
+    _out(args, "\n".join(report.changes) if report.changes else "no changes", {"changes": report.changes})
 
 
 def _partition(args: argparse.Namespace) -> None:
     set_partition_availability(args.namespace, args.partition, args.available, entity_path=args.entity,
                                reason=args.reason)
     state = "available" if args.available else "unavailable"
-    print(f"partition {args.partition} of {args.entity or 'every entity'} is {state}")
+    _out(args, f"partition {args.partition} of {args.entity or 'every entity'} is {state}",
+         {"partition": args.partition, "entity": args.entity, "available": args.available})
 
 
 def _capacity(args: argparse.Namespace) -> None:
@@ -105,7 +116,7 @@ def _capacity(args: argparse.Namespace) -> None:
     if args.table:
         if args.body_size is not None:
             raise ValueError("--table takes no --body-size")
-        print(format_seed_table())
+        _out(args, format_seed_table(), {"rows": [record(row) for row in seed_table()]})
         return
     if args.body_size is None:
         raise ValueError("capacity needs --body-size BYTES (or --table)")
@@ -116,10 +127,10 @@ def _capacity(args: argparse.Namespace) -> None:
         if bad:
             raise ValueError(f"--property takes KEY=VALUE, got {bad[0]!r}")
         properties = {k: v for k, _, v in pairs}
-    print(format_plan(plan(args.body_size, header_size=args.header_size, application_properties=properties,
-                           max_size_in_megabytes=args.max_size_mb, tier=args.tier,
-                           enable_partitioning=args.partitioned, subscriptions=args.subscriptions,
-                           partition_count=args.partition_count)))
+    result = plan(args.body_size, header_size=args.header_size, application_properties=properties,
+                  max_size_in_megabytes=args.max_size_mb, tier=args.tier, enable_partitioning=args.partitioned,
+                  subscriptions=args.subscriptions, partition_count=args.partition_count)
+    _out(args, format_plan(result), record(result))
 
 
 def _fanout(args: argparse.Namespace) -> None:
@@ -233,7 +244,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        help="seconds between maintenance sweeps (retention, compaction, log cleanup)")
     serve.set_defaults(run=_serve)
     messaging = cli_messages.register(commands)
-    for sub in (apply, show, met, upd, part, fan, forward, serve, *messaging):
+    management = cli_entities.register(commands)
+    for sub in (apply, show, met, upd, part, cap):
+        sub.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    for sub in (apply, show, met, upd, part, fan, forward, serve, *messaging, *management):
         sub.add_argument("--namespace", required=True, help="namespace directory or file:// URI")
     args = parser.parse_args(argv)
     try:

@@ -1,14 +1,18 @@
 """The message commands of the `sparkbus` CLI: send (arguments, a JSON-lines file or stdin), peek and
-receive (receive completes what it prints). Tables for people, `--json` (one object per line) for
-scripts. An entity is a queue or topic to send to, a queue or '<topic>/Subscriptions/<name>' to read.
+receive (receive completes what it prints), and `dead-letter list|resubmit`. Tables for people, `--json`
+(one object per line) for scripts, progress bars on stderr when it is a terminal. An entity is a queue or
+topic to send to, a queue or '<topic>/Subscriptions/<name>' to read.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
+from tqdm import tqdm
+
+from .amqp import AmqpAnnotatedMessage
 from .client import ServiceBusClient
 from .core.names import split_subscription_path
 from .exceptions import MessageSizeExceededError
@@ -62,12 +66,18 @@ def send(args: argparse.Namespace) -> None:
     """Send in batches as large as the entity allows (each batch one commit)."""
     if not args.body and not args.file:
         raise ValueError("send needs --body TEXT (repeatable) or --file FILE.jsonl ('-' for stdin)")
-    with ServiceBusClient(args.namespace) as client, client.get_queue_sender(args.entity) as sender:
-        sent = _send_batches(sender, _messages(args))
+    with ServiceBusClient(args.namespace) as client, client.get_queue_sender(args.entity) as sender, \
+            progress("sending") as bar:
+        sent = _send_batches(sender, _messages(args), bar.update)
     print(json.dumps({"sent": sent}) if args.json else f"sent {sent} message(s) to {args.entity}")
 
 
-def _send_batches(sender, messages: Iterable[ServiceBusMessage]) -> int:
+def progress(what: str, total: Optional[int] = None) -> tqdm:
+    """A progress bar on stderr, shown only when stderr is a terminal."""
+    return tqdm(total=total, desc=what, unit="msg", file=sys.stderr, disable=None, leave=False)
+
+
+def _send_batches(sender, messages: Iterable[ServiceBusMessage], sent_some=lambda n: None) -> int:
     sent, batch = 0, sender.create_message_batch()
     for message in messages:
         try:
@@ -77,11 +87,13 @@ def _send_batches(sender, messages: Iterable[ServiceBusMessage]) -> int:
                 raise
             sender.send_messages(batch)
             sent += len(batch)
+            sent_some(len(batch))
             batch = sender.create_message_batch()
             batch.add_message(message)
     if len(batch):
         sender.send_messages(batch)
         sent += len(batch)
+        sent_some(len(batch))
     return sent
 
 
@@ -112,6 +124,41 @@ def receive(args: argparse.Namespace) -> None:
     _print(got, args.json)
 
 
+def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
+    """A new message with a dead-lettered message's body (of any kind), properties, application
+    properties (as sent) and time to live; the broker's fields (numbers, counts, reasons) are not copied."""
+    kind = message.body_type.value
+    body = message.body if kind == "value" else list(message.body)
+    copy = ServiceBusMessage.from_amqp(AmqpAnnotatedMessage(**{f"{kind}_body": body}))
+    for name in MESSAGE_FIELDS:
+        setattr(copy, name, getattr(message, name))
+    copy.application_properties = dict(message.str_application_properties)
+    copy.time_to_live = message.time_to_live
+    return copy
+
+
+def resubmit(args: argparse.Namespace) -> None:
+    """Move up to --count dead-lettered messages back: each copy is sent to --to (default: the queue itself,
+    or the topic of a subscription, whose rules then route it again), then the dead-lettered message is
+    completed. A crash between the two leaves the message dead-lettered and its copy sent: resubmitting
+    again sends a second copy unless the destination detects duplicates (the message id is kept)."""
+    subscription = split_subscription_path(args.entity)
+    destination = args.to or (subscription[0] if subscription else args.entity)
+    moved = 0
+    with ServiceBusClient(args.namespace) as client, _receiver(args, client) as receiver, \
+            client.get_queue_sender(destination) as sender, progress("resubmitting", args.count) as bar:
+        while moved < args.count:
+            got = receiver.receive_messages(min(args.count - moved, 100), max_wait_time=args.wait if not moved else 0)
+            if not got:
+                break
+            sender.send_messages([copy_to_resubmit(m) for m in got])
+            receiver.complete_messages(got)
+            moved += len(got)
+            bar.update(len(got))
+    print(json.dumps({"resubmitted": moved, "to": destination}) if args.json
+          else f"resubmitted {moved} message(s) from {args.entity} to {destination}")
+
+
 def _record(message: ServiceBusReceivedMessage) -> dict:
     record = {name: getattr(message, name) for name in SHOWN}
     record.update(body=str(message), enqueued_time_utc=message.enqueued_time_utc.isoformat(),
@@ -133,7 +180,8 @@ def _print(messages: list[ServiceBusReceivedMessage], as_json: bool) -> None:
 
 
 def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
-    """Add send, peek and receive; returns their parsers (they take --namespace like the others)."""
+    """Add send, peek, receive and dead-letter list|resubmit; returns their parsers (they take --namespace
+    like the others)."""
     snd = commands.add_parser("send", help="send messages: --body TEXT ... or --file F.jsonl ('-': stdin)")
     snd.add_argument("--entity", required=True, help="queue or topic")
     snd.add_argument("--body", action="append", help="a message body (repeatable)")
@@ -150,6 +198,18 @@ def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentPars
         cmd.add_argument("--dead-letter", action="store_true", help="the entity's dead-letter sub-queue")
         cmd.add_argument("--wait", type=float, default=1.0, help="seconds to wait for a first message (receive)")
         cmd.set_defaults(run=run)
+        made.append(cmd)
+    dead = commands.add_parser("dead-letter", help="list or resubmit an entity's dead-lettered messages")
+    dead_actions = dead.add_subparsers(dest="action", required=True)
+    for name, run, text in (("list", peek, "browse dead-lettered messages"),
+                            ("resubmit", resubmit, "send dead-lettered messages again and complete them")):
+        cmd = dead_actions.add_parser(name, help=text)
+        cmd.add_argument("--entity", required=True, help="queue or '<topic>/Subscriptions/<name>'")
+        cmd.add_argument("--count", type=int, default=10 if name == "list" else 1000, help="at most this many")
+        cmd.add_argument("--wait", type=float, default=1.0, help="seconds to wait for a first message")
+        if name == "resubmit":
+            cmd.add_argument("--to", help="queue or topic to send to; default: the queue, or the subscription's topic")
+        cmd.set_defaults(run=run, dead_letter=True)
         made.append(cmd)
     for cmd in made:
         cmd.add_argument("--json", action="store_true", help="one JSON object per line")

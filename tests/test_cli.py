@@ -97,3 +97,89 @@ def test_send_peek_and_receive_from_the_command_line(admin, ns_path, tmp_path, c
     assert 'line 1: expected a string or an object with "body"' in capsys.readouterr().err
     assert main(["receive", "--namespace", ns_path, "--entity", "q", "--count", "0"]) == 1
     assert admin.get_queue_runtime_properties("q").active_message_count == 2  # nothing written or taken
+
+
+def _json_lines(capsys) -> list:
+    import json
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_namespace_entities_and_rules_from_the_command_line(tmp_path, capsys):
+    ns = str(tmp_path / "ns")
+    assert main(["namespace", "create", "--namespace", ns, "--credits-per-second", "off", "--json"]) == 0
+    assert _json_lines(capsys)[0]["credits_per_second"] is None
+    assert main(["queue", "create", "orders", "--namespace", ns, "--set", "max_delivery_count=3",
+                 "--set", "lock_duration=PT10S", "--set", "requires_session=true", "--json"]) == 0
+    created = _json_lines(capsys)[0]
+    assert (created["max_delivery_count"], created["lock_duration"], created["requires_session"]) == (3, "PT10S", True)
+    assert main(["topic", "create", "t", "--namespace", ns]) == 0
+    assert main(["subscription", "create", "s", "--topic", "t", "--namespace", ns]) == 0
+    assert main(["rule", "create", "big", "--topic", "t", "--subscription", "s", "--namespace", ns,
+                 "--sql", "n > 1", "--action", "SET big = TRUE"]) == 0
+    assert main(["rule", "create", "red", "--topic", "t", "--subscription", "s", "--namespace", ns,
+                 "--correlation", "subject=order", "--correlation", "color=red"]) == 0
+    capsys.readouterr()
+    assert main(["rule", "list", "--topic", "t", "--subscription", "s", "--namespace", ns, "--json"]) == 0
+    rules = {r["name"]: r for r in _json_lines(capsys)}
+    assert rules["big"]["filter"]["sql_expression"] == "n > 1" and rules["big"]["action"] == "SET big = TRUE"
+    admin = ServiceBusAdministrationClient(ns)
+    red = admin.get_rule("t", "s", "red").filter
+    assert (red.subject, red.properties) == ("order", {"color": "red"})
+    assert main(["queue", "list", "--namespace", ns]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["name", "status", "partition_count", "max_size_in_megabytes", "requires_session"]
+    assert table[2].split()[:2] == ["orders", "Active"]
+    assert main(["subscription", "runtime", "s", "--topic", "t", "--namespace", ns, "--json"]) == 0
+    assert _json_lines(capsys)[0]["total_message_count"] == 0
+    assert main(["rule", "delete", "big", "--topic", "t", "--subscription", "s", "--namespace", ns]) == 0
+    assert main(["queue", "delete", "orders", "--namespace", ns]) == 0
+    assert [q.name for q in admin.list_queues()] == [] and "big" not in [r.name for r in admin.list_rules("t", "s")]
+    capsys.readouterr()
+    # refused: one stderr line, exit code 1, nothing written
+    assert main(["queue", "show", "orders", "--namespace", ns]) == 1
+    assert "MessagingEntityNotFoundError" in capsys.readouterr().err
+    assert main(["queue", "create", "q2", "--namespace", ns, "--set", "max_delivery_count"]) == 1
+    assert "--set takes NAME=VALUE" in capsys.readouterr().err
+    assert main(["rule", "create", "x", "--topic", "t", "--subscription", "s", "--namespace", ns, "--sql", "a = 1",
+                 "--correlation", "subject=x"]) == 1
+    assert [q.name for q in admin.list_queues()] == [] and len(admin.list_rules("t", "s")) == 2
+    with pytest.raises(SystemExit) as usage:
+        main(["queue", "frobnicate", "--namespace", ns])
+    assert usage.value.code == 2
+
+
+def test_dead_letter_list_resubmit_and_maintain(admin, client, ns_path, capsys):
+    from datetime import timedelta
+
+    from sparkbus import ServiceBusMessage
+    from sparkbus.amqp import AmqpAnnotatedMessage
+
+    admin.create_queue("q")
+    with client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage("a", subject="s", application_properties={"n": 1},
+                                                time_to_live=timedelta(hours=1)),
+                              AmqpAnnotatedMessage(value_body={b"k": 2})])
+    with client.get_queue_receiver("q") as receiver:
+        got = receiver.receive_messages(2, max_wait_time=2)
+        for m in got:
+            receiver.dead_letter_message(m, reason="bad", error_description="why")
+    assert main(["dead-letter", "list", "--entity", "q", "--namespace", ns_path, "--json"]) == 0
+    listed = _json_lines(capsys)
+    assert [(r["dead_letter_reason"], r["sequence_number"]) for r in listed] == [("bad", 1), ("bad", 2)]
+    assert main(["dead-letter", "resubmit", "--entity", "q", "--namespace", ns_path, "--json"]) == 0
+    assert _json_lines(capsys) == [{"resubmitted": 2, "to": "q"}]
+    with client.get_queue_receiver("q") as receiver:
+        again = sorted(receiver.receive_messages(5, max_wait_time=2), key=lambda m: m.sequence_number)
+        assert [(str(m), m.subject, m.str_application_properties, m.time_to_live, m.body_type) for m in again] == \
+            [("a", "s", {"n": 1}, timedelta(hours=1), "data"), ("{b'k': 2}", None, {}, None, "value")]
+        assert [m.message_id for m in again] == [m.message_id for m in got]
+        receiver.complete_messages(again)
+    assert admin.get_queue_runtime_properties("q").dead_letter_message_count == 0
+    # maintain: retention removes settled rows once 2,000 can go (all but the partition's newest row)
+    with client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage(str(i)) for i in range(2001)])
+    with client.get_queue_receiver("q", receive_mode="receiveanddelete") as receiver:
+        while receiver.receive_messages(1000, max_wait_time=1):
+            pass
+    assert main(["maintain", "--namespace", ns_path, "--json"]) == 0
+    assert _json_lines(capsys) == [{"tables": 3, "removed": 2004}]

@@ -1,0 +1,211 @@
+"""The management commands of the `sparkbus` CLI: `namespace create|show`, `queue`, `topic`,
+`subscription` and `rule` with `list|show|create|delete` (and `runtime` for the first three), and
+`maintain`. Tables or `key  value` lines for people, `--json` for scripts (one object; lists one object per
+line). Entity settings are given as `--set NAME=VALUE` with the administration client's keyword names.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any, Optional
+
+from .core.durations import format_duration
+from .core.filters import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter, filter_to_json
+from .engine.housekeeping import sweep
+from .engine.namespace import NamespaceProperties, create_namespace, open_catalog
+from .management import ServiceBusAdministrationClient
+
+KINDS = ("queue", "topic", "subscription", "rule")
+LIST_COLUMNS = {"queue": ("name", "status", "partition_count", "max_size_in_megabytes", "requires_session"),
+                "topic": ("name", "status", "partition_count", "max_size_in_megabytes"),
+                "subscription": ("name", "status", "requires_session", "max_delivery_count", "forward_to"),
+                "rule": ("name", "filter", "action")}
+
+
+def plain(value: Any) -> Any:
+    """A value as JSON shows it: durations as ISO 8601, times as ISO text, enums by value."""
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def record(item: Any) -> dict:
+    """A properties object (or rule) as a flat dict of plain values."""
+    if isinstance(item, RuleProperties):
+        return {"name": item.name, "filter": json.loads(filter_to_json(item.filter)),
+                "action": item.action.sql_expression if item.action else None}
+    if isinstance(item, NamespaceProperties):
+        out = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "limits"}
+        return plain({**out, "name": item.name, **dataclasses.asdict(item.limits)})
+    return plain(dataclasses.asdict(item))
+
+
+def setting(text: str) -> tuple[str, Any]:
+    """--set NAME=VALUE: true/false as booleans, whole numbers as ints, none as None, anything else as text
+    (durations as ISO 8601, e.g. PT30S). Raises ValueError for text without '='."""
+    name, eq, value = text.partition("=")
+    if not eq or not re.fullmatch(r"[a-z_]+", name):
+        raise ValueError(f"--set takes NAME=VALUE with a property name such as max_delivery_count, got {text!r}")
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return name, lowered == "true"
+    if lowered == "none":
+        return name, None
+    if re.fullmatch(r"-?\d+", value):
+        return name, int(value)
+    return name, value
+
+
+def print_records(items: list, kind: str, as_json: bool) -> None:
+    from .cli_messages import format_table
+
+    rows = [record(item) for item in items]
+    if as_json:
+        for row in rows:
+            print(json.dumps(row, default=str))
+        return
+    if not rows:
+        print(f"no {kind}s")
+        return
+    columns = LIST_COLUMNS[kind]
+    print(format_table([{c: "" if r.get(c) is None else r[c] for c in columns} for r in rows], columns))
+
+
+def print_record(item: Any, as_json: bool) -> None:
+    row = record(item)
+    if as_json:
+        print(json.dumps(row, default=str))
+        return
+    width = max(len(k) for k in row)
+    for key, value in row.items():
+        print(f"{key.ljust(width)}  {'' if value is None else value}")
+
+
+def _parent(args: argparse.Namespace, kind: str) -> tuple:
+    """The arguments naming where an entity of `kind` lives: (topic,) for subscriptions, (topic, sub) for rules."""
+    if kind == "subscription":
+        return (args.topic,)
+    if kind == "rule":
+        return (args.topic, args.subscription)
+    return ()
+
+
+def _rule_options(args: argparse.Namespace) -> dict:
+    if args.sql is not None and args.correlation:
+        raise ValueError("give a rule --sql EXPRESSION or --correlation KEY=VALUE pairs, not both")
+    options: dict = {}
+    if args.sql is not None:
+        options["filter"] = SqlRuleFilter(args.sql)
+    elif args.correlation:
+        fields = dict(setting(pair) for pair in args.correlation)
+        known = {f.name for f in dataclasses.fields(CorrelationRuleFilter)} - {"properties"}
+        options["filter"] = CorrelationRuleFilter(**{k: v for k, v in fields.items() if k in known},
+                                                  properties={k: v for k, v in fields.items() if k not in known} or None)
+    if args.sql_action is not None:
+        options["action"] = SqlRuleAction(args.sql_action)
+    return options
+
+
+def entity_command(args: argparse.Namespace) -> None:
+    """list / show / create / delete / runtime of a queue, topic, subscription or rule."""
+    kind, action = args.kind, args.action
+    admin = ServiceBusAdministrationClient(args.namespace)
+    parent = _parent(args, kind)
+    if action == "list":
+        print_records(getattr(admin, f"list_{kind}s")(*parent), kind, args.json)
+        return
+    if not args.name:
+        raise ValueError(f"{kind} {action} needs the {kind}'s name")
+    if action == "create":
+        options = dict(setting(s) for s in args.set or ())
+        if kind == "rule":
+            options.update(_rule_options(args))
+        created = getattr(admin, f"create_{kind}")(*parent, args.name, **options)
+        print_record(created, args.json)
+    elif action == "delete":
+        getattr(admin, f"delete_{kind}")(*parent, args.name)
+        print(json.dumps({"deleted": args.name}) if args.json else f"deleted {kind} {args.name}")
+    else:
+        read = f"get_{kind}_runtime_properties" if action == "runtime" else f"get_{kind}"
+        print_record(getattr(admin, read)(*parent, args.name), args.json)
+
+
+def namespace_command(args: argparse.Namespace) -> None:
+    if args.action == "create":
+        credits: Optional[int] = 1000
+        if args.credits_per_second is not None:
+            text = args.credits_per_second
+            if text != "off" and not text.isdigit():
+                raise ValueError(f"--credits-per-second takes a whole number or 'off', got {text!r}")
+            credits = None if text == "off" else int(text)
+        props = create_namespace(args.namespace, tier=args.tier, partition_count=args.partition_count,
+                                 messaging_units=args.messaging_units, credits_per_second=credits)
+    else:
+        props = ServiceBusAdministrationClient(args.namespace).get_namespace_properties()
+    print_record(props, args.json)
+
+
+def maintain(args: argparse.Namespace) -> None:
+    """One maintenance sweep of every entity (what the namespace service does every few seconds)."""
+    result = sweep(open_catalog(args.namespace))
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result)))
+    else:
+        print(f"maintained {result.tables} tables; {result.removed} settled messages left the tables")
+
+
+def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    """Add namespace, queue, topic, subscription, rule and maintain; returns the parsers that take
+    --namespace (every leaf command)."""
+    made = []
+    ns = commands.add_parser("namespace", help="create a namespace or show its properties")
+    ns_actions = ns.add_subparsers(dest="action", required=True)
+    create = ns_actions.add_parser("create", help="create a namespace in a new or empty directory")
+    create.add_argument("--tier", default="standard", help="basic, standard or premium")
+    create.add_argument("--partition-count", type=int, help="premium: 1, 2 or 4 partitions for every entity")
+    create.add_argument("--messaging-units", type=int, default=1, help="premium: 1, 2, 4, 8 or 16")
+    create.add_argument("--credits-per-second", help="basic/standard: credit budget (default 1000) or 'off'")
+    made += [create, ns_actions.add_parser("show", help="the namespace's tier, partitions, budget and quotas")]
+    for parser in made:
+        parser.set_defaults(run=namespace_command)
+    for kind in KINDS:
+        parser = commands.add_parser(kind, help=f"list, show, create or delete {kind}s")
+        actions = parser.add_subparsers(dest="action", required=True)
+        names = ["list", "show", "create", "delete"] + ([] if kind == "rule" else ["runtime"])
+        for action in names:
+            leaf = actions.add_parser(action, help=f"{action} {kind}s" if action == "list" else f"{action} a {kind}")
+            leaf.set_defaults(run=entity_command, kind=kind)
+            if action != "list":
+                leaf.add_argument("name", nargs="?", help=f"the {kind}'s name")
+            if kind in ("subscription", "rule"):
+                leaf.add_argument("--topic", required=True)
+            if kind == "rule":
+                leaf.add_argument("--subscription", required=True)
+            if action == "create":
+                leaf.add_argument("--set", action="append", metavar="NAME=VALUE",
+                                  help="a creation keyword of the administration client (repeatable), "
+                                       "e.g. max_delivery_count=5, lock_duration=PT30S, requires_session=true")
+                if kind == "rule":
+                    leaf.add_argument("--sql", help="a SQL filter expression")
+                    leaf.add_argument("--correlation", action="append", metavar="KEY=VALUE",
+                                      help="a correlation filter field or application property (repeatable)")
+                    leaf.add_argument("--action", dest="sql_action", help="a SQL rule action, e.g. \"SET priority = 'high'\"")
+            made.append(leaf)
+    upkeep = commands.add_parser("maintain", help="one maintenance sweep: retention, compaction, log cleanup")
+    upkeep.set_defaults(run=maintain)
+    made.append(upkeep)
+    for parser in made:
+        parser.add_argument("--json", action="store_true", help="JSON output (lists: one object per line)")
+    return made
