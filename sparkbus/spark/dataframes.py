@@ -73,6 +73,23 @@ def check_columns(schema: "StructType") -> dict[str, object]:
     return fields
 
 
+def messages_from_dataset(df: "DataFrame", body_column: "str | None" = None) -> "DataFrame":
+    """A dataset's rows as message rows for send_dataframe: the body is body_column (default: a 'body'
+    column if there is one, else each whole row as JSON text), and columns named like message fields
+    (subject, session_id, ...) become those fields; other columns are left out when a column is the body.
+    Raises ValueError naming a body_column the dataset lacks."""
+    from pyspark.sql import functions as F
+
+    names = df.columns
+    fields = [F.col(f"`{n}`") for n in names if n in OPTIONAL_COLUMNS and n != body_column]
+    if body_column is None and "body" not in names:
+        return df.select(F.to_json(F.struct(*[F.col(f"`{n}`") for n in names])).alias("body"), *fields)
+    column = body_column or "body"
+    if column not in names:
+        raise ValueError(f"the dataset has no column {column!r} for the body; its columns are {names}")
+    return df.select(F.col(f"`{column}`").alias("body"), *fields)
+
+
 def _select(df: "DataFrame", fields: dict) -> "DataFrame":
     """The message columns with Spark types that map onto OUTGOING (body as binary)."""
     from pyspark.sql import functions as F, types as T

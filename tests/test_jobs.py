@@ -1,0 +1,125 @@
+"""The jobs in jobs/, run end to end through spark-submit as a user runs them."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import sparkbus
+from sparkbus import ServiceBusMessage
+
+pytestmark = pytest.mark.slow
+JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
+SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+
+
+def submit(job: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return subprocess.run([SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+                           os.path.join(JOBS, job), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_send_batch_and_maintain_through_spark_submit(tmp_path):
+    ns = str(tmp_path / "ns")
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("rows", enable_partitioning=True)
+    admin.create_queue("bodies")
+    data = str(tmp_path / "orders.parquet")
+    pq.write_table(pa.table({"order": list(range(1000)), "subject": [f"s{i % 3}" for i in range(1000)]}), data)
+    done = submit("send_batch.py", "--namespace", ns, "--entity", "rows", "--input", data, "--batch-rows", "400",
+                  "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"sent": 1000}
+    csv = tmp_path / "lines.csv"
+    csv.write_text("text,session_id\nhello,a\nworld,b\n")
+    done = submit("send_batch.py", "--namespace", ns, "--entity", "bodies", "--input", str(csv), "--format", "csv",
+                  "--body-column", "text")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == f"sent 2 message(s) from {csv} to bodies"
+
+    client = sparkbus.ServiceBusClient(ns)
+    with client.get_queue_receiver("rows", receive_mode="receiveanddelete") as receiver:
+        got = []
+        while batch := receiver.receive_messages(1000, max_wait_time=1):
+            got += batch
+    assert sorted(json.loads(str(m))["order"] for m in got) == list(range(1000))
+    assert all(m.subject == f"s{json.loads(str(m))['order'] % 3}" for m in got)
+    with client.get_queue_receiver("bodies") as receiver:
+        assert sorted((str(m), m.session_id) for m in receiver.receive_messages(5, max_wait_time=1)) == \
+            [("hello", "a"), ("world", "b")]
+
+    bad = submit("send_batch.py", "--namespace", ns, "--entity", "rows", "--input", data, "--body-column", "nope")
+    assert bad.returncode == 1 and "the dataset has no column 'nope'" in bad.stdout, bad.stdout[-2000:]  # spark-submit: Python's stderr comes out on stdout
+    swept = submit("maintain.py", "--namespace", ns, "--json")
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert json.loads(swept.stdout.strip().splitlines()[-1]) == {"tables": 6, "removed": 0}
+
+
+def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
+    ns = str(tmp_path / "ns")
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("archive")
+    admin.create_topic("events")
+    admin.create_subscription("events", "all", forward_to="archive")
+    client = sparkbus.ServiceBusClient(ns)
+    with client.get_topic_sender("events") as sender:
+        sender.send_messages([ServiceBusMessage(f"e{i}") for i in range(5)])
+    for job in ("fanout.py", "forward.py"):
+        done = submit(job, "--namespace", ns, "--once")
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert admin.get_queue_runtime_properties("archive").active_message_count == 5
+
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    service = subprocess.Popen([SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+                                os.path.join(JOBS, "serve.py"), "--namespace", ns, "--trigger-ms", "200"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               start_new_session=True)
+    try:
+        with client.get_topic_sender("events") as sender:
+            sender.send_messages(ServiceBusMessage("live"))
+        deadline = time.monotonic() + 180
+        while admin.get_queue_runtime_properties("archive").active_message_count < 6:
+            assert time.monotonic() < deadline and service.poll() is None, "the service did not forward in time"
+            time.sleep(0.5)
+        # SIGTERM to the Python driver (spark-submit's child) stops the service cleanly; spark-submit then
+        # exits with the driver's exit code
+        driver = [pid for pid in _children(service.pid) if "serve.py" in _cmdline(pid)]
+        assert len(driver) == 1, driver
+        os.kill(driver[0], signal.SIGTERM)
+        output, _ = service.communicate(timeout=120)
+    finally:
+        if service.poll() is None:
+            os.killpg(service.pid, signal.SIGKILL)
+    assert service.returncode == 0, output[-3000:]
+    assert "stopped" in output.lower()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is pid (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
