@@ -13,11 +13,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Re-installs only when the package metadata changes; the package itself is installed editable. strace
+# Re-installs only when the package metadata changes; the package itself is installed editable, in the
+# "compat" mode (the checkout on sys.path) so that Spark's lookup of pyspark_* data source modules, which
+# lists importable modules, finds pyspark_sparkbus from any working directory (notebooks, jobs). strace
 # (a Debian package) lets the durability test see the fsyncs.
 $(STAMP): pyproject.toml | $(BIN)/python
 	command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)

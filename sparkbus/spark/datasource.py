@@ -178,7 +178,11 @@ class _Entities:
         return pieces
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_ranges(partition) if isinstance(partition, Ranges) else read_slice(partition)
+        if isinstance(partition, Ranges):
+            return read_ranges(partition)
+        if isinstance(partition, Slice):
+            return read_slice(partition)
+        return iter(())  # nothing to read: Spark reads one placeholder partition when partitions() has none
 
     def slices(self, start: dict, end: dict) -> list[Slice]:
         infos = {info.path: info for info in self.infos()}
