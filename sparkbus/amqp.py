@@ -152,16 +152,6 @@ class AmqpAnnotatedMessage:
             return self._body
         return iter(list(self._body))
 
-    def _sections(self) -> amqp.Sections:
-        """The message as codec sections (header and properties as field dicts)."""
-        def fields(record: Optional[_Fields]) -> dict:
-            return {k: v for k, v in record.items() if v is not None} if record is not None else {}
-        return amqp.Sections(body_type=self._body_type.value, body=self._body, header=fields(self.header),
-                             delivery_annotations=dict(self.delivery_annotations or {}),
-                             annotations=dict(self.annotations or {}), properties=fields(self.properties),
-                             application_properties=dict(self.application_properties or {}),
-                             footer=dict(self.footer or {}))
-
     def __str__(self) -> str:
         if self._body_type == AmqpMessageBodyType.DATA:
             return "".join(section.decode(self._encoding) for section in self._body)

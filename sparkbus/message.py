@@ -147,7 +147,8 @@ class ServiceBusMessage:
                   partition_key=amqp_text(annotations.get(PARTITION_KEY_ANNOTATION.decode()), "x-opt-partition-key"),
                   scheduled_enqueue_time_utc=scheduled,
                   time_to_live=None if not ttl else timedelta(milliseconds=ttl), **fields)
-        out._body_type, out._body = amqp.stored_body(message.body_type.value, message._sections().body)
+        kind = message.body_type.value
+        out._body_type, out._body = amqp.stored_body(kind, message.body if kind == amqp.VALUE else list(message.body))
         return out
 
     @property

@@ -26,8 +26,8 @@ from .engine.throttle import Usage
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
                          MessagingEntityDisabledError, SessionLockLostError)
 from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
-from .message import (AMQP_PROPERTY_FIELDS, to_utc, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text, body_text,
-                      public_body, str_keys)
+from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text,
+                      body_text, public_body, str_keys, to_utc)
 from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
 
 RECEIVER_KINDS = ("queue", "subscription")
