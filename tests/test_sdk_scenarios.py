@@ -102,3 +102,65 @@ def test_schedule_and_cancel_through_a_sender_built_from_a_connection_string(sdk
         peeked = receiver.peek_messages(10)
         assert [m.sequence_number for m in peeked] == kept
         assert receiver.receive_messages(max_wait_time=0.5) == []  # not yet due
+
+
+def test_session_pool_and_state(sdk):
+    """session_send_receive / session_pool_receive: sessions taken with NEXT_AVAILABLE_SESSION until none is
+    left, each drained in order with its state set, then listed (list_sessions)."""
+    from sparkbus import NEXT_AVAILABLE_SESSION
+    from sparkbus.exceptions import OperationTimeoutError
+
+    client, manager = sdk
+    manager.create_queue("sq", requires_session=True)
+    with client.get_queue_sender(queue_name="sq") as sender:
+        for session in ("s1", "s2", "s3"):
+            sender.send_messages([ServiceBusMessage(f"{session}-{i}", session_id=session) for i in range(3)])
+    drained = {}
+    while True:
+        try:
+            receiver = client.get_queue_receiver(queue_name="sq", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1)
+            with receiver:
+                session = receiver.session
+                session.set_state("OPEN")
+                bodies = []
+                for message in receiver:
+                    bodies.append(str(message))
+                    receiver.complete_message(message)
+                session.set_state("DONE")
+                drained[session.session_id] = (bodies, session.get_state())
+        except OperationTimeoutError:  # what the SDK raises when no session is available
+            break
+    assert drained == {s: ([f"{s}-{i}" for i in range(3)], b"DONE") for s in ("s1", "s2", "s3")}
+    assert sorted(client.list_queue_sessions("sq")) == ["s1", "s2", "s3"]  # they keep their state
+
+
+def test_topic_rules_and_amqp_bodies(sdk, ns_path):
+    """topic_subscription_with_rule_operations and send_and_receive_amqp_annotated_message: rules created
+    through management decide which subscription gets what; AMQP bodies arrive as sent."""
+    import os
+
+    from sparkbus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
+    from sparkbus.engine import fanout
+    from sparkbus.engine.catalog import Catalog
+    from sparkbus.management import CorrelationRuleFilter, SqlRuleFilter
+
+    client, manager = sdk
+    manager.create_topic("t")
+    manager.create_subscription("t", "sql")
+    manager.create_subscription("t", "corr")
+    for name, rule in (("sql", SqlRuleFilter("color = 'red'")), ("corr", CorrelationRuleFilter(subject="blue"))):
+        manager.delete_rule("t", name, "$Default")
+        manager.create_rule("t", name, f"{name}-rule", filter=rule)
+    with client.get_topic_sender(topic_name="t") as sender:
+        sender.send_messages([AmqpAnnotatedMessage(value_body={b"n": 1}, application_properties={"color": "red"}),
+                              AmqpAnnotatedMessage(sequence_body=[1, 2], properties={"subject": "blue"})])
+    fanout.drain(Catalog(os.path.abspath(ns_path)), "t")
+    with client.get_subscription_receiver(topic_name="t", subscription_name="sql", max_wait_time=2) as receiver:
+        [red] = receiver.receive_messages(max_message_count=5)
+        assert red.raw_amqp_message.body_type == AmqpMessageBodyType.VALUE and red.raw_amqp_message.body == {b"n": 1}
+        assert red.application_properties.get(b"color").decode() == "red"   # the SDK's bytes keys and values
+        receiver.complete_message(red)
+    with client.get_subscription_receiver(topic_name="t", subscription_name="corr", max_wait_time=2) as receiver:
+        [blue] = receiver.receive_messages(max_message_count=5)
+        assert list(blue.raw_amqp_message.body) == [[1, 2]] and blue.subject == "blue"
+        receiver.complete_message(blue)
