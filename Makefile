@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+AZURITE := .azurite/node_modules/.bin/azurite-blob
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast bench bench-send bench-receive bench-fanout bench-forward bench-throttle clean
+.PHONY: install demo test test-fast bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +23,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
-install: $(STAMP)
+# Azurite, the Azure Storage emulator (npm), for the tests of namespaces on object storage; the tests start
+# it on a free loopback port themselves.
+$(AZURITE):
+	command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq npm)
+	npm install --prefix .azurite --no-audit --no-fund --silent azurite@3
+
+install: $(STAMP) $(AZURITE)
 
 demo: install
 	rm -rf .sparkbus/demo
@@ -35,7 +42,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow'
 
-bench: bench-send bench-receive bench-fanout bench-forward bench-throttle
+bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store
 
 bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
@@ -52,5 +59,8 @@ bench-forward: install
 bench-throttle: install
 	$(BIN)/python benchmarks/bench_throttle.py --budgets 1000,10000 --seconds 5 --sends 1000
 
+bench-store: install
+	benchmarks/azurite.sh $(BIN)/python benchmarks/bench_store.py --object-root az://sparkbus/bench --single 200 --batched 20000
+
 clean:
-	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info
+	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info .azurite

@@ -6,10 +6,10 @@ from datetime import datetime
 from typing import Iterator, Optional
 
 from .core import throttling
-from .core.connection import namespace_location, parse_connection_string
+from .core.connection import parse_connection_string
 from .core.names import subscription_path
 from .engine import sessions
-from .engine.namespace import governor_of, open_catalog
+from .engine.namespace import governor_of, open_namespace
 from .engine.registry import resolve
 from .engine.throttle import Usage
 from .exceptions import InvalidOperationError
@@ -37,9 +37,10 @@ class ServiceBusClient:
 
     def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, *,
                  retry_total: int = 3, retry_backoff_factor: float = 0.8, retry_backoff_max: float = 120,
-                 retry_mode: str = "exponential", spark: object = None, **kwargs: object) -> None:
+                 retry_mode: str = "exponential", spark: object = None,
+                 storage_options: Optional[dict[str, str]] = None, **kwargs: object) -> None:
         self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
-        self._catalog = open_catalog(namespace_location(fully_qualified_namespace))
+        self._catalog = open_namespace(fully_qualified_namespace, credential, storage_options)
         self.credential = credential
         self._governor = governor_of(self._catalog)
         self.retry_total = int(retry_total)

@@ -14,7 +14,7 @@ from typing import Callable, Optional, TypeVar, Union
 
 from . import storage
 from .core import entities, forwarding, throttling, tiers
-from .core.connection import namespace_location, parse_connection_string
+from .core.connection import parse_connection_string
 from .core.entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                             SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
 from .core.filters import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
@@ -29,7 +29,7 @@ from .engine.availability import require_available, unavailable_partitions
 from .engine.catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .engine import metrics
 from .engine.metrics import Metrics
-from .engine.namespace import NamespaceProperties, governor_of, namespace_properties, open_catalog, update_namespace
+from .engine.namespace import NamespaceProperties, governor_of, namespace_properties, open_namespace, update_namespace
 from .engine.retry import RetryPolicy
 from .engine.throttle import Usage
 from .engine.registry import table_uris
@@ -67,9 +67,10 @@ class ServiceBusAdministrationClient:
 
     def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, *,
                  retry_total: int = 10, retry_backoff_factor: float = 0.8, retry_backoff_max: float = 120,
-                 retry_mode: str = "exponential", **kwargs: object) -> None:
+                 retry_mode: str = "exponential", storage_options: Optional[dict[str, str]] = None,
+                 **kwargs: object) -> None:
         self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
-        self._catalog: Catalog = open_catalog(namespace_location(fully_qualified_namespace))
+        self._catalog: Catalog = open_namespace(fully_qualified_namespace, credential, storage_options)
         self.credential = credential
         self._governor = governor_of(self._catalog)
 
@@ -365,7 +366,7 @@ class ServiceBusAdministrationClient:
         first = self._catalog.snapshot()
         decide(first, None)
         storage_dir = os.path.join(ENTITIES_DIR, uuid.uuid4().hex)
-        location = os.path.join(self._catalog.root, storage_dir)
+        location = storage.location.join(self._catalog.root, storage_dir)
 
         def decide_with_storage(snap: Snapshot) -> Change:
             change = decide(snap, storage_dir)
@@ -374,7 +375,7 @@ class ServiceBusAdministrationClient:
 
         try:
             for role, schema in ENTITY_TABLES.items():
-                storage.create_table(os.path.join(location, role), schema, configuration=TABLE_CONFIGURATION[role])
+                storage.create_table(storage.location.join(location, role), schema, configuration=TABLE_CONFIGURATION[role])
             snap, row = self._catalog.transact(decide_with_storage, first)
             return self._properties(Snapshot(snap.version, {**snap.rows, row.key: row}), row)
         except BaseException:
@@ -411,7 +412,7 @@ class ServiceBusAdministrationClient:
 
         for gone in self._catalog.transact(decide):
             if gone.storage:
-                storage.remove_tree(os.path.join(self._catalog.root, gone.storage))
+                storage.remove_tree(storage.location.join(self._catalog.root, gone.storage))
 
     def _find(self, snap: Snapshot, kind: Optional[str], path: str) -> Row:
         """The entity at path ('<topic>/Subscriptions/<name>' for a subscription), of `kind` unless None."""

@@ -1,9 +1,21 @@
-"""Shared fixtures: namespaces on real disk, one SparkSession per test run, spawned subprocess helpers."""
+"""Shared fixtures: namespaces on real disk and on a real Azure Storage emulator (Azurite), one SparkSession
+per test run, spawned subprocess helpers.
+
+Modules listed in BOTH_STORES run every test that takes ns_path twice: on a local directory ("local") and
+on an az:// prefix of Azurite ("azurite", marked slow); a test that only makes sense on local disk, or
+whose size makes the emulator take minutes, is marked local_only. Azurite is the one `make install` puts under .azurite/ (npm), started on a free loopback port
+for the run; delta-rs and obstore find it through the environment variables set here, which spawned
+processes inherit.
+"""
 from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
+import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 
@@ -12,9 +24,74 @@ import sparkbus
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AZURITE = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
+EMULATOR_ACCOUNT = "devstoreaccount1"
+EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+CONTAINER = "sparkbus"
+BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_object_store"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "local_only: runs on a local namespace only (local files, fsync, permissions)")
+
+
+def pytest_generate_tests(metafunc):
+    if "ns_path" in metafunc.fixturenames and metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_STORES \
+            and not metafunc.definition.get_closest_marker("local_only"):
+        # the emulator is slow (a commit takes tens of milliseconds): its runs belong to `make test`, not test-fast
+        metafunc.parametrize("store", ["local", pytest.param("azurite", marks=pytest.mark.slow)], indirect=True)
+
 
 @pytest.fixture
-def ns_path(tmp_path):
+def store(request):
+    return getattr(request, "param", "local")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """An Azurite blob service on loopback for the run, its container created; yields the az:// base."""
+    if not os.path.exists(AZURITE):
+        pytest.fail(f"Azurite is not installed at {AZURITE}: run `make install` (npm install azurite)")
+    port = _free_port()
+    data = tmp_path_factory.mktemp("azurite")
+    server = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data),
+                               "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                pytest.fail("Azurite did not start")
+            time.sleep(0.2)
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update(AZURE_STORAGE_USE_EMULATOR="true", AZURE_STORAGE_ACCOUNT_NAME=EMULATOR_ACCOUNT,
+                      AZURE_STORAGE_ACCOUNT_KEY=EMULATOR_KEY, AZURITE_BLOB_STORAGE_URL=endpoint)
+    from azure.storage.blob import BlobServiceClient
+
+    BlobServiceClient.from_connection_string(
+        f"DefaultEndpointsProtocol=http;AccountName={EMULATOR_ACCOUNT};AccountKey={EMULATOR_KEY};"
+        f"BlobEndpoint={endpoint}/{EMULATOR_ACCOUNT};").create_container(CONTAINER)
+    yield f"az://{CONTAINER}"
+    server.terminate()
+    server.wait(30)
+
+
+@pytest.fixture
+def ns_path(request, store, tmp_path):
+    """Where a test's namespace goes: a local directory, or a fresh az:// prefix on Azurite."""
+    if store == "azurite":
+        return f"{request.getfixturevalue('azurite')}/{uuid.uuid4().hex[:12]}/ns"
     return str(tmp_path / "ns")
 
 

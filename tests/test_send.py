@@ -114,6 +114,7 @@ def test_keyless_messages_avoid_unavailable_partitions(admin, client, ns_path):
 
 
 @pytest.mark.slow
+@pytest.mark.local_only  # placement by count, not storage: 16,000 single commits take minutes on the emulator
 def test_round_robin_over_16000_single_sends(admin, client):
     admin.create_queue("rr", enable_partitioning=True)
     sender = client.get_queue_sender("rr")

@@ -178,6 +178,7 @@ def _work_sessions(path, queue, worker, barrier, results):
 
 
 @pytest.mark.slow
+@pytest.mark.local_only  # a minute on the emulator; the five-second-lock test below runs four processes there
 def test_four_receivers_process_twenty_sessions_in_order(spawn, admin, client, ns_path):
     _session_queue(admin, "work", lock_duration="PT1M")
     sender = client.get_queue_sender("work")

@@ -1,4 +1,5 @@
 """Connection strings: 'Endpoint=sparkbus://<namespace path or URI>;SharedAccessKeyName=..;SharedAccessKey=..;EntityPath=..'.
+A namespace on an object store may also be written 'sparkbus+az://container/path' (any scheme after 'sparkbus+').
 
 Code written for azure-servicebus ports by changing the import and the connection string. Keys are
 matched case-insensitively; the SAS keys are accepted (no authentication happens on a local namespace).
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 SCHEME = "sparkbus://"
+PLUS = "sparkbus+"
 EXPECTED = "'Endpoint=sparkbus://<namespace path or URI>[;SharedAccessKeyName=...;SharedAccessKey=...][;EntityPath=<entity>]'"
 _KEYS = {"endpoint": "Endpoint", "sharedaccesskeyname": "SharedAccessKeyName", "sharedaccesskey": "SharedAccessKey",
          "sharedaccesssignature": "SharedAccessSignature", "entitypath": "EntityPath"}
@@ -43,9 +45,11 @@ def parse_connection_string(conn_str: object) -> ServiceBusConnectionStringPrope
     endpoint = values.get("Endpoint")
     if not endpoint:
         raise ValueError(f"connection string has no Endpoint; expected {EXPECTED}")
-    if not endpoint.lower().startswith(SCHEME):
-        raise ValueError(f"Endpoint {endpoint!r} must use the sparkbus:// scheme; expected {EXPECTED}")
-    location = endpoint[len(SCHEME):]
+    if not endpoint.lower().startswith((SCHEME, PLUS)):
+        raise ValueError(f"Endpoint {endpoint!r} must use the sparkbus:// scheme (or sparkbus+<store>:// for an "
+                         f"object store); expected {EXPECTED}")
+    plus = endpoint.lower().startswith(PLUS)
+    location = endpoint[len(PLUS):] if plus else endpoint[len(SCHEME):]
     if len(location) > 1:
         location = location.rstrip("/")
     if not location:
@@ -64,4 +68,6 @@ def namespace_location(fully_qualified_namespace: object) -> str:
                         f"{type(fully_qualified_namespace).__name__}")
     if fully_qualified_namespace.lower().startswith(SCHEME):
         return fully_qualified_namespace[len(SCHEME):].rstrip("/") or "/"
+    if fully_qualified_namespace.lower().startswith(PLUS):  # sparkbus+az://container/path
+        return fully_qualified_namespace[len(PLUS):]
     return fully_qualified_namespace

@@ -8,7 +8,6 @@ conflicting change is re-run against the new snapshot. Readers always see a whol
 from __future__ import annotations
 
 import json
-import os
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -18,6 +17,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from ..storage import location
 from .. import storage
 from ..storage import maintenance
 from ..storage.schemas import TS
@@ -122,7 +122,7 @@ class Catalog:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self.uri = os.path.join(root, CATALOG_DIR)
+        self.uri = location.join(root, CATALOG_DIR)
         self._lock = threading.RLock()
         self._table: Optional[DeltaTable] = None
         self._snapshot: Optional[Snapshot] = None
@@ -134,6 +134,7 @@ class Catalog:
         """Commit version 0 holding the namespace row; raises FileExistsError if a catalog exists."""
         try:
             write_deltalake(self.uri, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]), mode="error",
+                            storage_options=location.options_for(self.uri) or None,
                             configuration={"delta.checkpointInterval": "10",
                                            "delta.logRetentionDuration": "interval 1 day"})
         except DeltaError as exc:  # an existing table, or a racing creator that committed version 0 first

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 from deltalake.exceptions import DeltaError
 
+from ..storage import location
 from .. import storage
 from ..storage import maintenance
 from ..storage.schemas import METRICS, METRICS_COUNTERS
@@ -89,7 +90,7 @@ class Recorder:
     """This process's unpersisted counts of one namespace."""
 
     def __init__(self, root: str, *, resources: bool) -> None:
-        self.uri = os.path.join(root, METRICS_DIR)
+        self.uri = location.join(root, METRICS_DIR)
         self.resources = resources  # sample CPU and memory (premium)
         self._counts: dict[tuple[int, str], Counts] = {}
         self._samples: dict[int, tuple[float, float]] = {}  # minute -> (cpu %, memory %)
@@ -188,7 +189,7 @@ def _memory_percent() -> float:
 
 def all_rows(root: str, recorder: Optional[Recorder]) -> pa.Table:
     """The persisted METRICS rows of the namespace and the recorder's unpersisted ones."""
-    uri = os.path.join(root, METRICS_DIR)
+    uri = location.join(root, METRICS_DIR)
     parts = [storage.query("SELECT * FROM metrics ORDER BY time_utc", metrics=storage.open_table(uri))
              ] if storage.table_exists(uri) else []
     if recorder is not None:

@@ -7,10 +7,10 @@ from datetime import datetime
 from typing import Optional
 
 from ..core import throttling, tiers
-from ..core.connection import parse_connection_string
+from ..core.connection import namespace_location, parse_connection_string
 from ..exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
 from .. import storage
-from ..storage import local_path
+from ..storage import location
 from ..storage.schemas import ENTITY_TABLES
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .throttle import Governor, governor, set_budget
@@ -55,24 +55,26 @@ def _check_credits(credits_per_second: object, tier: str) -> Optional[int]:
 
 def create_namespace(path: str, *, tier: str = "standard", partition_count: Optional[int] = None,
                      messaging_units: int = 1, credits_per_second: Optional[int] = 1000,
-                     **overrides: int) -> NamespaceProperties:
-    """Create a namespace directory at `path` (a local path or file:// URI).
+                     storage_options: Optional[dict[str, str]] = None, **overrides: int) -> NamespaceProperties:
+    """Create a namespace at `path`: a local directory or file:// URI, or an object-store prefix (az://,
+    abfs(s)://, s3://; storage_options or the environment give credentials, see storage.location).
 
     tier: "basic", "standard" or "premium". premium fixes partition_count (1, 2 or 4) for every entity;
     basic/standard choose partitioning per entity. credits_per_second is the standard-tier throttling
     budget (None turns credit throttling off; premium is not credit-throttled). overrides lower quotas
     (see tiers.NamespaceLimits) for tests. An existing namespace -> MessagingEntityAlreadyExistsError.
     """
-    root = local_path(path)
+    root = _root(path, storage_options)
     count = tiers.validate_tier(tier, partition_count, messaging_units)
     credits = _check_credits(credits_per_second, tier)
     limits = tiers.apply_overrides(tiers.default_limits(tier, count, messaging_units), overrides)
     catalog = Catalog(root)
     if catalog.exists():
         raise MessagingEntityAlreadyExistsError(f"a namespace already exists at {root}")
-    if os.path.exists(root) and (not os.path.isdir(root) or os.listdir(root)):
+    if not location.is_empty(root):
         raise ValueError(f"{root} exists and is not an empty directory; a namespace needs a new or empty directory")
-    os.makedirs(root, exist_ok=True)
+    if location.is_local(root):
+        os.makedirs(root, exist_ok=True)
     row = Row(key=NAMESPACE_KEY, kind="namespace", path=root, partition_count=count, properties={
         "format_version": FORMAT_VERSION, "tier": tier, "messaging_units": messaging_units,
         "credits_per_second": credits, "limits": tiers.limits_to_dict(limits),
@@ -136,11 +138,27 @@ def open_connection(conn_str: str) -> tuple[Catalog, Optional[str]]:
     return open_catalog(info.fully_qualified_namespace), info.entity_path
 
 
-def open_catalog(path: str) -> Catalog:
+def _root(path: object, storage_options: Optional[dict[str, str]]) -> str:
+    """The normalized namespace location, its storage options registered for this process, refused if its
+    store cannot commit safely (TypeError, ValueError)."""
+    root = location.normalize(path)
+    location.register_options(root, storage_options)
+    location.check_safe(root)
+    return root
+
+
+def open_namespace(fully_qualified_namespace: str, credential: object = None,
+                   storage_options: Optional[dict[str, str]] = None) -> Catalog:
+    """What a client opens: the namespace at a location (also 'sparkbus://...' or 'sparkbus+az://...'), with
+    a credential's storage options (storage.location.credential_options) under any given explicitly."""
+    path = namespace_location(fully_qualified_namespace)
+    root = location.normalize(path)
+    return open_catalog(root, {**location.credential_options(root, credential), **(storage_options or {})})
+
+
+def open_catalog(path: str, storage_options: Optional[dict[str, str]] = None) -> Catalog:
     """The catalog of an existing namespace; MessagingEntityNotFoundError naming the path otherwise."""
-    if not isinstance(path, str):
-        raise TypeError(f"namespace path must be a str, got {type(path).__name__}")
-    root = local_path(path)
+    root = _root(path, storage_options)
     catalog = Catalog(root)
     if not catalog.exists():
         raise MessagingEntityNotFoundError(f"no sparkbus namespace at {root} (create it with sparkbus.create_namespace)")
@@ -157,7 +175,7 @@ def _upgrade(catalog: Catalog) -> None:
         return
     for entity in snap.of_kind("queue", "topic", "subscription"):
         for role, schema in ENTITY_TABLES.items():
-            storage.add_missing_columns(os.path.join(catalog.root, entity.storage, role), schema)
+            storage.add_missing_columns(location.join(catalog.root, entity.storage, role), schema)
 
     def record(current: Snapshot) -> Change:
         row = current.rows[NAMESPACE_KEY]

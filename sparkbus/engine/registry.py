@@ -1,11 +1,11 @@
 """Runtime view of one entity for the data plane: its settings, tables, limits and available partitions."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Optional
 
+from ..storage import location
 from ..core import entities, tiers
 from ..core.entities import EntityOptions
 from ..core.names import key
@@ -20,7 +20,7 @@ MB = 1024 * 1024
 
 
 def table_uris(root: str, row: Row) -> dict[str, str]:
-    return {role: os.path.join(root, row.storage, role) for role in ENTITY_TABLES}
+    return {role: location.join(root, row.storage, role) for role in ENTITY_TABLES}
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, TypeVar
 
+from ..storage import location
 from ..core import throttling
 from ..core.throttling import Bucket, Budget
 from ..exceptions import ServiceBusError, ServiceBusServerBusyError
@@ -79,7 +80,7 @@ class Ledger:
     """The namespace's budget and credit bucket, in a file every process of this machine shares."""
 
     def __init__(self, root: str, initial: Callable[[], Budget]) -> None:
-        self._fd = os.open(os.path.join(root, LEDGER_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(os.path.join(location.state_dir(root), LEDGER_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
         with self._locked():
             if self._read() is None:  # a namespace created before the ledger existed
@@ -161,7 +162,7 @@ class Slots:
     """Operations in flight, across the processes of this machine: one locked byte of a file each."""
 
     def __init__(self, root: str) -> None:
-        self._fd = os.open(os.path.join(root, SLOTS_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(os.path.join(location.state_dir(root), SLOTS_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         self._held: set[int] = set()  # record locks belong to the process: its threads must not share one
         self._lock = threading.Lock()
 
@@ -256,7 +257,7 @@ def governor(root: str, initial: Callable[[], Budget]) -> Governor:
     has no ledger yet."""
     with _registry_lock:
         found = _governors.get(root)
-        if found is None or not os.path.exists(os.path.join(root, LEDGER_FILE)):
+        if found is None or not os.path.exists(os.path.join(location.state_dir(root), LEDGER_FILE)):
             found = _governors[root] = Governor(root, initial)
         return found
 

@@ -94,7 +94,7 @@ def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, t
     """Start the query over `entity` (one topic, ALL_TOPICS, ALL_FORWARDING or ALL_BACKGROUND); returns the
     StreamingQuery (run_once removes its checkpoint; a stopped query's is removed by stop_query)."""
     spark.dataSource.register(SparkbusDataSource)
-    root = storage.local_path(namespace)
+    root = storage.location.normalize(namespace)
     if entity not in (ALL_TOPICS, ALL_FORWARDING, ALL_BACKGROUND):
         resolve(root, Catalog(root).snapshot(), entity, ("topic",))  # unknown topic -> error now
     checkpoint = tempfile.mkdtemp(prefix="sparkbus-query-")

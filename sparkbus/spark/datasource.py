@@ -118,7 +118,7 @@ class _Entities:
         if "namespace" not in options or "entity" not in options:
             raise ValueError("the sparkbus source needs .option('namespace', <namespace path>) and "
                              ".option('entity', <queue, topic or '<topic>/Subscriptions/<name>'>)")
-        self.root = storage.local_path(options["namespace"])  # plain data: readers are pickled to workers
+        self.root = storage.location.normalize(options["namespace"])  # plain data: readers are pickled to workers
         self.entity = options["entity"]
         position = options.get("startingPosition", "earliest").lower()
         if position not in ("earliest", "latest"):
@@ -253,7 +253,7 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
             raise ValueError("the sparkbus sink needs .option('checkpointLocation', <directory>): the batch ids "
                              "it records for exactly-once delivery are keyed on it")
         dataframes.check_columns(schema)
-        self.root = storage.local_path(options["namespace"])
+        self.root = storage.location.normalize(options["namespace"])
         self.entity = options["entity"]
         info = resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic"))
         self.dedup = info.options.requires_duplicate_detection

@@ -33,7 +33,7 @@ class NamespaceService:
 
     def __init__(self, spark, namespace: str, *, trigger: Optional[dict] = None,
                  maintenance_interval: float = MAINTENANCE_INTERVAL) -> None:
-        self.root = storage.local_path(namespace)
+        self.root = storage.location.normalize(namespace)
         self.reports: list[background.BatchReport] = []  # the latest batches (at most 100)
         self._gate = background.Gate()
         self.query = background.start(spark, self.root, entity=ALL_BACKGROUND, fan_out=True, forward=True,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Optional
@@ -30,6 +29,8 @@ from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
 from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
+from . import location
+
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
 # the log separately. A hook that failed after a successful commit (another process's log cleanup won
 # a race) looked like a failed commit, and re-running the operation locked or settled twice.
@@ -39,24 +40,15 @@ NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_log
 PARTITION_COLUMN = "partition_id"
 
 
-def local_path(path_or_uri: str) -> str:
-    """Absolute local path of a namespace location (plain path or file:// URI)."""
-    if "://" in path_or_uri:
-        parsed = urlparse(path_or_uri)
-        if parsed.scheme != "file":
-            raise ValueError(
-                f"namespace location {path_or_uri!r}: only local paths and file:// URIs are supported for now"
-            )
-        path_or_uri = parsed.path
-    return os.path.abspath(os.path.expanduser(path_or_uri))
-
-
 def table_exists(uri: str) -> bool:
-    return os.path.isdir(os.path.join(uri, "_delta_log")) and DeltaTable.is_deltatable(uri)
+    if location.is_local(uri) and not os.path.isdir(os.path.join(uri, "_delta_log")):
+        return False
+    return DeltaTable.is_deltatable(uri, storage_options=location.options_for(uri) or None)
 
 
 def open_table(uri: str) -> DeltaTable:
-    return DeltaTable(uri)
+    """The table at uri, with the storage options registered for its namespace (storage.location)."""
+    return DeltaTable(uri, storage_options=location.options_for(uri) or None)
 
 
 def is_expired_version(error: BaseException) -> bool:
@@ -74,7 +66,7 @@ def refresh(table: DeltaTable) -> DeltaTable:
             if attempt == 0:
                 table.update_incremental()
                 return table
-            return DeltaTable(table.table_uri)
+            return open_table(table.table_uri)
         except (DeltaError, FileNotFoundError) as error:
             if not is_expired_version(error):
                 raise
@@ -85,7 +77,7 @@ def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PAR
                  configuration: dict[str, str] | None = None) -> DeltaTable:
     """Create an empty Delta table (durable on return); fails if one exists."""
     table = DeltaTable.create(uri, schema=schema, partition_by=list(partition_by) or None, mode="error",
-                              configuration=configuration)
+                              configuration=configuration, storage_options=location.options_for(uri) or None)
     sync_version(table)
     root = local_root(table.table_uri)
     if root is not None and durable():  # the table's own directory, and the entity directory holding it
@@ -229,9 +221,9 @@ def quoted(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def remove_tree(path: str) -> None:
-    """Delete a directory tree; missing is fine (delete is idempotent)."""
-    shutil.rmtree(path, ignore_errors=True)
+def remove_tree(uri: str) -> None:
+    """Delete a directory tree, or everything under an object-store prefix; missing is fine."""
+    location.remove_tree(uri)
 
 
 def last_commit_time_ms(table: DeltaTable) -> int | None:
@@ -259,10 +251,8 @@ class PartitionReader:
         """Every row of the partition (in the schema given, file by file in the log's order)."""
         actions = pa.table(table.get_add_actions(flatten=True))
         mine = actions.filter(pc.equal(actions[f"partition.{PARTITION_COLUMN}"], partition))
-        root = local_root(table.table_uri)
-        if root is None:
-            raise ValueError(f"{table.table_uri}: only local tables can be read file by file for now")
-        parts = [self._file(os.path.join(root, unquote(path))) for path in mine["path"].to_pylist()]
+        root = local_root(table.table_uri) or table.table_uri.rstrip("/")
+        parts = [self._file(location.join(root, unquote(path))) for path in mine["path"].to_pylist()]
         data = pa.concat_tables(parts) if parts else self._file_schema.empty_table()
         column = pa.array([partition] * data.num_rows, self._schema.field(PARTITION_COLUMN).type)
         return data.add_column(0, self._schema.field(PARTITION_COLUMN), column).select(self._schema.names)
@@ -272,7 +262,8 @@ class PartitionReader:
         if cached is not None:
             self._files.move_to_end(path)
             return cached
-        data = pq.ParquetFile(path).read(use_threads=False)
+        source = path if location.is_local(path) else pa.BufferReader(location.get(path))
+        data = pq.ParquetFile(source).read(use_threads=False)
         if data.schema != self._file_schema:  # older files lack columns added since: they read as null
             data = pa.table([data[f.name] if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
                              for f in self._file_schema], names=self._file_schema.names).cast(self._file_schema)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import json
 import os
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -31,6 +33,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
+from . import location
 
 CHECKPOINT_EVERY = 10
 COMPACT_EVERY = 20
@@ -43,6 +46,7 @@ COMPACT_ATTEMPTS = 5
 _RACES = (CommitFailedError, DeltaError, FileNotFoundError)
 
 COMPACT, CLEANUP = "compact", "cleanup"
+LEASE_SECONDS = 600  # an object-store compaction lease outlives any compaction; a dead holder's expires
 _waiting: dict[str, set[str]] = {}  # table uri -> jobs due: COMPACT and/or CLEANUP (of expired log entries)
 _changed = threading.Condition()
 _worker: Optional[threading.Thread] = None
@@ -108,17 +112,20 @@ def compact(uri: str) -> bool:
 
 @contextmanager
 def _compaction_lock(uri: str) -> Iterator[bool]:
-    """An exclusive, non-blocking lock on compacting one table, across processes (flock on a file beside
-    the table): yields whether it was taken.
+    """An exclusive, non-blocking lock on compacting one table, across processes: yields whether it was
+    taken.
 
     delta-rs (1.6) does not detect two concurrent compactions of the same files: both commit, each
     adding its own copy of the rows (measured: two optimize.compact of one version left 20 rows of 10,
     also with one application transaction set by both). A compaction that conflicts with a writer's
-    commit is detected and retried, so one compaction at a time per table is all that must be ensured.
-    Object stores will need a lease instead (no flock there)."""
+    commit is detected and retried, so one compaction at a time per table is all that must be ensured:
+    on local disk by flock on a file beside the table, on an object store by a lease object that every
+    machine sees (_lease)."""
     root = storage.local_root(uri)
     if root is None:
-        raise ValueError(f"{uri}: compaction is only safe on local tables for now")
+        with _lease(uri.rstrip("/") + "/_sparkbus_compaction.lease") as mine:
+            yield mine
+        return
     root = root.rstrip("/")
     path = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.compaction.lock")
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -131,6 +138,36 @@ def _compaction_lock(uri: str) -> Iterator[bool]:
         yield True
     finally:
         os.close(descriptor)  # releases the lock
+
+
+@contextmanager
+def _lease(uri: str) -> Iterator[bool]:
+    """A lease on an object store: an object created with put-if-absent holding its expiry time. An expired
+    lease (its holder died) is taken over by a conditional overwrite on the object's ETag, so of two
+    machines taking it over at once one wins; the holder deletes it when done. Yields whether it is ours."""
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+    store, key = location.store_of(uri)
+    body = json.dumps({"expires": time.time() + LEASE_SECONDS}).encode()
+    try:
+        store.put(key, body, mode="create")
+    except AlreadyExistsError:
+        try:
+            current = store.get(key)
+            if json.loads(bytes(current.bytes())).get("expires", 0) > time.time():
+                yield False
+                return
+            store.put(key, body, mode={"e_tag": current.meta["e_tag"]})
+        except (FileNotFoundError, PreconditionError, AlreadyExistsError):  # released or taken meanwhile
+            yield False
+            return
+    try:
+        yield True
+    finally:
+        try:
+            store.delete(key)
+        except FileNotFoundError:
+            pass
 
 
 def cleanup(uri: str) -> None:

@@ -1,0 +1,193 @@
+"""Where a namespace lives: a local directory, or a prefix of an object store (Azure Blob Storage and ADLS
+Gen2 as az://, abfs:// or abfss://; Amazon S3 as s3://).
+
+Every table is a Delta table that delta-rs opens by URI; the few plain files (staged DataFrame batches,
+leftovers of deleted entities) go through obstore, the Python face of the object_store crate that delta-rs
+itself uses, so both read the same credentials: the storage_options given to create_namespace or a client,
+else the environment variables delta-rs reads (AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY,
+AZURE_STORAGE_USE_EMULATOR, AWS_*...). Options given for a namespace are remembered for every URI under
+its root in this process (register_options), so code that opens a table by URI needs no options argument.
+
+Correctness on an object store rests on one property: a Delta commit writes log entry N+1 with an atomic
+put-if-absent, so of two writers racing for a version exactly one wins and the other retries on the new
+version. Azure Blob Storage has it natively. S3 has it with conditional writes (options
+{"conditional_put": "etag"}, or AWS_S3_CONDITIONAL_PUT=etag) or with delta-rs' DynamoDB locking provider
+(AWS_S3_LOCKING_PROVIDER=dynamodb); without either, two writers can both "win" and one commit is lost, so
+check_safe refuses such a namespace instead.
+
+What stays local to a machine (the throttling ledger and the compaction lock, which rely on file locks)
+lives for an object-store namespace in state_dir(root), a directory under ~/.cache/sparkbus.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import threading
+from typing import Optional
+from urllib.parse import urlparse
+
+OBJECT_SCHEMES = ("az", "azure", "abfs", "abfss", "s3", "s3a")
+_OPTIONS: dict[str, dict[str, str]] = {}
+_LOCK = threading.Lock()
+ALLOWED = ("a local path, file:///absolute/path, az://container/path, abfss://container@account.dfs.core."
+           "windows.net/path or s3://bucket/path")
+
+
+def normalize(location: object) -> str:
+    """The canonical form of a namespace location: an absolute local path, or scheme://container/path without
+    a trailing slash. Raises TypeError for a non-str, ValueError for an empty or unsupported location."""
+    if not isinstance(location, str):
+        raise TypeError(f"a namespace location must be a str ({ALLOWED}), got {type(location).__name__}")
+    if not location.strip():
+        raise ValueError(f"a namespace location cannot be empty; give {ALLOWED}")
+    if "://" not in location:
+        return os.path.abspath(os.path.expanduser(location))
+    parsed = urlparse(location)
+    scheme = parsed.scheme.lower()
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise ValueError(f"{location!r}: a file:// URI names an absolute path (file:///data/sb/prod)")
+        return os.path.abspath(parsed.path)
+    if scheme not in OBJECT_SCHEMES:
+        raise ValueError(f"{location!r}: unsupported scheme {scheme!r}; a namespace location is {ALLOWED}")
+    if not parsed.netloc:
+        raise ValueError(f"{location!r}: name the container or bucket ({scheme}://container/path)")
+    return f"{scheme}://{parsed.netloc}{parsed.path.rstrip('/')}"
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri
+
+
+def join(uri: str, *parts: str) -> str:
+    return os.path.join(uri, *parts) if is_local(uri) else posixpath.join(uri, *parts)
+
+
+def register_options(root: str, options: Optional[dict]) -> None:
+    """Remember storage options for every URI under root (this process); None or {} registers nothing.
+    Raises TypeError unless options maps str to str."""
+    if not options:
+        return
+    if not isinstance(options, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in options.items()):
+        raise TypeError("storage_options must be a dict of str to str (delta-rs / object_store option names)")
+    with _LOCK:
+        _OPTIONS[root.rstrip("/")] = dict(options)
+
+
+def options_for(uri: str) -> dict[str, str]:
+    """The storage options registered for the longest root that holds uri ({} if none)."""
+    best, found = -1, {}
+    for root, options in list(_OPTIONS.items()):
+        if (uri == root or uri.startswith(root + "/")) and len(root) > best:
+            best, found = len(root), options
+    return dict(found)
+
+
+def credential_options(root: str, credential: object) -> dict[str, str]:
+    """Storage options that let an azure-core credential given to a client reach an Azure namespace:
+    AzureNamedKeyCredential -> account name and key, AzureSasCredential -> SAS token, a TokenCredential ->
+    a bearer token for Azure Storage (fetched now; valid about an hour). {} for other stores, local
+    namespaces and no credential."""
+    if credential is None or urlparse(root).scheme not in ("az", "azure", "abfs", "abfss"):
+        return {}
+    named = getattr(credential, "named_key", None)
+    if named is not None:
+        return {"account_name": named.name, "account_key": named.key}
+    signature = getattr(credential, "signature", None)
+    if isinstance(signature, str):
+        return {"sas_token": signature}
+    if callable(getattr(credential, "get_token", None)):
+        return {"bearer_token": credential.get_token("https://storage.azure.com/.default").token}
+    raise TypeError(f"credential must be an azure-core credential (TokenCredential, AzureNamedKeyCredential or "
+                    f"AzureSasCredential), got {type(credential).__name__}")
+
+
+def _setting(options: dict[str, str], *names: str) -> Optional[str]:
+    for name in names:
+        for key in (name, name.upper(), name.lower()):
+            if key in options:
+                return options[key]
+            if key in os.environ:
+                return os.environ[key]
+    return None
+
+
+def check_safe(uri: str) -> None:
+    """Refuse a location whose store cannot commit atomically (S3 without conditional writes or a locking
+    provider), with what to configure; ValueError."""
+    if urlparse(uri).scheme not in ("s3", "s3a"):
+        return
+    options = options_for(uri)
+    conditional = _setting(options, "conditional_put", "aws_conditional_put", "AWS_S3_CONDITIONAL_PUT")
+    locking = _setting(options, "aws_s3_locking_provider", "AWS_S3_LOCKING_PROVIDER")
+    if (conditional or "").lower() == "etag" or (locking or "").lower() == "dynamodb":
+        return
+    raise ValueError(f"{uri}: S3 needs an atomic put-if-absent for Delta commits, or concurrent commits can be "
+                     "lost; set storage_options {'conditional_put': 'etag'} (S3 conditional writes) or "
+                     "AWS_S3_LOCKING_PROVIDER=dynamodb with DELTA_DYNAMO_TABLE_NAME")
+
+
+def store_of(uri: str):
+    """(obstore store, key prefix) for an object-store URI: the store at the container or bucket."""
+    from obstore.store import from_url
+
+    parsed = urlparse(uri)
+    options = {k.lower(): v for k, v in options_for(uri).items()}
+    return from_url(f"{parsed.scheme}://{parsed.netloc}", **options), parsed.path.strip("/")
+
+
+def is_empty(uri: str) -> bool:
+    """Nothing is stored at or under uri (a missing local directory is empty; a local file is not)."""
+    if is_local(uri):
+        return not os.path.exists(uri) or (os.path.isdir(uri) and not os.listdir(uri))
+    store, prefix = store_of(uri)
+    for batch in store.list(prefix + "/", chunk_size=1):
+        if batch:
+            return False
+    return True
+
+
+def remove_tree(uri: str) -> None:
+    """Delete everything at or under uri; missing is fine (delete is idempotent)."""
+    if is_local(uri):
+        import shutil
+
+        shutil.rmtree(uri, ignore_errors=True)
+        return
+    store, prefix = store_of(uri)
+    for batch in store.list(prefix + "/"):
+        paths = [entry["path"] for entry in batch]
+        if paths:
+            store.delete(paths)
+
+
+def put(uri: str, data: bytes) -> None:
+    """Write one file (object), replacing it."""
+    if is_local(uri):
+        os.makedirs(os.path.dirname(uri), exist_ok=True)
+        with open(uri, "wb") as f:
+            f.write(data)
+        return
+    store, key = store_of(uri)
+    store.put(key, data)
+
+
+def get(uri: str) -> bytes:
+    """Read one file (object); FileNotFoundError when missing."""
+    if is_local(uri):
+        with open(uri, "rb") as f:
+            return f.read()
+    store, key = store_of(uri)
+    return bytes(store.get(key).bytes())
+
+
+def state_dir(root: str) -> str:
+    """A local directory for a namespace's per-machine state (file locks): root itself when it is local,
+    else a directory under ~/.cache/sparkbus named after the URI."""
+    if is_local(root):
+        return root
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "sparkbus", hashlib.sha1(root.encode()).hexdigest()[:16])
+    os.makedirs(path, exist_ok=True)
+    return path
