@@ -78,7 +78,8 @@ def test_the_compaction_lease_admits_one_holder_and_is_taken_over_when_expired(a
     with maintenance._lease(uri) as again:  # released on exit
         assert again
     monkeypatch.setattr(maintenance, "LEASE_SECONDS", -1)  # a holder that died: its lease has expired
-    location.put(uri, b'{"expires": 0}')
+    store, key = location.store_of(uri)
+    store.put(key, b'{"expires": 0}')
     with maintenance._lease(uri) as taken:
         assert taken
 

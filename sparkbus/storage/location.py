@@ -162,17 +162,6 @@ def remove_tree(uri: str) -> None:
             store.delete(paths)
 
 
-def put(uri: str, data: bytes) -> None:
-    """Write one file (object), replacing it."""
-    if is_local(uri):
-        os.makedirs(os.path.dirname(uri), exist_ok=True)
-        with open(uri, "wb") as f:
-            f.write(data)
-        return
-    store, key = store_of(uri)
-    store.put(key, data)
-
-
 def get(uri: str) -> bytes:
     """Read one file (object); FileNotFoundError when missing."""
     if is_local(uri):
