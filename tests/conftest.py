@@ -29,7 +29,7 @@ AZURITE = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 CONTAINER = "sparkbus"
-BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_object_store"}
+BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_object_store", "test_dataframe_send"}
 
 
 def pytest_configure(config):

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
+from ..storage import location
 from ..core import partitioning
 from ..core.encoding import OUTGOING, STRING_PROPERTIES, new_message_ids
 from ..core.values import encode_properties
@@ -133,20 +134,32 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
     in the DataFrame's row order (by Spark partition).
 
     Conversion runs in parallel on the executors, and the driver memory-maps the files instead of
-    collecting the rows through the JVM (1,000,000 rows of 1 KiB: 5.9 s against 8.7 s for toArrow).
+    collecting the rows through the JVM (1,000,000 rows of 1 KiB: 5.9 s against 8.7 s for toArrow). On an
+    object store each file is written whole as one object, with the namespace's storage options shipped
+    to the executors.
     """
+    local = location.is_local(staging)
+    options = location.options_for(staging)
+    environment = location.credential_environment()
+
     def write(batches):
         from pyspark import TaskContext
 
         index = TaskContext.get().partitionId()
-        path, writer = os.path.join(staging, f"{index:08d}-{uuid.uuid4().hex}.arrow"), None
+        path, writer = location.join(staging, f"{index:08d}-{uuid.uuid4().hex}.arrow"), None
+        sink = path if local else pa.BufferOutputStream()
         for batch in batches:
             rows = complete_batch(batch, requires_duplicate_detection, partition_count)
             if writer is None:
-                writer = pa.ipc.new_file(path, rows.schema)
+                writer = pa.ipc.new_file(sink, rows.schema)
             writer.write_table(rows)
         if writer is not None:
             writer.close()
+            if not local:
+                for name, value in environment.items():
+                    os.environ.setdefault(name, value)
+                location.register_options(staging, options)
+                location.put(path, sink.getvalue().to_pybytes())
             yield pa.RecordBatch.from_pydict({"position": [index], "path": [path]})
 
     staged = df.mapInArrow(write, "position long, path string").collect()
@@ -157,12 +170,14 @@ def send_dataframe(writer: "EntityWriter", df: "DataFrame") -> EnqueueResult:
     """Send every row of df in one atomic commit; returns counts and per-partition (first, last) numbers."""
     fields = check_columns(df.schema)
     info = writer.info()
-    staging = os.path.join(info.namespace.path, STAGING_DIR, uuid.uuid4().hex)
-    os.makedirs(staging)
+    staging = location.join(info.namespace.path, STAGING_DIR, uuid.uuid4().hex)
+    if location.is_local(staging):
+        os.makedirs(staging)
     try:
         paths = _stage(_select(df, fields), staging, info.options.requires_duplicate_detection,
                        info.partition_count)
-        tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
+        tables = [pa.ipc.open_file(pa.memory_map(p) if location.is_local(p) else pa.BufferReader(location.get(p)))
+                  .read_all() for p in paths]
         if not tables:
             return EnqueueResult()
         staged = pa.concat_tables(tables)

@@ -103,6 +103,15 @@ def credential_options(root: str, credential: object) -> dict[str, str]:
                     f"AzureSasCredential), got {type(credential).__name__}")
 
 
+ENVIRONMENT_PREFIXES = ("AZURE_STORAGE_", "AZURITE_", "AWS_")
+
+
+def credential_environment() -> dict[str, str]:
+    """The environment variables delta-rs and obstore read credentials and endpoints from, as this process
+    has them: shipped to Spark executors, which may have been started without them."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENVIRONMENT_PREFIXES)}
+
+
 def _setting(options: dict[str, str], *names: str) -> Optional[str]:
     for name in names:
         for key in (name, name.upper(), name.lower()):
@@ -160,6 +169,17 @@ def remove_tree(uri: str) -> None:
         paths = [entry["path"] for entry in batch]
         if paths:
             store.delete(paths)
+
+
+def put(uri: str, data: bytes) -> None:
+    """Write one file (object), replacing it; a local file's directory is created."""
+    if is_local(uri):
+        os.makedirs(os.path.dirname(uri), exist_ok=True)
+        with open(uri, "wb") as f:
+            f.write(data)
+        return
+    store, key = store_of(uri)
+    store.put(key, data)
 
 
 def get(uri: str) -> bytes:
