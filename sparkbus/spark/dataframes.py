@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import pandas as pd
@@ -129,6 +129,31 @@ def complete_batch(batch: pa.RecordBatch, requires_duplicate_detection: bool, pa
     return rows.append_column(CODE, pa.array(codes, pa.int32()))
 
 
+def write_staged(path: str, tables: Iterable[pa.Table]) -> bool:
+    """Write tables as one Arrow IPC file at path: streamed to a local file, or put whole as one object on
+    an object store. False (nothing written) when there were no tables."""
+    local = location.is_local(path)
+    sink, writer = (path if local else pa.BufferOutputStream()), None
+    for table in tables:
+        if writer is None:
+            if local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            writer = pa.ipc.new_file(sink, table.schema)
+        writer.write_table(table)
+    if writer is None:
+        return False
+    writer.close()
+    if not local:
+        location.put(path, sink.getvalue().to_pybytes())
+    return True
+
+
+def read_staged(path: str) -> pa.Table:
+    """A staged file's rows: memory-mapped when local, fetched whole from an object store."""
+    source = pa.memory_map(path) if location.is_local(path) else pa.BufferReader(location.get(path))
+    return pa.ipc.open_file(source).read_all()
+
+
 def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, partition_count: int) -> list[str]:
     """Executors complete their rows and write them as Arrow IPC files under `staging`; returns the paths
     in the DataFrame's row order (by Spark partition).
@@ -138,28 +163,15 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
     object store each file is written whole as one object, with the namespace's storage options shipped
     to the executors.
     """
-    local = location.is_local(staging)
-    options = location.options_for(staging)
-    environment = location.credential_environment()
+    shipped = (location.options_for(staging), location.credential_environment())
 
     def write(batches):
         from pyspark import TaskContext
 
+        location.install(staging, *shipped)
         index = TaskContext.get().partitionId()
-        path, writer = location.join(staging, f"{index:08d}-{uuid.uuid4().hex}.arrow"), None
-        sink = path if local else pa.BufferOutputStream()
-        for batch in batches:
-            rows = complete_batch(batch, requires_duplicate_detection, partition_count)
-            if writer is None:
-                writer = pa.ipc.new_file(sink, rows.schema)
-            writer.write_table(rows)
-        if writer is not None:
-            writer.close()
-            if not local:
-                for name, value in environment.items():
-                    os.environ.setdefault(name, value)
-                location.register_options(staging, options)
-                location.put(path, sink.getvalue().to_pybytes())
+        path = location.join(staging, f"{index:08d}-{uuid.uuid4().hex}.arrow")
+        if write_staged(path, (complete_batch(b, requires_duplicate_detection, partition_count) for b in batches)):
             yield pa.RecordBatch.from_pydict({"position": [index], "path": [path]})
 
     staged = df.mapInArrow(write, "position long, path string").collect()
@@ -171,13 +183,10 @@ def send_dataframe(writer: "EntityWriter", df: "DataFrame") -> EnqueueResult:
     fields = check_columns(df.schema)
     info = writer.info()
     staging = location.join(info.namespace.path, STAGING_DIR, uuid.uuid4().hex)
-    if location.is_local(staging):
-        os.makedirs(staging)
     try:
         paths = _stage(_select(df, fields), staging, info.options.requires_duplicate_detection,
                        info.partition_count)
-        tables = [pa.ipc.open_file(pa.memory_map(p) if location.is_local(p) else pa.BufferReader(location.get(p)))
-                  .read_all() for p in paths]
+        tables = [read_staged(p) for p in paths]
         if not tables:
             return EnqueueResult()
         staged = pa.concat_tables(tables)

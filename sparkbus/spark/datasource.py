@@ -258,26 +258,20 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
         info = resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic"))
         self.dedup = info.options.requires_duplicate_detection
         self.partition_count = info.partition_count
-        self.staging = os.path.join(self.root, dataframes.STAGING_DIR, "sink")
+        self.staging = storage.location.join(self.root, dataframes.STAGING_DIR, "sink")
+        self.shipped = (storage.location.options_for(self.root), storage.location.credential_environment())
         self.app_id = "sparkbus.sink." + hashlib.sha1(os.path.abspath(checkpoint).encode()).hexdigest()[:16]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
-        path, writer = os.path.join(self.staging, f"{uuid.uuid4().hex}.arrow"), None
-        for batch in iterator:
-            rows = dataframes.complete_batch(batch, self.dedup, self.partition_count)
-            if writer is None:
-                os.makedirs(self.staging, exist_ok=True)
-                writer = pa.ipc.new_file(path, rows.schema)
-            writer.write_table(rows)
-        if writer is None:
-            return Staged(None)
-        writer.close()
-        return Staged(path)
+        storage.location.install(self.root, *self.shipped)
+        path = storage.location.join(self.staging, f"{uuid.uuid4().hex}.arrow")
+        rows = (dataframes.complete_batch(batch, self.dedup, self.partition_count) for batch in iterator)
+        return Staged(path if dataframes.write_staged(path, rows) else None)
 
     def commit(self, messages: list, batchId: int) -> None:
         paths = [m.path for m in messages if m is not None and m.path]
         try:
-            tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
+            tables = [dataframes.read_staged(p) for p in paths]
             catalog = Catalog(self.root)
             writer = EntityWriter(lambda: resolve(self.root, catalog.snapshot(), self.entity, ("queue", "topic")))
             if tables:
@@ -292,13 +286,12 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
                     wait=True)
         finally:
             for p in paths:
-                if os.path.exists(p):
-                    os.remove(p)
+                storage.location.remove(p)
 
     def abort(self, messages: list, batchId: int) -> None:
         for m in messages:
-            if m is not None and m.path and os.path.exists(m.path):
-                os.remove(m.path)
+            if m is not None and m.path:
+                storage.location.remove(m.path)
 
 
 class SparkbusDataSource(DataSource):

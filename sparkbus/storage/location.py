@@ -112,6 +112,14 @@ def credential_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(ENVIRONMENT_PREFIXES)}
 
 
+def install(uri: str, options: dict[str, str], environment: dict[str, str]) -> None:
+    """On a Spark executor: make what the driver shipped (options registered for uri, credential variables
+    not set here) available to delta-rs and obstore in this process."""
+    for name, value in environment.items():
+        os.environ.setdefault(name, value)
+    register_options(uri, options)
+
+
 def _setting(options: dict[str, str], *names: str) -> Optional[str]:
     for name in names:
         for key in (name, name.upper(), name.lower()):
@@ -180,6 +188,21 @@ def put(uri: str, data: bytes) -> None:
         return
     store, key = store_of(uri)
     store.put(key, data)
+
+
+def remove(uri: str) -> None:
+    """Delete one file (object); missing is fine."""
+    if is_local(uri):
+        try:
+            os.remove(uri)
+        except FileNotFoundError:
+            pass
+        return
+    store, key = store_of(uri)
+    try:
+        store.delete(key)
+    except FileNotFoundError:
+        pass
 
 
 def get(uri: str) -> bytes:
