@@ -1,7 +1,8 @@
 """Shared fixtures: namespaces on real disk and on a real Azure Storage emulator (Azurite), one SparkSession
 per test run, spawned subprocess helpers.
 
-Modules listed in BOTH_STORES run every test that takes ns_path twice: on a local directory ("local") and
+Modules listed in BOTH_STORES, and tests marked both_stores elsewhere (the concurrency, fan-out and
+forwarding properties), run every test that takes ns_path twice: on a local directory ("local") and
 on an az:// prefix of Azurite ("azurite", marked slow); a test that only makes sense on local disk, or
 whose size makes the emulator take minutes, is marked local_only. Azurite is the one `make install` puts under .azurite/ (npm), started on a free loopback port
 for the run; delta-rs and obstore find it through the environment variables set here, which spawned
@@ -34,11 +35,13 @@ BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_object_store"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "local_only: runs on a local namespace only (local files, fsync, permissions)")
+    config.addinivalue_line("markers", "both_stores: runs on a local and an Azurite namespace (in other modules)")
 
 
 def pytest_generate_tests(metafunc):
-    if "ns_path" in metafunc.fixturenames and metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_STORES \
-            and not metafunc.definition.get_closest_marker("local_only"):
+    chosen = metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_STORES or metafunc.definition.get_closest_marker(
+        "both_stores")
+    if "ns_path" in metafunc.fixturenames and chosen and not metafunc.definition.get_closest_marker("local_only"):
         # the emulator is slow (a commit takes tens of milliseconds): its runs belong to `make test`, not test-fast
         metafunc.parametrize("store", ["local", pytest.param("azurite", marks=pytest.mark.slow)], indirect=True)
 

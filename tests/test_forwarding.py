@@ -12,6 +12,7 @@ import pytest
 from conftest import stored_messages
 
 import sparkbus
+from sparkbus.storage.location import normalize
 from sparkbus import (InvalidOperationError, MessagingEntityNotFoundError, ServiceBusClient, ServiceBusMessage,
                       ServiceBusSubQueue)
 from sparkbus.core import forwarding as rules
@@ -23,7 +24,7 @@ from sparkbus.engine.registry import resolve
 
 def forward(ns_path, source=None):
     """Forward everything pending (source given: one pass over that source only)."""
-    catalog = Catalog(os.path.abspath(ns_path))
+    catalog = Catalog(normalize(ns_path))
     if source is None:
         return forwarding.forward_all(catalog)
     snap = catalog.snapshot()
@@ -44,6 +45,7 @@ def placed(admin, path):
     return {r["message_id"]: (r["partition_id"], r["transfer_hop_count"]) for r in rows}
 
 
+@pytest.mark.both_stores
 def test_chain_queue_queue_topic_subscription_queue(admin, client, ns_path):
     admin.create_queue("last", enable_partitioning=True, requires_duplicate_detection=True)
     admin.create_topic("t", enable_partitioning=True)
@@ -74,7 +76,7 @@ def test_chain_queue_queue_topic_subscription_queue(admin, client, ns_path):
     assert forward(ns_path, "second").forwarded == {"second": 24}
     at_topic = placed(admin, "t")
     assert all(at_topic[f"id-k{i}"] == (partition_of(f"key{i}", 16), 2) for i in range(12))
-    fanout.drain(Catalog(os.path.abspath(ns_path)), "t")
+    fanout.drain(Catalog(normalize(ns_path)), "t")
     assert forward(ns_path, "t/Subscriptions/s").forwarded == {"t/Subscriptions/s": 24}
     at_last = placed(admin, "last")  # duplicate detection on: keyless messages are placed by message id
     assert all(at_last[f"id-k{i}"] == (partition_of(f"key{i}", 16), 3) for i in range(12))
@@ -237,12 +239,13 @@ def _forward_forever(path: str, barrier, results) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.both_stores
 def test_killed_forwarder_neither_loses_nor_duplicates(admin, client, ns_path, spawn):
     admin.create_queue("dest", enable_partitioning=True)
     admin.create_queue("src", enable_partitioning=True, forward_to="dest")
     sent = [f"m{i}" for i in range(600)]
     client.get_queue_sender("src").send_messages([ServiceBusMessage(b, message_id=b) for b in sent])
-    path = os.path.abspath(ns_path)
+    path = normalize(ns_path)
     src = resolve(path, Catalog(path).snapshot(), "src", ("queue",))
     progress, claims = [], []
     for delay in (1.0, 1.5, 2.0):
@@ -369,7 +372,7 @@ def test_housekeeping_sweep_removes_what_nobody_else_would(admin, client, ns_pat
         for _ in range(3):
             receiver.complete_messages(receiver.receive_messages(700, max_wait_time=1))
     assert stored_messages(admin, "q").num_rows == 2100  # completed, still in the table
-    done = housekeeping.sweep(Catalog(os.path.abspath(ns_path)))
+    done = housekeeping.sweep(Catalog(normalize(ns_path)))
     assert done.removed == 2099 and done.tables == 3  # the highest row keeps the sequence numbering
     assert stored_messages(admin, "q").num_rows == 1
     assert admin.get_queue_runtime_properties("q").total_message_count == 0

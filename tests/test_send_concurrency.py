@@ -29,6 +29,7 @@ def _send_ids(path, queue, worker, ids, barrier, results):
 
 
 @pytest.mark.slow
+@pytest.mark.both_stores
 def test_four_processes_into_one_partition_are_gap_free(spawn, admin, ns_path):
     admin.create_queue("hot", enable_partitioning=True)
     run_spawned(spawn, _send, [(ns_path, "hot", w, 25, 4, "same-key") for w in range(4)])
@@ -44,6 +45,7 @@ def test_four_processes_into_one_partition_are_gap_free(spawn, admin, ns_path):
 
 
 @pytest.mark.slow
+@pytest.mark.both_stores
 def test_concurrent_duplicates_are_discarded(spawn, admin, ns_path):
     admin.create_queue("dd", enable_partitioning=True, requires_duplicate_detection=True)
     ids = [f"id-{i}" for i in range(30)]

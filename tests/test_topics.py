@@ -11,6 +11,7 @@ import pytest
 from conftest import stored_messages
 
 import sparkbus
+from sparkbus.storage.location import normalize
 from sparkbus import (CorrelationRuleFilter, FalseRuleFilter, ServiceBusMessage, ServiceBusSubQueue, SqlRuleAction,
                       SqlRuleFilter, TrueRuleFilter)
 from sparkbus.core import sequencing
@@ -19,7 +20,7 @@ from sparkbus.engine.catalog import Catalog
 
 
 def drain(ns_path, topic="events"):
-    return fanout.drain(Catalog(os.path.abspath(ns_path)), topic)
+    return fanout.drain(Catalog(normalize(ns_path)), topic)
 
 
 def received(client, sub, *, dead_letter=False, session_id=None, topic="events"):
@@ -57,6 +58,7 @@ def orders(count=6):
             for i in range(count)]
 
 
+@pytest.mark.both_stores
 def test_each_subscription_receives_exactly_its_copies(topic, client, ns_path):
     topic.create_subscription("events", "all")                                # $Default: TrueRuleFilter
     only_rules(topic, "red", [("red", SqlRuleFilter("color = @c", {"@c": "red"}), None)])
@@ -125,7 +127,7 @@ def test_evaluation_errors_dead_letter_or_skip_per_subscription(topic, client, n
 
 def test_stored_rule_that_no_longer_parses_is_an_evaluation_error(topic, client, ns_path):
     only_rules(topic, "old", [("r", SqlRuleFilter("n = 1"), None)])
-    catalog = Catalog(os.path.abspath(ns_path))
+    catalog = Catalog(normalize(ns_path))
     row = next(r for r in catalog.snapshot().of_kind("rule") if r.path.endswith("/r"))
     broken = dict(row.properties, filter=row.properties["filter"].replace("n = 1", "n = = 1"))
     catalog.transact(lambda snap: sparkbus.engine.catalog.Change(upserts=[row.updated(broken)]))
@@ -258,11 +260,12 @@ def _check_each_copy_once(topic, count=6, messages=400):
 
 
 @pytest.mark.slow
+@pytest.mark.both_stores
 def test_two_concurrent_fanouts_neither_duplicate_nor_lose(topic, client, ns_path, spawn):
     from conftest import run_spawned
 
     _many_subscriptions(topic, client)
-    path = os.path.abspath(ns_path)
+    path = normalize(ns_path)
     run_spawned(spawn, _fanout_forever, [(path,), (path,)])
     _check_each_copy_once(topic)
 
@@ -278,7 +281,7 @@ def _fanout_slowly(ns_path):
 @pytest.mark.slow
 def test_fanout_killed_mid_batch_then_restarted(topic, client, ns_path, spawn):
     _many_subscriptions(topic, client)
-    path = os.path.abspath(ns_path)
+    path = normalize(ns_path)
     process = spawn.Process(target=_fanout_slowly, args=(path,))
     process.start()
     deadline = time.monotonic() + 120
@@ -311,7 +314,7 @@ def _fanout_dying_before_dead_lettering(ns_path):
 def test_crash_between_copies_and_their_dead_lettering_is_repaired(topic, client, ns_path, spawn):
     only_rules(topic, "dlq", [("div", SqlRuleFilter("n / (n - 3) >= 0"), None)])   # n = 3: division by zero
     send(client, orders(6))
-    process = spawn.Process(target=_fanout_dying_before_dead_lettering, args=(os.path.abspath(ns_path),))
+    process = spawn.Process(target=_fanout_dying_before_dead_lettering, args=(normalize(ns_path),))
     process.start()
     process.join(120)
     assert process.exitcode == -signal.SIGKILL
