@@ -69,7 +69,7 @@ def test_a_namespace_on_azurite_through_every_way_in(azurite):
         sparkbus.ServiceBusClient(f"{azurite}/{uuid.uuid4().hex[:12]}/none")
 
 
-def test_the_compaction_lease_admits_one_holder_and_is_taken_over_when_expired(azurite, monkeypatch):
+def test_the_compaction_lease_admits_one_holder_and_is_taken_over_when_expired(azurite):
     uri = f"{azurite}/{uuid.uuid4().hex[:12]}/lease"
     with maintenance._lease(uri) as first:
         assert first
@@ -77,9 +77,8 @@ def test_the_compaction_lease_admits_one_holder_and_is_taken_over_when_expired(a
             assert not second  # held and not expired
     with maintenance._lease(uri) as again:  # released on exit
         assert again
-    monkeypatch.setattr(maintenance, "LEASE_SECONDS", -1)  # a holder that died: its lease has expired
     store, key = location.store_of(uri)
-    store.put(key, b'{"expires": 0}')
+    store.put(key, b'{"expires": 0}')  # the lease of a holder that died: long expired, never released
     with maintenance._lease(uri) as taken:
         assert taken
 
