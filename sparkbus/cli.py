@@ -88,10 +88,7 @@ def _update_namespace(args: argparse.Namespace) -> None:
     if args.messaging_units is not None:
         changes["messaging_units"] = args.messaging_units
     if args.credits_per_second is not None:
-        text = args.credits_per_second
-        if text != "off" and not text.isdigit():
-            raise ValueError(f"--credits-per-second takes a whole number or 'off', got {text!r}")
-        changes["credits_per_second"] = None if text == "off" else int(text)
+        changes["credits_per_second"] = cli_entities.credits_argument(args.credits_per_second)
     if not changes:
         raise ValueError("update-namespace needs --messaging-units N (premium) or --credits-per-second N|off")
     ns = ServiceBusAdministrationClient(args.namespace).update_namespace(**changes)

@@ -142,14 +142,16 @@ def entity_command(args: argparse.Namespace) -> None:
         print_record(getattr(admin, read)(*parent, args.name), args.json)
 
 
+def credits_argument(text: str) -> Optional[int]:
+    """--credits-per-second: a whole number, or 'off' (None); ValueError otherwise."""
+    if text != "off" and not text.isdigit():
+        raise ValueError(f"--credits-per-second takes a whole number or 'off', got {text!r}")
+    return None if text == "off" else int(text)
+
+
 def namespace_command(args: argparse.Namespace) -> None:
     if args.action == "create":
-        credits: Optional[int] = 1000
-        if args.credits_per_second is not None:
-            text = args.credits_per_second
-            if text != "off" and not text.isdigit():
-                raise ValueError(f"--credits-per-second takes a whole number or 'off', got {text!r}")
-            credits = None if text == "off" else int(text)
+        credits = 1000 if args.credits_per_second is None else credits_argument(args.credits_per_second)
         props = create_namespace(args.namespace, tier=args.tier, partition_count=args.partition_count,
                                  messaging_units=args.messaging_units, credits_per_second=credits)
     else:
