@@ -99,7 +99,7 @@ class AutoLockRenewer:
             else:
                 item.receiver.renew_message_lock(message)
             return True
-        except ServiceBusError as error:
+        except (ServiceBusError, ValueError) as error:  # ValueError: the receiver was closed
             if item.on_failure is not None:
                 item.on_failure(message, error)
             return False

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any, Optional, Sequence
 
-from . import cli_entities, cli_messages
+from . import cli_entities, cli_messages, storage
 from .capacity import format_plan, format_seed_table, plan, seed_table
 from .cli_entities import record
 from .definitions import apply_definition, load_definition
@@ -117,13 +117,7 @@ def _capacity(args: argparse.Namespace) -> None:
         return
     if args.body_size is None:
         raise ValueError("capacity needs --body-size BYTES (or --table)")
-    properties = None
-    if args.property:
-        pairs = [p.partition("=") for p in args.property]
-        bad = [k for k, eq, _ in pairs if not eq or not k]
-        if bad:
-            raise ValueError(f"--property takes KEY=VALUE, got {bad[0]!r}")
-        properties = {k: v for k, _, v in pairs}
+    properties = cli_entities.pairs(args.property, "--property") if args.property else None
     result = plan(args.body_size, header_size=args.header_size, application_properties=properties,
                   max_size_in_megabytes=args.max_size_mb, tier=args.tier, enable_partitioning=args.partitioned,
                   subscriptions=args.subscriptions, partition_count=args.partition_count)
@@ -285,11 +279,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for sub in (apply, show, met, upd, part, cap, batch):
         sub.add_argument("--json", action="store_true", help="one JSON object instead of text")
     for sub in (apply, show, met, upd, part, fan, forward, batch, serve, *messaging, *management):
-        sub.add_argument("--namespace", required=True, help="namespace directory or file:// URI")
+        sub.add_argument("--namespace", required=True,
+                         help="namespace directory, file:// URI or object-store URI (az://, abfss://, s3://)")
+        sub.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                         help="a storage option of an object-store namespace (account_key, sas_token, ...); "
+                              "default: the environment's credentials (repeatable)")
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "storage_option", None):
+            root = storage.location.normalize(args.namespace)
+            storage.location.register_options(root, cli_entities.pairs(args.storage_option, "--storage-option"))
         args.run(args)
-    except (ServiceBusError, ValueError, TypeError) as exc:
+    except (ServiceBusError, ValueError, TypeError, OSError) as exc:  # one line and exit code 1, no traceback
         print(f"sparkbus: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -11,7 +11,7 @@ import json
 import re
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from .core.durations import format_duration
 from .core.filters import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter, filter_to_json
@@ -50,6 +50,15 @@ def record(item: Any) -> dict:
         out = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "limits"}
         return plain({**out, "name": item.name, **dataclasses.asdict(item.limits)})
     return plain(dataclasses.asdict(item))
+
+
+def pairs(texts: Sequence[str], flag: str) -> dict[str, str]:
+    """Repeated KEY=VALUE arguments of flag as a dict of text; ValueError names one without a key or '='."""
+    split = [text.partition("=") for text in texts]
+    bad = [text for text, (key, eq, _) in zip(texts, split) if not eq or not key]
+    if bad:
+        raise ValueError(f"{flag} takes KEY=VALUE, got {bad[0]!r}")
+    return {key: value for key, _, value in split}
 
 
 def setting(text: str) -> tuple[str, Any]:

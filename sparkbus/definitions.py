@@ -17,6 +17,9 @@
 
 Entities are created when missing and updated when their settings differ. A subscription that lists
 rules gets exactly those rules ('$Default' is removed unless listed); nothing else is ever deleted.
+The whole definition is checked (names, settings, rule syntax) before anything is applied; what only the
+namespace can judge (its tier's sizes and quotas) can still fail part way, and the error then lists what
+was applied before it (applying again continues from there).
 """
 from __future__ import annotations
 
@@ -27,9 +30,9 @@ from typing import Optional
 from .core import entities
 from .core.filters import (CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter, check_action,
                            check_filter)
-from .core.names import DEFAULT_RULE_NAME
+from .core.names import DEFAULT_RULE_NAME, validate_child_name, validate_entity_name
 from .engine.namespace import create_namespace
-from .exceptions import MessagingEntityNotFoundError
+from .exceptions import MessagingEntityNotFoundError, ServiceBusError
 from .management import ServiceBusAdministrationClient
 
 if sys.version_info >= (3, 11):
@@ -84,9 +87,49 @@ def _differs(current: object, wanted: dict) -> dict:
     return {k: v for k, v in entities.check_options_for(current, wanted).items() if getattr(current, k) != v}
 
 
+def _entries(holder: dict, name: str, where: str) -> list:
+    entries = holder.get(name, [])
+    if not isinstance(entries, list):
+        raise ValueError(f"{where}{name} must be a list of tables ([[{name}]]), got {type(entries).__name__}")
+    return entries
+
+
+def check_definition(definition: dict) -> None:
+    """Every name, setting and rule of the definition, checked without a namespace: ValueError or TypeError
+    naming the first entry that is wrong."""
+    if not isinstance(definition.get("namespace", {}), dict):
+        raise ValueError("[namespace] must be a table of create_namespace settings")
+    for kind in ("queue", "topic"):
+        for item in _entries(definition, f"{kind}s", ""):
+            name, options, children = _split(item, f"{kind}s", ("subscriptions",) if kind == "topic" else ())
+            validate_entity_name(name, kind)
+            entities.check_options(kind, options)
+            for sub in _entries(children, "subscriptions", f"topic {name}: "):
+                sub_name, sub_options, sub_children = _split(sub, f"subscriptions of {name}", ("rules",))
+                validate_child_name(sub_name, "subscription")
+                entities.check_options("subscription", sub_options)
+                for rule in _entries(sub_children, "rules", f"subscription {name}/{sub_name}: "):
+                    validate_child_name(_rule(rule, f"rules of {name}/{sub_name}")[0], "rule")
+
+
 def apply_definition(definition: dict, namespace_path: str) -> ApplyReport:
-    """Create the namespace if needed, then create or update every entity and rule in the definition."""
+    """Create the namespace if needed, then create or update every entity and rule in the definition
+    (checked whole first, see check_definition). An error part way lists what was applied before it."""
+    check_definition(definition)
     report = ApplyReport()
+    try:
+        _apply(definition, namespace_path, report)
+    except (ServiceBusError, ValueError, TypeError) as error:
+        if report.changes:
+            text = f"{error} (applied before this error: {'; '.join(report.changes)})"
+            error.args = (text, *error.args[1:])
+            if hasattr(error, "message"):
+                error.message = text
+        raise
+    return report
+
+
+def _apply(definition: dict, namespace_path: str, report: ApplyReport) -> None:
     try:
         admin = ServiceBusAdministrationClient(namespace_path)
     except MessagingEntityNotFoundError:
@@ -106,7 +149,6 @@ def apply_definition(definition: dict, namespace_path: str) -> ApplyReport:
                 report.changes.append(f"updated {kind} {name}: {sorted(_differs(current, options))}")
             for sub in children.get("subscriptions", []):
                 _apply_subscription(admin, name, sub, report)
-    return report
 
 
 def _apply_subscription(admin: ServiceBusAdministrationClient, topic: str, item: dict, report: ApplyReport) -> None:

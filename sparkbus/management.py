@@ -25,7 +25,7 @@ from .core.names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_p
 from .core.vocabulary import (AccessRights, ApiVersion, EntityAvailabilityStatus, EntityStatus, MessagingSku,
                               NamespaceType)
 from .engine import fanout
-from .engine.availability import require_available, unavailable_partitions
+from .engine.availability import mark_partition, require_available, unavailable_partitions
 from .engine.catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .engine import metrics
 from .engine.metrics import Metrics
@@ -94,6 +94,14 @@ class ServiceBusAdministrationClient:
     def get_namespace_properties(self) -> NamespaceProperties:
         return self._namespace(self._catalog.snapshot())
 
+    def set_partition_availability(self, entity_path: Optional[str], partition_id: int, available: bool, *,
+                                   reason: str = "") -> None:
+        """Operator control: mark partition_id of an entity (entity_path None: of every entity) unavailable
+        (available False) or available again. While it is unavailable, keyless sends go to other
+        partitions, keyed sends raise PartitionUnavailableError, receives serve the other partitions and
+        management operations on the entity fail; get_* report availability_status "Limited"."""
+        mark_partition(self._catalog, partition_id, available, entity_path=entity_path, reason=reason)
+
     def _namespace(self, snap: Snapshot) -> NamespaceProperties:
         return namespace_properties(snap.rows[NAMESPACE_KEY], self._catalog.root)
 
@@ -151,11 +159,11 @@ class ServiceBusAdministrationClient:
 
     @_management
     def update_queue(self, queue: Union[entities.QueueProperties, dict], **kwargs: object) -> None:
-        self._update("queue", _name_of(queue), {**entities.settable_values("queue", queue), **kwargs})
+        self._update("queue", _name_of(queue), entities.settable_values("queue", queue, kwargs))
 
     @_management
     def update_topic(self, topic: Union[entities.TopicProperties, dict], **kwargs: object) -> None:
-        self._update("topic", _name_of(topic), {**entities.settable_values("topic", topic), **kwargs})
+        self._update("topic", _name_of(topic), entities.settable_values("topic", topic, kwargs))
 
     @_management
     def delete_queue(self, queue: Union[str, entities.QueueProperties]) -> None:
@@ -231,7 +239,7 @@ class ServiceBusAdministrationClient:
     def update_subscription(self, topic_name: str, subscription: Union[entities.SubscriptionProperties, dict],
                             **kwargs: object) -> None:
         path = subscription_path(_name_of(topic_name), _name_of(subscription))
-        self._update("subscription", path, {**entities.settable_values("subscription", subscription), **kwargs})
+        self._update("subscription", path, entities.settable_values("subscription", subscription, kwargs))
 
     @_management
     def delete_subscription(self, topic_name: str, subscription: Union[str, entities.SubscriptionProperties]) -> None:
@@ -399,7 +407,10 @@ class ServiceBusAdministrationClient:
             _check_tier_features(ns, kind, options)
             self._check_forwarding(snap, row.path, options, row.parent)
             require_available(snap, row.key, row.partition_count, f"update {kind} {row.path!r}")
-            return Change(upserts=[row.updated(entities.options_to_json(options))])
+            stored = entities.options_to_json(options)
+            if stored == row.properties:  # nothing changes: no catalog version either
+                return Change()
+            return Change(upserts=[row.updated(stored)])
 
         self._catalog.transact(decide)
 

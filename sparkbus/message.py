@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType, AmqpMessageHeader, AmqpMessageProperties
 from .core import amqp
-from .core.encoding import LENGTH_LIMITED, MAX_ID_LENGTH, OUTGOING, STRING_PROPERTIES, body_sizes, header_sizes
+from .core.encoding import LENGTH_LIMITED, OUTGOING, check_id, STRING_PROPERTIES, body_sizes, header_sizes
 from .core.values import check_properties, encode_properties
 from .exceptions import MessageSizeExceededError
 
@@ -75,11 +75,17 @@ def str_keys(props: Optional[dict]) -> Optional[dict]:
 
 
 def to_utc(value: object, name: str) -> Optional[datetime]:
+    """value in UTC (a naive datetime is taken as UTC); TypeError for a non-datetime, ValueError for a time
+    that has no UTC datetime (beyond year 9999 once converted)."""
     if value is None:
         return None
     if not isinstance(value, datetime):
         raise TypeError(f"{name} must be a datetime, got {type(value).__name__}")
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    try:
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{name}={value.isoformat()} is out of range: in UTC it must fall within years 1 to "
+                         "9999") from None
 
 
 class ServiceBusMessage:
@@ -120,8 +126,8 @@ class ServiceBusMessage:
         for name, value in strings.items():
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-            if name in LENGTH_LIMITED and value is not None and not 0 < len(value) <= MAX_ID_LENGTH:
-                raise ValueError(f"{name} must be 1 to {MAX_ID_LENGTH} characters, got {len(value)}")
+            if name in LENGTH_LIMITED and value is not None:
+                check_id(name, value)
             setattr(self, name, value)
         if time_to_live is not None:
             if not isinstance(time_to_live, timedelta):

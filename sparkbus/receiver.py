@@ -6,6 +6,7 @@ arguments and shapes results; sparkbus.engine.delivery does the work and sparkbu
 """
 from __future__ import annotations
 
+import math
 import random
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
@@ -13,19 +14,20 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
 from .core import amqp, transitions
+from .core.encoding import check_id
 from .core.throttling import data_cost
 from .core.values import check_properties, decode_properties, encode_properties
 from .engine.catalog import Catalog
 from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, available_partitions,
-                              deferred_partitions, policy, poll)
-from .core.names import subscription_path
+                              policy, poll)
+from .core.names import key, subscription_path
 from .engine.namespace import governor_of, open_connection
 from .engine.registry import EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
-from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
-                         MessagingEntityDisabledError, SessionLockLostError)
+from .exceptions import InvalidOperationError, MessageAlreadySettled, MessagingEntityDisabledError, SessionLockLostError
 from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
+from .handler import requires_open
 from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text,
                       body_text, public_body, str_keys, to_utc)
 from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
@@ -96,6 +98,7 @@ class ServiceBusReceivedMessage:
         self._state_row = state_row if self.lock_token is not None else None  # as locked: settling reads nothing
         self._settled = False
         self._sections: Optional[amqp.Sections] = None  # as decoded by from_bytes
+        self._source: Optional[tuple[str, str]] = None  # (namespace, entity path) of the receiver that locked it
 
     @classmethod
     def from_bytes(cls, message: bytes) -> "ServiceBusReceivedMessage":
@@ -282,6 +285,8 @@ class ServiceBusReceiver:
         self.max_wait_time = _check_wait(max_wait_time)
         self.entity_path = entity_path
         self._delivery = Delivery(catalog, entity_path, RECEIVER_KINDS, retry)
+        self._source = (catalog.root, key(entity_path))
+        self._closed = False
         self._governor = governor_of(catalog)
         self._retry = retry
         # Where this receiver starts its round of the partitions: receivers that all started at partition 0
@@ -292,6 +297,8 @@ class ServiceBusReceiver:
         self._spark = spark
         if session_id is not None and not isinstance(session_id, (str, ServiceBusSessionFilter)):
             raise TypeError(f"session_id must be a str or NEXT_AVAILABLE_SESSION, got {type(session_id).__name__}")
+        if isinstance(session_id, str):
+            check_id("session_id", session_id)
         self._session_requested = session_id is not None
         self.session: Optional[ServiceBusSession] = None
         self._session_held: dict[int, str] = {}  # unsettled messages received under the session: seq -> token
@@ -329,7 +336,9 @@ class ServiceBusReceiver:
 
     def close(self) -> None:
         """Message locks simply expire, as in Service Bus. A held session is released: the locks of its
-        unsettled messages end now (they are delivered again first), then the session lock."""
+        unsettled messages end now (they are delivered again first), then the session lock. The receiver
+        refuses further operations."""
+        self._closed = True
         if self.session is None or self._session_closed:
             return
         self._session_closed = True
@@ -348,6 +357,7 @@ class ServiceBusReceiver:
 
     # ---- receiving -------------------------------------------------------------------------------------
 
+    @requires_open
     def receive_messages(self, max_message_count: Optional[int] = 1,
                          max_wait_time: Optional[float] = None) -> list[ServiceBusReceivedMessage]:
         """Up to max_message_count available messages from any partitions, oldest first in each.
@@ -360,8 +370,11 @@ class ServiceBusReceiver:
         wait = _check_wait(max_wait_time) if max_wait_time is not None else self.max_wait_time
         return poll(lambda: self._receive(count), wait) or []
 
+    @requires_open
     def receive_deferred_messages(self, sequence_numbers: Union[int, Iterable[int]]) -> list[ServiceBusReceivedMessage]:
-        """Lock and return deferred messages by sequence number (they keep their numbers)."""
+        """Lock and return deferred messages by sequence number (they keep their numbers). All or none: a
+        number that is not a deferred, unlocked message of this entity raises MessageNotFoundError and
+        nothing is locked."""
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         for n in numbers:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -369,15 +382,10 @@ class ServiceBusReceiver:
         info = self._delivery.entity.get()
         self._check_receivable(info)
 
-        def lock() -> list[ServiceBusReceivedMessage]:
-            return [m for partition, wanted in deferred_partitions(numbers).items()
-                    for m in self._delivered(DEFERRED, self._delivery.lock(
-                        info, partition, DEFERRED, len(wanted), delete=self._deletes, sequence_numbers=wanted,
-                        session=self._session_lock))]
-        found = self._charged(info, lock)
-        missing = sorted(set(numbers) - {m.sequence_number for m in found})
-        if missing:
-            raise MessageNotFoundError(f"no deferred, unlocked message with sequence number(s) {missing[:10]}")
+        if not numbers:
+            return []
+        found = self._charged(info, lambda: self._delivered(DEFERRED, self._delivery.lock_exactly(
+            info, DEFERRED, sorted(set(numbers)), delete=self._deletes, session=self._session_lock)))
         return sorted(found, key=lambda m: numbers.index(m.sequence_number))
 
     def _receive(self, count: int) -> list[ServiceBusReceivedMessage]:
@@ -409,6 +417,8 @@ class ServiceBusReceiver:
     def _delivered(self, queue: str, locked: list[tuple[dict, dict]]) -> list[ServiceBusReceivedMessage]:
         kind = ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
         messages = [ServiceBusReceivedMessage(row, state, kind) for row, state in locked]
+        for message in messages:
+            message._source = self._source
         if self.session is not None and not self._deletes:
             self._session_held.update((m.sequence_number, m.lock_token) for m in messages)
         return messages
@@ -421,6 +431,7 @@ class ServiceBusReceiver:
     def _session_lock(self) -> Optional[SessionLock]:
         return None if self.session is None else self.session._lock
 
+    @requires_open
     def receive_dataframe(self, max_message_count: int = 1000, max_wait_time: Optional[float] = None):
         """Locked messages as a Spark DataFrame (one row per message, lock_token included)."""
         if self._spark is None:
@@ -432,10 +443,12 @@ class ServiceBusReceiver:
 
     # ---- settlement ------------------------------------------------------------------------------------
 
+    @requires_open
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
         """Remove the message from the entity; durable before this returns."""
         self.complete_messages([message])
 
+    @requires_open
     def complete_messages(self, messages: Iterable[ServiceBusReceivedMessage]) -> int:
         """Complete many messages with one commit per partition (a sparkbus addition). If any lock was
         lost, MessageLockLostError and nothing is completed."""
@@ -443,9 +456,17 @@ class ServiceBusReceiver:
         self._settle(messages, transitions.completed)
         return len(messages)
 
+    @requires_open
     def complete_dataframe(self, df: object) -> int:
         """Complete the messages of a DataFrame (sequence_number and lock_token columns), one commit per
         partition; a lost lock raises MessageLockLostError before anything is completed."""
+        from .spark.dataframes import check_dataframe
+
+        check_dataframe(df, "complete_dataframe")
+        missing = sorted({"sequence_number", "lock_token"} - set(df.columns))
+        if missing:
+            raise ValueError(f"complete_dataframe needs the columns sequence_number and lock_token (as "
+                             f"receive_dataframe returns them); the DataFrame lacks {missing}")
         if self._deletes:
             raise InvalidOperationError("messages received in RECEIVE_AND_DELETE mode are already settled")
         rows = df.select("sequence_number", "lock_token").collect()
@@ -453,15 +474,18 @@ class ServiceBusReceiver:
         self._settle_held(held, transitions.completed)
         return len(held)
 
+    @requires_open
     def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
         """Release the lock; at max_delivery_count the message is dead-lettered (MaxDeliveryCountExceeded)."""
         rules = policy(self._delivery.entity.get())
         self._settle([message], lambda row, now: transitions.abandoned(row, now, rules))
 
+    @requires_open
     def defer_message(self, message: ServiceBusReceivedMessage) -> None:
         """Set the message aside; only receive_deferred_messages returns it again."""
         self._settle([message], transitions.deferred)
 
+    @requires_open
     def dead_letter_message(self, message: ServiceBusReceivedMessage, reason: Optional[str] = None,
                             error_description: Optional[str] = None) -> None:
         """Move the message to the dead-letter sub-queue with a reason."""
@@ -472,6 +496,7 @@ class ServiceBusReceiver:
             raise InvalidOperationError(f"a message in the {self.sub_queue.name.lower()} sub-queue cannot be dead-lettered again")
         self._settle([message], lambda row, now: transitions.dead_lettered(row, now, reason, error_description))
 
+    @requires_open
     def renew_message_lock(self, message: ServiceBusReceivedMessage) -> datetime:
         """Extend the lock by lock_duration from now; returns the new locked_until_utc."""
         if self.session is not None:
@@ -512,12 +537,17 @@ class ServiceBusReceiver:
             raise MessageAlreadySettled(f"message {message.sequence_number} was already settled")
         if message.lock_token is None:
             raise InvalidOperationError("peeked messages carry no lock and cannot be settled")
+        if message._source != self._source:
+            raise InvalidOperationError(
+                f"message {message.sequence_number} was received from {message._source[1]!r} of namespace "
+                f"{message._source[0]}; settle it through a receiver of that entity, not of {self.entity_path!r}")
         if self.session is not None and message.session_id != self.session.session_id:
             raise InvalidOperationError(f"message {message.sequence_number} belongs to session {message.session_id!r}; "
                                         f"this receiver holds session {self.session.session_id!r}")
 
     # ---- batch delete ----------------------------------------------------------------------------------
 
+    @requires_open
     def delete_messages(self, *, max_message_count: int, before_enqueued_time_utc: Optional[datetime] = None) -> int:
         """Remove up to max_message_count (1 to 4,000) messages without receiving them, oldest first in each
         partition: unlocked messages of the receiver's queue or sub-queue (of its session, for a session
@@ -543,6 +573,7 @@ class ServiceBusReceiver:
             return removed
         return self._governor.call(info.path, delete, lambda n: Usage(data_cost(n)), self._retry)
 
+    @requires_open
     def purge_messages(self, *, before_enqueued_time_utc: Optional[datetime] = None) -> int:
         """delete_messages until none is left that qualifies (enqueued before before_enqueued_time_utc,
         default the time of the call); returns how many were removed."""
@@ -556,6 +587,7 @@ class ServiceBusReceiver:
 
     # ---- peek ------------------------------------------------------------------------------------------
 
+    @requires_open
     def peek_messages(self, max_message_count: int = 1, *, sequence_number: int = 0) -> list[ServiceBusReceivedMessage]:
         """Browse without locking: the oldest messages of one partition from the cursor (or sequence_number).
 
@@ -617,8 +649,8 @@ def _received_schema():
 def _check_wait(value: object) -> Optional[float]:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"max_wait_time must be a number of seconds >= 0 or None, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"max_wait_time must be a finite number of seconds >= 0 or None, got {value!r}")
     return float(value)
 
 

@@ -13,6 +13,7 @@ from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
 from .amqp import AmqpAnnotatedMessage
 from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing, to_utc
+from .handler import requires_open
 from .transactions import ServiceBusTransaction
 
 SENDER_KINDS = ("queue", "topic")
@@ -48,7 +49,9 @@ class ServiceBusSender:
     sending through one sender at once share commits (group commit, sparkbus.engine.enqueue).
 
     Every call is admitted by the namespace's throttling (sparkbus.engine.throttle) and charged 1 credit
-    per message; a throttled call is retried under the client's retry policy.
+    per message; a throttled call is retried under the client's retry policy, within the call's timeout=
+    (seconds) when one is given: OperationTimeoutError when the next retry would start after it. After
+    close(), every operation raises ValueError, as the SDK's sender does.
     """
 
     def __init__(self, catalog: Catalog, entity_name: str, spark: object = None, *,
@@ -60,6 +63,7 @@ class ServiceBusSender:
         self._entity = CachedEntity(catalog, entity_name, SENDER_KINDS)
         self._writer = EntityWriter(self._entity.get, retry=retry)
         self._governor = governor_of(catalog)
+        self._closed = False
 
     @classmethod
     def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
@@ -76,6 +80,10 @@ class ServiceBusSender:
         return self._entity.get()
 
     @property
+    def entity_path(self) -> str:
+        return self.entity_name
+
+    @property
     def fully_qualified_namespace(self) -> str:
         return self._catalog.root
 
@@ -87,12 +95,15 @@ class ServiceBusSender:
 
     def close(self) -> None:
         """Nothing to release: sends are committed before they return (the client's close persists the
-        process's metrics)."""
+        process's metrics). The sender refuses further operations."""
+        self._closed = True
 
-    def _charged(self, count: int, operation: Callable[[], T]) -> T:
-        """operation, admitted and charged as a send of `count` messages."""
-        return self._governor.call(self.entity_info().path, operation, lambda _: sent(count), self._retry)
+    def _charged(self, count: int, operation: Callable[[], T], timeout: object = None) -> T:
+        """operation, admitted and charged as a send of `count` messages, retried within timeout."""
+        return self._governor.call(self.entity_info().path, operation, lambda _: sent(count),
+                                   self._retry.bounded(timeout))
 
+    @requires_open
     def send_messages(self, message: Sendable, *, timeout: Optional[float] = None,
                       transaction: Optional[ServiceBusTransaction] = None) -> None:
         """Send one message, a list or a batch: all of them commit together or none does.
@@ -100,22 +111,28 @@ class ServiceBusSender:
         With transaction=, the messages become visible when the transaction's block exits normally.
         Duplicates (with duplicate detection) are acknowledged and discarded, as Service Bus does.
         """
+        self._retry.bounded(timeout)  # checked before anything else
+        if transaction is not None and not isinstance(transaction, ServiceBusTransaction):
+            raise TypeError(f"transaction must be a ServiceBusTransaction (client.transaction()), got "
+                            f"{type(transaction).__name__}")
         messages = as_messages(message)
         if transaction is not None:
             self._charged(len(messages), lambda: transaction.add(
-                self.entity_info(), lambda held: self._send(held, batch_limit=False), messages))
+                self.entity_info(), lambda held: self._send(held, batch_limit=False), messages), timeout)
             return
         if messages:
             rows = to_outgoing(messages)
-            self._charged(len(messages), lambda: self._writer.send(rows))
+            self._charged(len(messages), lambda: self._writer.send(rows), timeout)
 
     def _send(self, messages: list[ServiceBusMessage], *, batch_limit: bool = True) -> EnqueueResult:
         """One atomic commit of messages, returning the result (used by transactions)."""
         return self._writer.append(to_outgoing(messages), batch_limit=batch_limit)
 
+    @requires_open
     def schedule_messages(self, messages: Sendable, schedule_time_utc: datetime, *,
                           timeout: Optional[float] = None) -> list[int]:
         """Enqueue messages that become receivable at schedule_time_utc; returns their sequence numbers."""
+        self._retry.bounded(timeout)
         when = to_utc(schedule_time_utc, "schedule_time_utc")
         if when is None:
             raise TypeError("schedule_time_utc must be a datetime")
@@ -125,19 +142,23 @@ class ServiceBusSender:
         if not messages:
             return []
         rows = to_outgoing(messages)
-        result = self._charged(len(messages), lambda: self._writer.send(rows))
+        result = self._charged(len(messages), lambda: self._writer.send(rows), timeout)
         return [s for s in result.sequence_numbers if s is not None]
 
+    @requires_open
     def cancel_scheduled_messages(self, sequence_numbers: Union[int, Iterable[int]], *,
                                   timeout: Optional[float] = None) -> None:
         """Cancel scheduled messages so they are never delivered; unknown or already delivered -> MessageNotFoundError."""
+        self._retry.bounded(timeout)
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         for n in numbers:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
         if numbers:
-            self._charged(len(numbers), lambda: cancel_scheduled(self.entity_info(), sorted(set(numbers)), self._retry))
+            self._charged(len(numbers), lambda: cancel_scheduled(self.entity_info(), sorted(set(numbers)), self._retry),
+                          timeout)
 
+    @requires_open
     def create_message_batch(self, max_size_in_bytes: Optional[int] = None) -> ServiceBusMessageBatch:
         """A batch limited to max_size_in_bytes (at most the tier's batch limit, which is the default)."""
         limit = self.entity_info().max_batch_bytes
@@ -149,6 +170,7 @@ class ServiceBusSender:
             raise ValueError(f"max_size_in_bytes must be between 1 and the entity's batch limit {limit}, got {max_size_in_bytes}")
         return ServiceBusMessageBatch(max_size_in_bytes)
 
+    @requires_open
     def send_dataframe(self, df: object) -> EnqueueResult:
         """Send every row of a Spark DataFrame as one atomic commit (see sparkbus.spark.dataframes). It is
         admitted as one request and charged 1 credit per row: a large DataFrame goes through and leaves

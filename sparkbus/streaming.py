@@ -1,6 +1,9 @@
 """Structured Streaming entry points: topic fan-out, auto-forwarding, and the namespace service that runs
 both with scheduled maintenance (see sparkbus.spark.background and sparkbus.spark.service; for the
-exactly-once reasoning, sparkbus.engine.fanout and sparkbus.engine.forwarding)."""
+exactly-once reasoning, sparkbus.engine.fanout and sparkbus.engine.forwarding).
+
+Each takes storage_options for a namespace on object storage, as create_namespace does (credentials and
+endpoints; without them, the environment's)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -9,7 +12,8 @@ if TYPE_CHECKING:
     from .spark.service import NamespaceService
 
 
-def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, trigger: Optional[dict] = None):
+def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, trigger: Optional[dict] = None,
+                 storage_options: Optional[dict[str, str]] = None):
     """Start fanning out topic messages to subscriptions; returns the StreamingQuery.
 
     topic_name None: every topic, including topics created later. trigger: keyword arguments of
@@ -18,38 +22,44 @@ def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, tri
     from .spark.background import start
     from .spark.datasource import ALL_TOPICS
 
-    return start(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False, trigger=trigger)
+    return start(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False, trigger=trigger,
+                 storage_options=storage_options)
 
 
-def fanout_once(spark, namespace: str, topic_name: Optional[str] = None) -> None:
+def fanout_once(spark, namespace: str, topic_name: Optional[str] = None, *,
+                storage_options: Optional[dict[str, str]] = None) -> None:
     """Fan out everything pending now and return (a trigger(availableNow=True) run): for batch jobs and tests."""
     from .spark.background import run_once
     from .spark.datasource import ALL_TOPICS
 
-    run_once(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False)
+    run_once(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False,
+             storage_options=storage_options)
 
 
-def start_forwarding(spark, namespace: str, *, trigger: Optional[dict] = None):
+def start_forwarding(spark, namespace: str, *, trigger: Optional[dict] = None,
+                     storage_options: Optional[dict[str, str]] = None):
     """Start forwarding the messages (and dead-letters) of every queue and subscription that forwards,
     including ones configured later; returns the StreamingQuery."""
     from .spark.background import start
     from .spark.datasource import ALL_FORWARDING
 
-    return start(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True, trigger=trigger)
+    return start(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True, trigger=trigger,
+                 storage_options=storage_options)
 
 
-def forward_once(spark, namespace: str) -> None:
+def forward_once(spark, namespace: str, *, storage_options: Optional[dict[str, str]] = None) -> None:
     """Forward everything forwardable now and return."""
     from .spark.background import run_once
     from .spark.datasource import ALL_FORWARDING
 
-    run_once(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True)
+    run_once(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True, storage_options=storage_options)
 
 
 def serve(spark, namespace: str, *, trigger: Optional[dict] = None,
-          maintenance_interval: float = 30.0) -> "NamespaceService":
+          maintenance_interval: float = 30.0, storage_options: Optional[dict[str, str]] = None) -> "NamespaceService":
     """Run all background work of the namespace (fan-out, forwarding, scheduled messages falling due,
     maintenance every maintenance_interval seconds) until .stop() is called on the returned handle."""
     from .spark.service import NamespaceService
 
-    return NamespaceService(spark, namespace, trigger=trigger, maintenance_interval=maintenance_interval)
+    return NamespaceService(spark, namespace, trigger=trigger, maintenance_interval=maintenance_interval,
+                            storage_options=storage_options)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,8 +21,9 @@ JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
 
 
-def submit(job: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+def submit(job: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
     return subprocess.run([SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
                            os.path.join(JOBS, job), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -123,3 +125,39 @@ def _children(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
     return found
+
+
+def test_cli_and_jobs_reach_an_azurite_namespace_through_storage_options_alone(azurite, tmp_path):
+    """No credential in the environment (only the emulator's address): every command gets the account
+    from --storage-option, and the Spark jobs ship it to their executors."""
+    ns = f"{azurite}/{uuid.uuid4().hex[:12]}/ns"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AZURE_STORAGE_")}
+    options = ["--storage-option", "use_emulator=true", "--storage-option",
+               f"account_name={os.environ['AZURE_STORAGE_ACCOUNT_NAME']}",
+               "--storage-option", f"account_key={os.environ['AZURE_STORAGE_ACCOUNT_KEY']}"]
+
+    def cli(*args: str, with_options: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sparkbus.cli", *args, "--namespace", ns,
+                               *(options if with_options else [])], capture_output=True, text=True, env=env,
+                              timeout=120)
+
+    for command in (["namespace", "create", "--credits-per-second", "off"], ["topic", "create", "events"],
+                    ["subscription", "create", "all", "--topic", "events"]):
+        done = cli(*command)
+        assert done.returncode == 0, done.stderr[-2000:]
+    refused = cli("topic", "list", with_options=False)
+    assert refused.returncode == 1 and refused.stderr.startswith("sparkbus: "), refused.stderr[-2000:]
+    data = str(tmp_path / "rows.parquet")
+    pq.write_table(pa.table({"n": list(range(300))}), data)
+    sent = submit("send_batch.py", "--namespace", ns, "--entity", "events", "--input", data, "--json", *options,
+                  env=env)
+    assert sent.returncode == 0, sent.stdout[-3000:]
+    assert json.loads(sent.stdout.strip().splitlines()[-1]) == {"sent": 300}
+    fanned = submit("fanout.py", "--namespace", ns, "--once", *options, env=env)
+    assert fanned.returncode == 0, fanned.stdout[-3000:]
+    with sparkbus.ServiceBusClient(ns).get_subscription_receiver("events", "all",
+                                                                  receive_mode="receiveanddelete") as receiver:
+        got = []
+        while batch := receiver.receive_messages(300, max_wait_time=2):
+            got += batch
+    assert sorted(json.loads(str(m))["n"] for m in got) == list(range(300))

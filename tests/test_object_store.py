@@ -3,7 +3,11 @@ an object store needs (deleting by prefix, the cross-machine compaction lease). 
 a local directory and on Azurite (see conftest)."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -11,6 +15,8 @@ from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
 import sparkbus
 from sparkbus import ServiceBusMessage
+from sparkbus.engine import throttle
+from sparkbus.spark.datasource import option_root
 from sparkbus.storage import location, maintenance
 
 
@@ -118,3 +124,60 @@ def test_streaming_source_and_sink_on_azurite(spark, azurite, tmp_path):
             assert sorted(str(m) for m in got) == [f"m{i}" for i in range(6)]
             receiver.complete_messages(got)
     assert location.is_empty(f"{ns}/_staging/sink")
+
+
+OTHER_MACHINE = """
+import sys
+import sparkbus
+with sparkbus.ServiceBusClient(sys.argv[1]) as client:
+    print(client._governor.ledger.budget().credits_per_second)
+"""
+
+
+def _other_machine(ns: str, cache: str) -> int:
+    """The credits per second a process with its own machine state (cache directory) gets."""
+    done = subprocess.run([sys.executable, "-c", OTHER_MACHINE, ns], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "XDG_CACHE_HOME": cache})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def test_machines_on_one_namespace_share_its_budget_through_leases(azurite, tmp_path):
+    ns = f"{azurite}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(ns, credits_per_second=1000)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    ledger = admin._governor.ledger
+    assert ledger.budget().credits_per_second == 1000  # this machine alone
+    assert _other_machine(ns, str(tmp_path / "second")) == 500  # its lease and this one's
+    admin.update_namespace(credits_per_second=3000)  # renews this machine's share now: two machines
+    assert ledger.budget().credits_per_second == 1500
+    leases = location.join(location.normalize(ns), throttle.LEASE_DIR)
+    now = time.time()
+    location.put(location.join(leases, "third"), json.dumps({"expires": now + 60}).encode())
+    location.put(location.join(leases, "gone"), json.dumps({"expires": now - 5}).encode())
+    location.put(location.join(leases, "forgotten"), json.dumps({"expires": now - throttle.FORGET_SECONDS - 5}).encode())
+    admin.update_namespace(credits_per_second=3000)
+    assert ledger.budget().credits_per_second == 1000  # three live leases; the expired ones count for nothing
+    names = sorted(uri.rsplit("/", 1)[1] for uri in location.listing(leases))
+    assert "forgotten" not in names and "gone" in names and len(names) == 4
+    assert _other_machine(ns, str(tmp_path / "second")) == 1000  # the same machine again, on the new budget
+
+
+def test_local_namespaces_keep_the_whole_budget_and_write_no_lease(tmp_path):
+    ns = str(tmp_path / "ns")
+    sparkbus.create_namespace(ns, credits_per_second=700)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    assert admin._governor.lease is None and admin._governor.ledger.budget().credits_per_second == 700
+    assert not os.path.exists(os.path.join(ns, throttle.LEASE_DIR))
+
+
+def test_source_and_sink_options_carry_storage_options(tmp_path):
+    ns = str(tmp_path / "ns")
+    root = option_root({"namespace": ns, "entity": "q", "storage.Account_Key": "k1", "other": "x"}, "source")
+    assert root == ns and location.options_for(root) == {"account_key": "k1"}
+    with pytest.raises(ValueError, match="needs .option\\('namespace'"):
+        option_root({"entity": "q"}, "sink")
+    with pytest.raises(ValueError, match="S3 needs an atomic put-if-absent"):
+        option_root({"namespace": "s3://bucket/ns", "entity": "q"}, "source")
+    assert location.options_for(option_root({"namespace": "s3://bucket/ok", "entity": "q",
+                                             "storage.conditional_put": "etag"}, "sink")) == {"conditional_put": "etag"}

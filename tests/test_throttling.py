@@ -56,6 +56,16 @@ def test_costs_and_budgets_follow_the_seeds():
     assert (two.credits_per_second, two.concurrency) == (2 * one.credits_per_second, 2 * one.concurrency)
 
 
+def test_machines_share_a_budget_rounded_up_and_never_to_zero():
+    share = throttling.share
+    assert share(throttling.Budget(1000, None), 3) == throttling.Budget(334, None)
+    assert share(throttling.Budget(4000, 32), 2) == throttling.Budget(2000, 16)
+    assert share(throttling.Budget(1, 1), 5) == throttling.Budget(1, 1)
+    assert share(throttling.Budget(None, None), 4) == throttling.Budget(None, None)
+    with pytest.raises(ValueError, match="at least 1 machine"):
+        share(throttling.Budget(1000, None), 0)
+
+
 # ---- admission on a real namespace ---------------------------------------------------------------------
 
 def _filled(ns_path: str, count: int, credits: int = 1000) -> None:

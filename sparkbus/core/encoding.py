@@ -21,6 +21,15 @@ LENGTH_LIMITED = ("message_id", "session_id", "partition_key")
 OUTGOING = pa.schema([MESSAGES.field(name) for name in (*STRING_PROPERTIES, "application_properties", "body",
                                                          "body_type", "time_to_live_ms",
                                                          "scheduled_enqueue_time_utc")])
+
+
+def check_id(name: str, value: str) -> str:
+    """A message_id, session_id or partition_key: 1 to MAX_ID_LENGTH characters (ValueError otherwise)."""
+    if not 0 < len(value) <= MAX_ID_LENGTH:
+        raise ValueError(f"{name} must be 1 to {MAX_ID_LENGTH} characters, got {len(value)}")
+    return value
+
+
 FIXED_WIDTH_BYTES = 8  # a time-to-live or scheduled time, when set, counts as 8 header bytes
 
 

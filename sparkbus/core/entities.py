@@ -55,8 +55,17 @@ def _status(name: str, value: object) -> str:
     return value
 
 
-def _passthrough(name: str, value: object) -> object:
-    return value
+def _tier_int(optional: bool) -> Callable[[str, object], Optional[int]]:
+    """An int (or None when optional: the tier's default) whose allowed values depend on the tier, checked
+    where the tier is known."""
+    def check(name: str, value: object) -> Optional[int]:
+        if optional and value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int{' or None' if optional else ''}, got {type(value).__name__} "
+                            f"{value!r}")
+        return value
+    return check
 
 
 def _metadata(name: str, value: object) -> Optional[str]:
@@ -120,8 +129,8 @@ OPTIONS: dict[str, Option] = {
     "requires_session": Option(_bool, immutable=True),
     # The partition key of a duplicate-detecting entity is the message id: changing it would move keys.
     "requires_duplicate_detection": Option(_bool, immutable=True),
-    "max_size_in_megabytes": Option(_passthrough),  # allowed values depend on the tier
-    "max_message_size_in_kilobytes": Option(_passthrough),  # depends on the tier
+    "max_size_in_megabytes": Option(_tier_int(optional=False)),
+    "max_message_size_in_kilobytes": Option(_tier_int(optional=True)),
     "duplicate_detection_history_time_window": Option(_duration_range(timedelta(seconds=20), timedelta(days=7))),
     "lock_duration": Option(_duration_range(timedelta(seconds=5), 5 * MINUTE)),
     "max_delivery_count": Option(_int_range(1, 2_147_483_647)),
@@ -257,12 +266,22 @@ class SubscriptionProperties(_EntityCommon):
 PROPERTIES_CLASS = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
 
 
-def settable_values(kind: str, props: object) -> dict:
-    """The settable options carried by a properties object (or a mapping) given to update_*."""
+def settable_values(kind: str, props: object, changes: dict) -> dict:
+    """The settable options carried by a properties object (or a mapping) given to update_*, with the
+    keyword changes over them. A name (a sparkbus convenience) carries none, so it needs keyword changes:
+    TypeError without any, as for anything else that is not properties."""
     names = KIND_OPTIONS[kind]
+    if isinstance(props, str):
+        if not changes:
+            raise TypeError(f"update_{kind}({props!r}) changes nothing: give the {kind}'s properties (as get_{kind} "
+                            f"returns them) or its name with settings to change, e.g. max_delivery_count=5")
+        return dict(changes)
     if isinstance(props, dict):
-        return {k: v for k, v in props.items() if k in names}
-    return {name: getattr(props, name) for name in names if hasattr(props, name)}
+        return {**{k: v for k, v in props.items() if k in names}, **changes}
+    if not hasattr(props, "name"):
+        raise TypeError(f"update_{kind} takes the {kind}'s properties (as get_{kind} returns them), a dict of them "
+                        f"or its name, got {type(props).__name__}")
+    return {**{name: getattr(props, name) for name in names if hasattr(props, name)}, **changes}
 
 
 @dataclass

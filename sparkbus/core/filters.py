@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 from .language import check_action_text, check_filter_text
 from .values import check_properties, decode_properties, encode_properties
+
+T = TypeVar("T")
 
 MAX_SQL_EXPRESSION_LENGTH = 1024
 CORRELATION_FIELDS = (
@@ -143,9 +145,21 @@ def check_filter(value: object) -> RuleFilter:
             "filter must be a SqlRuleFilter, CorrelationRuleFilter, TrueRuleFilter or FalseRuleFilter, "
             f"got {type(value).__name__}"
         )
-    if isinstance(value, SqlRuleFilter):
-        check_filter_text(value.sql_expression, value.parameters)
+    if isinstance(value, SqlRuleFilter):  # checked again: a filter's attributes can be changed after it was made
+        _check_sql(value.sql_expression, "SqlRuleFilter")
+        _check_parameters(value.parameters, "SqlRuleFilter")
+        _with_text(check_filter_text, value.sql_expression, value.parameters)
+    else:
+        CorrelationRuleFilter(**{name: getattr(value, name) for name in (*CORRELATION_FIELDS, "properties")})
     return value
+
+
+def _with_text(check: Callable[[str, dict], object], expression: str, parameters: dict) -> None:
+    """check(expression, parameters), its ValueError naming the expression."""
+    try:
+        check(expression, parameters)
+    except ValueError as error:
+        raise ValueError(f"{expression!r}: {error}") from None
 
 
 def check_action(value: object) -> Optional[SqlRuleAction]:
@@ -153,7 +167,9 @@ def check_action(value: object) -> Optional[SqlRuleAction]:
     if value is not None and not isinstance(value, SqlRuleAction):
         raise TypeError(f"action must be a SqlRuleAction or None, got {type(value).__name__}")
     if value is not None:
-        check_action_text(value.sql_expression, value.parameters)
+        _check_sql(value.sql_expression, "SqlRuleAction")
+        _check_parameters(value.parameters, "SqlRuleAction")
+        _with_text(check_action_text, value.sql_expression, value.parameters)
     return value
 
 
@@ -174,6 +190,19 @@ def filter_to_json(rule_filter: RuleFilter) -> str:
                        "parameters": encode_properties(rule_filter.parameters)})
 
 
+def _as_stored(cls: type, make: Callable[[], T], **attributes: object) -> T:
+    """make(), or, when the stored values no longer pass its checks (written by an older version, or by
+    hand), the object with those values unchecked: reading must show a bad rule, not fail the listing it
+    is in. Such a rule fails when a message is evaluated against it (see sparkbus.engine.fanout), and
+    update_rule replaces it."""
+    try:
+        return make()
+    except (ValueError, TypeError):
+        stored = cls.__new__(cls)
+        stored.__dict__.update(attributes)
+        return stored
+
+
 def filter_from_json(text: str) -> RuleFilter:
     data = json.loads(text)
     kind = data.pop("type")
@@ -182,8 +211,12 @@ def filter_from_json(text: str) -> RuleFilter:
     if kind == "false":
         return FalseRuleFilter()
     if kind == "correlation":
-        return CorrelationRuleFilter(properties=decode_properties(data.pop("properties")), **data)
-    return SqlRuleFilter(data["sql_expression"], decode_properties(data["parameters"]))
+        properties = decode_properties(data.pop("properties"))
+        return _as_stored(CorrelationRuleFilter, lambda: CorrelationRuleFilter(properties=properties, **data),
+                          properties=properties, **data)
+    expression, parameters = data["sql_expression"], decode_properties(data["parameters"])
+    return _as_stored(SqlRuleFilter, lambda: SqlRuleFilter(expression, parameters), sql_expression=expression,
+                      parameters=parameters)
 
 
 def action_to_json(action: Optional[SqlRuleAction]) -> Optional[str]:
@@ -196,4 +229,6 @@ def action_from_json(text: Optional[str]) -> Optional[SqlRuleAction]:
     if not text:
         return None
     data = json.loads(text)
-    return SqlRuleAction(data["sql_expression"], decode_properties(data["parameters"]))
+    expression, parameters = data["sql_expression"], decode_properties(data["parameters"])
+    return _as_stored(SqlRuleAction, lambda: SqlRuleAction(expression, parameters), sql_expression=expression,
+                      parameters=parameters)

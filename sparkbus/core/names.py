@@ -9,7 +9,7 @@ SUBSCRIPTIONS_SEGMENT = "Subscriptions"
 RULES_SEGMENT = "Rules"
 DEFAULT_RULE_NAME = "$Default"
 _RESERVED_SEGMENTS = {SUBSCRIPTIONS_SEGMENT.lower(), RULES_SEGMENT.lower()}
-_SEGMENT = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_SEGMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")  # whole segment: fullmatch
 _CHILD = _SEGMENT
 
 
@@ -25,7 +25,7 @@ def validate_entity_name(name: object, what: str = "queue") -> str:
     if not 1 <= len(name) <= MAX_ENTITY_PATH:
         raise ValueError(f"{what} name must be 1 to {MAX_ENTITY_PATH} characters, got {len(name)}")
     for segment in name.split("/"):
-        if not _SEGMENT.match(segment):
+        if not _SEGMENT.fullmatch(segment):
             raise ValueError(
                 f"invalid {what} name {name!r}: use letters, digits, '.', '-', '_' and '/', each "
                 "'/'-separated segment starting and ending with a letter or digit"
@@ -43,7 +43,7 @@ def validate_child_name(name: object, what: str = "subscription") -> str:
         raise TypeError(f"{what} name must be a str, got {type(name).__name__}")
     if what == "rule" and name.lower() == DEFAULT_RULE_NAME.lower():
         return name
-    if not 1 <= len(name) <= MAX_CHILD_NAME or not _CHILD.match(name):
+    if not 1 <= len(name) <= MAX_CHILD_NAME or not _CHILD.fullmatch(name):
         raise ValueError(
             f"invalid {what} name {name!r}: 1 to {MAX_CHILD_NAME} letters, digits, '.', '-' or '_', "
             "starting and ending with a letter or digit"

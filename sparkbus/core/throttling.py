@@ -78,6 +78,18 @@ def periods_until_admitted(bucket: Bucket, credits_per_second: int) -> int:
     return (credits_per_second - bucket.balance) // credits_per_second
 
 
+def share(budget: Budget, machines: int) -> Budget:
+    """One machine's part of a namespace's budget when `machines` machines hold a live lease on it (object
+    storage): each limit divided, rounded up so that no limit reaches zero. ValueError for machines < 1."""
+    if machines < 1:
+        raise ValueError(f"a budget is shared by at least 1 machine, got {machines}")
+
+    def part(limit: Optional[int]) -> Optional[int]:
+        return None if limit is None else -(-limit // machines)
+
+    return Budget(part(budget.credits_per_second), part(budget.concurrency))
+
+
 def charged(bucket: Bucket, credits: int) -> Bucket:
     """The bucket after an admitted operation used `credits` (the balance may go negative)."""
     return Bucket(bucket.period, bucket.balance - credits)

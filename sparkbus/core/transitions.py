@@ -53,6 +53,12 @@ def unlocked(row: dict, now: datetime) -> dict:
     return {**row, "lock_token": None, "locked_until_utc": None, "updated_at_utc": now}
 
 
+def returned(row: dict, now: datetime) -> dict:
+    """A lock given back as if it had never been taken (its delivery did not happen): released, and the
+    delivery count it raised lowered again."""
+    return {**unlocked(row, now), "delivery_count": max(0, row["delivery_count"] - 1)}
+
+
 def completed(row: dict, now: datetime) -> dict:
     return {**unlocked(row, now), "state": COMPLETED}
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..core import tiers
 from ..core.names import key
 from ..exceptions import MessagingEntityNotFoundError, PartitionUnavailableError
-from .catalog import Change, Row, Snapshot
+from .catalog import Catalog, Change, Row, Snapshot
 from .namespace import open_catalog
 
 FAULT_KIND = "partition_fault"
@@ -44,10 +45,26 @@ def require_available(snap: Snapshot, entity_key: Optional[str], partition_count
 
 def set_partition_availability(namespace_path: str, partition_id: int, available: bool, *,
                                entity_path: Optional[str] = None, reason: str = "") -> None:
-    """Operator control: mark a partition of one entity (or of every entity) unavailable or available again."""
+    """Operator control: mark a partition of one entity (or of every entity) unavailable or available again
+    (ServiceBusAdministrationClient.set_partition_availability on an open namespace)."""
+    mark_partition(open_catalog(namespace_path), partition_id, available, entity_path=entity_path, reason=reason)
+
+
+def mark_partition(catalog: Catalog, partition_id: int, available: bool, *, entity_path: Optional[str] = None,
+                   reason: str = "") -> None:
+    """Record a partition of one entity (or of every entity: entity_path None) as unavailable, or remove
+    that record. Arguments are checked before anything is written: TypeError, ValueError (a partition the
+    entity does not have), MessagingEntityNotFoundError."""
     if isinstance(partition_id, bool) or not isinstance(partition_id, int) or partition_id < 0:
         raise ValueError(f"partition_id must be an int >= 0, got {partition_id!r}")
-    catalog = open_catalog(namespace_path)
+    if not isinstance(available, bool):
+        raise TypeError(f"available must be a bool (True: available again, False: unavailable), got "
+                        f"{type(available).__name__} {available!r}")
+    if entity_path is not None and not isinstance(entity_path, str):
+        raise TypeError(f"entity_path must be a queue, topic or subscription path (str) or None, got "
+                        f"{type(entity_path).__name__}")
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be a str, got {type(reason).__name__}")
     target = ALL_ENTITIES if entity_path is None else key(entity_path)
 
     def decide(snap: Snapshot) -> Change:
@@ -55,8 +72,11 @@ def set_partition_availability(namespace_path: str, partition_id: int, available
             entity = snap.get(target)
             if entity is None or entity.kind not in ("queue", "topic", "subscription"):
                 raise MessagingEntityNotFoundError(f"no queue, topic or subscription {entity_path!r}")
-            if partition_id >= entity.partition_count:
-                raise ValueError(f"{entity_path!r} has partitions 0..{entity.partition_count - 1}, got {partition_id}")
+            count = entity.partition_count
+        else:
+            count = max(tiers.STANDARD_PARTITION_COUNT, *tiers.PREMIUM_PARTITION_COUNTS)
+        if partition_id >= count:
+            raise ValueError(f"{entity_path or 'an entity'!r} has partitions 0..{count - 1}, got {partition_id}")
         fault = _fault_key(target, partition_id)
         if available:
             return Change(deletes=[fault] if snap.get(fault) else [])

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from .. import storage
 from ..core import partitioning, sequencing, transitions
 from ..core.transitions import Policy
-from ..exceptions import MessageLockLostError, OperationTimeoutError, SessionCannotBeLockedError
+from ..exceptions import MessageLockLostError, MessageNotFoundError, OperationTimeoutError, SessionCannotBeLockedError
 from ..storage.schemas import ACTIVE, DEFERRED, LOCKS, MESSAGES
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
@@ -141,6 +141,36 @@ class Delivery:
         delivered = self.retrying(info, attempt)
         self.retain(info, partition)
         return delivered
+
+    def lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
+                     session: Optional[SessionLock] = None) -> list[tuple[dict, dict]]:
+        """Lock (delete: remove) exactly these messages of `queue` (receive_deferred_messages), or none:
+        MessageNotFoundError names the numbers that are not deliverable now, before anything is written.
+        Partitions commit one by one, so a number taken by another receiver between the check and its
+        partition's commit releases the locks already taken here, delivery counts as they were."""
+        wanted = deferred_partitions(sequence_numbers)
+        messages, state = self.snapshot(info)
+        now = datetime.now(timezone.utc)
+        present = {n for partition, numbers in wanted.items() for n in transitions.candidates(
+            self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+            queue, now, len(numbers), numbers, session.session_id if session else None)["sequence_number"].to_pylist()}
+        missing = sorted(set(sequence_numbers) - present)
+        if missing:
+            raise MessageNotFoundError(f"no {queue.lower()}, unlocked message with sequence number(s) {missing[:10]}; "
+                                       "nothing was received")
+        taken: list[tuple[dict, dict]] = []
+        for partition, numbers in wanted.items():
+            got = self.lock(info, partition, queue, len(numbers), delete=delete, sequence_numbers=numbers,
+                            session=session)
+            taken += got
+            if len(got) < len(numbers):  # lost a race for one of them
+                if not delete:
+                    self.settle(info, {state_row["sequence_number"]: Held(state_row["lock_token"], state_row)
+                                       for _, state_row in taken}, transitions.returned, session)
+                lost = sorted(set(numbers) - {row["sequence_number"] for row, _ in got})
+                raise MessageNotFoundError(f"message(s) {lost[:10]} were taken by another receiver; nothing was "
+                                           "received")
+        return taken
 
     def delete(self, info: EntityInfo, partition: int, queue: str, count: int, before: datetime,
                session: Optional[SessionLock] = None) -> int:

@@ -68,6 +68,7 @@ def create_namespace(path: str, *, tier: str = "standard", partition_count: Opti
     count = tiers.validate_tier(tier, partition_count, messaging_units)
     credits = _check_credits(credits_per_second, tier)
     limits = tiers.apply_overrides(tiers.default_limits(tier, count, messaging_units), overrides)
+    location.check_creatable(root)
     catalog = Catalog(root)
     if catalog.exists():
         raise MessagingEntityAlreadyExistsError(f"a namespace already exists at {root}")

@@ -9,18 +9,24 @@ whole round fails, the client's policy takes over: up to `total` more rounds, ea
 and then the last conflict is raised as CommitConflictError, a ServiceBusServerBusyError: a delta-rs
 CommitFailedError never reaches a caller. A failed commit wrote nothing, so retrying a send never
 duplicates a message.
+
+An operation's timeout (the SDK's `timeout=` keyword, seconds) bounds the waiting between attempts: a
+retry that would start after the deadline raises OperationTimeoutError instead. A commit under way is
+never cut short, and one that succeeds after the deadline is reported as the success it is: answering
+"timed out" for a written message would make the caller send it twice.
 """
 from __future__ import annotations
 
+import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, TypeVar
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
-from ..exceptions import CommitConflictError
+from ..exceptions import CommitConflictError, OperationTimeoutError
 
 T = TypeVar("T")
 REPLANS = 20          # immediate re-plans in one round
@@ -36,6 +42,7 @@ class RetryPolicy:
     backoff_factor: float = 0.8
     backoff_max: float = 120.0
     mode: str = "exponential"
+    deadline: Optional[float] = None  # time.monotonic() after which no attempt starts (see bounded)
 
     def __post_init__(self) -> None:
         for name in ("total", "backoff_factor", "backoff_max"):
@@ -53,6 +60,23 @@ class RetryPolicy:
         retry_mode describe (defaults for those not given)."""
         return cls(*(keywords.get(f"retry_{name}", getattr(DEFAULT, name))
                      for name in ("total", "backoff_factor", "backoff_max", "mode")))
+
+    def bounded(self, timeout: object) -> "RetryPolicy":
+        """This policy for one call with the SDK's timeout= (seconds; None: no limit). TypeError or
+        ValueError unless timeout is None or a finite number > 0."""
+        if timeout is None:
+            return self
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a finite number of seconds > 0 or None, got {timeout!r}")
+        return replace(self, deadline=time.monotonic() + timeout)
+
+    def pause(self, seconds: float, what: str) -> None:
+        """Sleep before the next attempt; OperationTimeoutError when that attempt would start after the
+        deadline."""
+        if self.deadline is not None and time.monotonic() + seconds > self.deadline:
+            raise OperationTimeoutError(f"{what} did not complete within its timeout (it was retried and would "
+                                        f"have waited another {seconds:.2f} s)")
+        time.sleep(seconds)
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based), jitter included."""
@@ -94,4 +118,4 @@ def run(operation: Callable[[], T], policy: RetryPolicy = DEFAULT, *, what: str 
                 f"{what} lost to other writers' commits {REPLANS * (retry + 1)} times in a row "
                 f"(retry_total={policy.total}); try again later or allow more retries") from last
         retry += 1
-        time.sleep(policy.backoff(retry))
+        policy.pause(policy.backoff(retry), what)

@@ -23,19 +23,30 @@ spent while the debt of a bulk send is still being repaid; after the last retry
 ServiceBusServerBusyError carries the service's text. Background work (fan-out, forwarding) waits until
 it is admitted instead.
 
-Several machines (namespaces on object storage): file locks only reach the processes of one machine.
-There each machine keeps its own ledger and takes a share of the budget, leased through a conditional
-commit to a small table of the namespace (budget / machines holding a live lease): exact within a machine,
-within a lease period's imbalance across machines.
+Several machines (namespaces on object storage): file locks only reach the processes of one machine, so
+there each machine keeps its own ledger (in storage.location.state_dir) and takes a share of the budget
+(BudgetLease). Every RENEW_SECONDS while a process makes requests, a thread of it writes the machine's
+lease object under LEASE_DIR in the namespace (it expires LEASE_SECONDS later), counts the machines whose
+lease has not expired, reads the namespace's budget from the catalog and sets the ledger to budget /
+machines (rounded up). Exact within a machine; across machines the namespace admits its budget give or take the shares of
+machines that joined or left within the last lease period (a machine that stops is counted until its
+lease expires, so the others run on a smaller share for up to LEASE_SECONDS: never more than the
+budget). update_namespace reaches other machines at their next renewal. Lease expiry compares the
+writer's clock with the reader's: a skew of seconds between machines shifts when a share changes, not
+what a machine may spend.
 """
 from __future__ import annotations
 
 import fcntl
+import json
+import logging
 import os
 import random
+import socket
 import struct
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, TypeVar
@@ -53,6 +64,12 @@ SLOTS_FILE = ".throttle-slots"
 _RECORD = struct.Struct("<8sqqqq")  # magic, credits per second, concurrency (-1: unlimited), period, balance
 _MAGIC = b"sbledg01"
 _UNLIMITED = -1
+LEASE_DIR = "_machines"   # object-store namespaces: one lease object per machine using the namespace
+LEASE_SECONDS = 30.0      # a lease not renewed for this long no longer holds a share of the budget
+RENEW_SECONDS = 10.0
+FORGET_SECONDS = 3600.0   # an expired lease older than this is deleted
+MACHINE_FILE = "machine-id"
+LOG = logging.getLogger("sparkbus.throttle")
 
 
 @dataclass(frozen=True)
@@ -188,6 +205,90 @@ class Slots:
             self._held.discard(slot)
 
 
+def machine_id(root: str) -> str:
+    """This machine's id for the namespace at root: made once, kept in its state directory (every process
+    of the machine reads the same one)."""
+    path = os.path.join(location.state_dir(root), MACHINE_FILE)
+    if not os.path.exists(path):
+        draft = f"{path}.{os.getpid()}.{threading.get_ident()}"
+        with open(draft, "w", encoding="ascii") as f:
+            f.write(f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}")
+        try:
+            os.link(draft, path)  # the first process to link wins; the others read its id
+        except FileExistsError:
+            pass
+        finally:
+            os.remove(draft)
+    with open(path, encoding="ascii") as f:
+        return f.read().strip()
+
+
+def live_machines(root: str, now: float) -> int:
+    """How many machines hold an unexpired lease on the namespace (leases expired long ago are deleted)."""
+    live = 0
+    for uri in location.listing(location.join(root, LEASE_DIR)):
+        try:
+            expires = float(json.loads(location.get(uri))["expires"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            continue  # deleted meanwhile, or not a lease
+        if expires > now:
+            live += 1
+        elif expires < now - FORGET_SECONDS:
+            location.remove(uri)
+    return live
+
+
+def renew_share(root: str, budget: Budget, ledger: Ledger) -> Budget:
+    """Renew this machine's lease on an object-store namespace and set its ledger to its share of budget;
+    returns the share."""
+    now = time.time()
+    lease = {"machine": machine_id(root), "host": socket.gethostname(), "expires": now + LEASE_SECONDS}
+    location.put(location.join(root, LEASE_DIR, lease["machine"]), json.dumps(lease).encode())
+    mine = throttling.share(budget, max(1, live_machines(root, now)))
+    ledger.set_budget(mine)
+    return mine
+
+
+class BudgetLease:
+    """This machine's share of an object-store namespace's budget, renewed as the process's requests go
+    by: check() costs a clock read until the lease is due for renewal (every RENEW_SECONDS), then renews it
+    on a thread of its own; once the lease has expired (the process was idle), the next request waits for
+    the renewal. An idle process writes nothing. budget() reads the namespace's budget from the catalog."""
+
+    def __init__(self, root: str, budget: Callable[[], Budget], ledger: Ledger) -> None:
+        self.root, self._budget, self._ledger = root, budget, ledger
+        self._lock = threading.Lock()
+        self._renewing = False
+        self._renew()  # before the first request is admitted
+
+    def _renew(self) -> None:
+        started = time.monotonic()
+        self.share = renew_share(self.root, self._budget(), self._ledger)
+        self._due, self._expires = started + RENEW_SECONDS, started + LEASE_SECONDS
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self._due:
+            return
+        with self._lock:
+            if now < self._due or self._renewing:
+                return
+            if now >= self._expires:
+                self._renew()
+                return
+            self._renewing = True
+        threading.Thread(target=self._renew_quietly, name="sparkbus-budget-lease", daemon=True).start()
+
+    def _renew_quietly(self) -> None:
+        try:
+            self._renew()
+        except Exception as exc:  # the store is unreachable: keep the last share; the next request retries
+            LOG.warning("could not renew the budget lease of %s: %s", self.root, exc)
+        finally:
+            with self._lock:
+                self._renewing = False
+
+
 class Governor:
     """Admits, charges and counts the operations of one namespace in this process (one per namespace:
     see governor())."""
@@ -196,6 +297,7 @@ class Governor:
         self.root = root
         self.ledger = Ledger(root, initial)
         self.slots = Slots(root)
+        self.lease = None if location.is_local(root) else BudgetLease(root, initial, self.ledger)
         # CPU and memory are metrics of premium namespaces, the ones with a governor's concurrency limit
         self.recorder = metrics.recorder(root, resources=self.ledger.budget().concurrency is not None)
 
@@ -215,7 +317,7 @@ class Governor:
             # not before the credits are back (the ledger knows when), nor before the policy's backoff
             owed = max(self.ledger.seconds_until_admitted(), _until_next_period())
             pause = owed if wait else min(max(policy.backoff(retry), owed), max(policy.backoff_max, 0.001))
-            time.sleep(pause + random.uniform(0, 0.05))
+            policy.pause(pause + random.uniform(0, 0.05), "a throttled request")
 
     def count(self, entity: str, operation: Callable[[], T]) -> T:
         """Run an operation that is neither throttled nor charged (settlement), counting it as a request."""
@@ -241,6 +343,8 @@ class Governor:
 
     def _admit(self) -> tuple[Optional[int], bool]:
         """(slot taken or None, admitted): a slot first (premium), then a positive balance."""
+        if self.lease is not None:
+            self.lease.check()
         admitted, budget = self.ledger.admits()
         if not admitted or budget.concurrency is None:
             return None, admitted
@@ -263,9 +367,13 @@ def governor(root: str, initial: Callable[[], Budget]) -> Governor:
 
 
 def set_budget(root: str, budget: Budget) -> None:
-    """Write the namespace's budget (create_namespace, update_namespace)."""
+    """Write the namespace's budget (create_namespace, update_namespace): on object storage this machine's
+    share of it (other machines take theirs at their next renewal)."""
     ledger = Ledger(root, lambda: budget)
     try:
-        ledger.set_budget(budget)
+        if location.is_local(root):
+            ledger.set_budget(budget)
+        else:
+            renew_share(root, budget, ledger)
     finally:
         ledger.close()

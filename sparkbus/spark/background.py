@@ -23,7 +23,7 @@ from .. import storage
 from ..engine import fanout, forwarding
 from ..engine.catalog import Catalog
 from ..engine.registry import resolve
-from .datasource import ALL_BACKGROUND, ALL_FORWARDING, ALL_TOPICS, FORMAT, SparkbusDataSource
+from .datasource import ALL_BACKGROUND, ALL_FORWARDING, ALL_TOPICS, FORMAT, STORAGE_PREFIX, SparkbusDataSource
 
 DEFAULT_TRIGGER = {"processingTime": "500 milliseconds"}
 
@@ -90,16 +90,19 @@ def batch_function(root: str, *, fan_out: bool, forward: bool,
 
 def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, trigger: Optional[dict] = None,
           available_now: bool = False, on_batch: Optional[Callable[[BatchReport], None]] = None,
-          gate: Optional[Gate] = None):
+          gate: Optional[Gate] = None, storage_options: Optional[dict[str, str]] = None):
     """Start the query over `entity` (one topic, ALL_TOPICS, ALL_FORWARDING or ALL_BACKGROUND); returns the
-    StreamingQuery (run_once removes its checkpoint; a stopped query's is removed by stop_query)."""
+    StreamingQuery (run_once removes its checkpoint; a stopped query's is removed by stop_query).
+    storage_options: of an object-store namespace, as create_namespace takes them."""
     spark.dataSource.register(SparkbusDataSource)
     root = storage.location.normalize(namespace)
+    storage.location.register_options(root, storage_options)
     if entity not in (ALL_TOPICS, ALL_FORWARDING, ALL_BACKGROUND):
         resolve(root, Catalog(root).snapshot(), entity, ("topic",))  # unknown topic -> error now
     checkpoint = tempfile.mkdtemp(prefix="sparkbus-query-")
+    given = {STORAGE_PREFIX + k: v for k, v in storage.location.options_for(root).items()}
     stream = (spark.readStream.format(FORMAT).option("namespace", root).option("entity", entity)
-              .option("content", "ranges").load())
+              .option("content", "ranges").options(**given).load())
     writer = (stream.writeStream.foreachBatch(batch_function(root, fan_out=fan_out, forward=forward, on_batch=on_batch,
                                                          gate=gate))
               .option("checkpointLocation", checkpoint))
@@ -115,9 +118,11 @@ def stop_query(query) -> None:
     shutil.rmtree(query._sparkbus_checkpoint, ignore_errors=True)
 
 
-def run_once(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool) -> None:
+def run_once(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool,
+             storage_options: Optional[dict[str, str]] = None) -> None:
     """Everything pending now (availableNow), then return."""
-    query = start(spark, namespace, entity=entity, fan_out=fan_out, forward=forward, available_now=True)
+    query = start(spark, namespace, entity=entity, fan_out=fan_out, forward=forward, available_now=True,
+                  storage_options=storage_options)
     try:
         query.awaitTermination()
     finally:

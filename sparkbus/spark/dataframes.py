@@ -53,6 +53,13 @@ def placement_udf(requires_duplicate_detection: bool, partition_count: int):
     return place
 
 
+def check_dataframe(df: object, what: str) -> None:
+    """TypeError unless df is a Spark DataFrame (classic or Spark Connect), naming what was given."""
+    if not all(hasattr(df, name) for name in ("schema", "select", "mapInArrow")):
+        hint = "; for a pandas DataFrame, spark.createDataFrame(pdf) first" if type(df).__module__.startswith("pandas") else ""
+        raise TypeError(f"{what} takes a Spark DataFrame, got {type(df).__name__}{hint}")
+
+
 def check_columns(schema: "StructType") -> dict[str, object]:
     """The message columns of a DataFrame schema (send_dataframe and the streaming sink); ValueError or
     TypeError names what is wrong and what is allowed."""
@@ -163,7 +170,7 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
     object store each file is written whole as one object, with the namespace's storage options shipped
     to the executors.
     """
-    shipped = (location.options_for(staging), location.credential_environment())
+    shipped = location.shipment(staging)
 
     def write(batches):
         from pyspark import TaskContext
@@ -180,6 +187,7 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
 
 def send_dataframe(writer: "EntityWriter", df: "DataFrame") -> EnqueueResult:
     """Send every row of df in one atomic commit; returns counts and per-partition (first, last) numbers."""
+    check_dataframe(df, "send_dataframe")
     fields = check_columns(df.schema)
     info = writer.info()
     staging = location.join(info.namespace.path, STAGING_DIR, uuid.uuid4().hex)

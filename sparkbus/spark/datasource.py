@@ -65,6 +65,27 @@ RANGES_SCHEMA = "entity string, partition_id int, first_sequence_number long, la
 _RANGES_ARROW = pa.schema([("entity", pa.string()), ("partition_id", pa.int32()),
                            ("first_sequence_number", pa.int64()), ("last_sequence_number", pa.int64())])
 CONTENTS = ("messages", "ranges")
+# .option("storage.<name>", value): a storage option of the namespace's store (account_key, sas_token, ...),
+# as storage_options of create_namespace and the clients take them; options registered in the driver
+# process (by a client or create_namespace) apply too.
+STORAGE_PREFIX = "storage."
+
+
+def storage_options(options: dict) -> dict[str, str]:
+    """The storage options among a source's or sink's options (their "storage." prefix removed)."""
+    return {k[len(STORAGE_PREFIX):].lower(): v for k, v in options.items() if k.lower().startswith(STORAGE_PREFIX)}
+
+
+def option_root(options: dict, role: str) -> str:
+    """The namespace location of a source's or sink's options, its storage options registered in this
+    process (TypeError, ValueError as create_namespace's; ValueError when the option is missing)."""
+    if "namespace" not in options or "entity" not in options:
+        raise ValueError(f"the sparkbus {role} needs .option('namespace', <namespace location>) and "
+                         ".option('entity', <queue, topic or '<topic>/Subscriptions/<name>'>)")
+    root = storage.location.normalize(options["namespace"])
+    storage.location.register_options(root, storage_options(options))
+    storage.location.check_safe(root)
+    return root
 
 
 @dataclass(frozen=True)
@@ -115,10 +136,8 @@ class _Entities:
     """The entities a reader covers (one, or every topic) and their partitions' high-water marks."""
 
     def __init__(self, options: dict) -> None:
-        if "namespace" not in options or "entity" not in options:
-            raise ValueError("the sparkbus source needs .option('namespace', <namespace path>) and "
-                             ".option('entity', <queue, topic or '<topic>/Subscriptions/<name>'>)")
-        self.root = storage.location.normalize(options["namespace"])  # plain data: readers are pickled to workers
+        self.root = option_root(options, "source")  # plain data: readers are pickled to workers
+        self.shipped = storage.location.shipment(self.root)
         self.entity = options["entity"]
         position = options.get("startingPosition", "earliest").lower()
         if position not in ("earliest", "latest"):
@@ -178,6 +197,7 @@ class _Entities:
         return pieces
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        storage.location.install(self.root, *self.shipped)  # on an executor
         if isinstance(partition, Ranges):
             return read_ranges(partition)
         if isinstance(partition, Slice):
@@ -246,20 +266,18 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
     """Sends each micro-batch to a queue or topic in one commit, exactly once per batch id."""
 
     def __init__(self, options: dict, schema: StructType) -> None:
-        if "namespace" not in options or "entity" not in options:
-            raise ValueError("the sparkbus sink needs .option('namespace', P) and .option('entity', <queue or topic>)")
+        self.root = option_root(options, "sink")
         checkpoint = options.get("checkpointLocation") or options.get("checkpointlocation")
         if not checkpoint:
             raise ValueError("the sparkbus sink needs .option('checkpointLocation', <directory>): the batch ids "
                              "it records for exactly-once delivery are keyed on it")
         dataframes.check_columns(schema)
-        self.root = storage.location.normalize(options["namespace"])
         self.entity = options["entity"]
         info = resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic"))
         self.dedup = info.options.requires_duplicate_detection
         self.partition_count = info.partition_count
         self.staging = storage.location.join(self.root, dataframes.STAGING_DIR, "sink")
-        self.shipped = (storage.location.options_for(self.root), storage.location.credential_environment())
+        self.shipped = storage.location.shipment(self.root)
         self.app_id = "sparkbus.sink." + hashlib.sha1(os.path.abspath(checkpoint).encode()).hexdigest()[:16]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:

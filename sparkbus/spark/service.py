@@ -32,8 +32,10 @@ class NamespaceService:
     """A running namespace service (sparkbus.streaming.serve); stop() ends it."""
 
     def __init__(self, spark, namespace: str, *, trigger: Optional[dict] = None,
-                 maintenance_interval: float = MAINTENANCE_INTERVAL) -> None:
+                 maintenance_interval: float = MAINTENANCE_INTERVAL,
+                 storage_options: Optional[dict[str, str]] = None) -> None:
         self.root = storage.location.normalize(namespace)
+        storage.location.register_options(self.root, storage_options)
         self.reports: list[background.BatchReport] = []  # the latest batches (at most 100)
         self._gate = background.Gate()
         self.query = background.start(spark, self.root, entity=ALL_BACKGROUND, fan_out=True, forward=True,

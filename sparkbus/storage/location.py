@@ -112,6 +112,12 @@ def credential_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(ENVIRONMENT_PREFIXES)}
 
 
+def shipment(uri: str) -> tuple[dict[str, str], dict[str, str]]:
+    """What a Spark executor needs to reach uri's store: the options registered for it and the credential
+    variables (install() applies them there)."""
+    return options_for(uri), credential_environment()
+
+
 def install(uri: str, options: dict[str, str], environment: dict[str, str]) -> None:
     """On a Spark executor: make what the driver shipped (options registered for uri, credential variables
     not set here) available to delta-rs and obstore in this process."""
@@ -154,6 +160,20 @@ def store_of(uri: str):
     return from_url(f"{parsed.scheme}://{parsed.netloc}", **options), parsed.path.strip("/")
 
 
+def check_creatable(uri: str) -> None:
+    """A local directory can be made at uri: ValueError when a part of the path is a file, or the nearest
+    existing directory cannot be written. Object-store prefixes always can (the store answers for rights)."""
+    if not is_local(uri):
+        return
+    existing = uri
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if existing != uri and not os.path.isdir(existing):
+        raise ValueError(f"{uri}: {existing} is a file, so no directory can be made below it")
+    if not os.access(existing if os.path.isdir(existing) else os.path.dirname(existing), os.W_OK):
+        raise ValueError(f"{uri}: {existing} is not writable by this user")
+
+
 def is_empty(uri: str) -> bool:
     """Nothing is stored at or under uri (a missing local directory is empty; a local file is not)."""
     if is_local(uri):
@@ -177,6 +197,15 @@ def remove_tree(uri: str) -> None:
         paths = [entry["path"] for entry in batch]
         if paths:
             store.delete(paths)
+
+
+def listing(uri: str) -> list[str]:
+    """The files (objects) directly or indirectly under uri, as URIs; [] when there are none."""
+    if is_local(uri):
+        return [os.path.join(top, name) for top, _, names in os.walk(uri) for name in names]
+    store, prefix = store_of(uri)
+    parsed = urlparse(uri)
+    return [f"{parsed.scheme}://{parsed.netloc}/{entry['path']}" for batch in store.list(prefix + "/") for entry in batch]
 
 
 def put(uri: str, data: bytes) -> None:
