@@ -1,0 +1,164 @@
+"""A client that the crash harness (tests/test_crash.py) kills with SIGKILL at a random moment.
+
+    python tests/crash_worker.py <namespace> <log file> <seed>
+
+It runs a seeded random sequence of operations on the harness's namespace forever: sends (single,
+batches, scheduled and cancelled), receives with complete, complete_messages, abandon, defer and
+receive_deferred, dead-letter, session state, topic fan-out, forwarding and management. Before each
+operation it logs what it starts; after the call returns, what was acknowledged. Every line is fsynced
+before the next call, so the log never claims more than what the namespace acknowledged, and never
+misses an acknowledgement the caller could have acted on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from datetime import datetime, timedelta, timezone
+
+import sparkbus
+from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from sparkbus.engine import fanout, forwarding
+from sparkbus.engine.namespace import open_catalog
+
+OPERATIONS = ("send", "send_batch", "schedule", "receive_complete", "complete_batch", "abandon", "defer",
+              "dead_letter", "session", "topic", "forward", "management")
+
+
+class Log:
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, **record: object) -> None:
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+        os.fsync(self._fd)
+
+
+def received(messages: list) -> list:
+    return [[m.message_id, m.delivery_count, m.sequence_number] for m in messages]
+
+
+def main(namespace: str, log_path: str, seed: int) -> None:
+    rng = random.Random(seed)
+    log = Log(log_path)
+    client = ServiceBusClient(namespace, retry_total=10)
+    admin = sparkbus.ServiceBusAdministrationClient(namespace)
+    catalog = open_catalog(namespace)
+    q_sender, t_sender, src_sender = (client.get_queue_sender("q"), client.get_topic_sender("t"),
+                                      client.get_queue_sender("src"))
+    sq_sender = client.get_queue_sender("sq")
+    receiver = client.get_queue_receiver("q", max_wait_time=0.5)
+    counter = 0
+
+    def ids(count: int) -> list[str]:
+        nonlocal counter
+        counter += count
+        return [f"{seed}-{counter - count + i}" for i in range(count)]
+
+    log.write(ready=True)
+    while True:
+        op = rng.choice(OPERATIONS)
+        if op in ("send", "send_batch"):
+            batch = ids(1 if op == "send" else rng.randint(2, 40))
+            log.write(start=op, entity="q", ids=batch)
+            q_sender.send_messages([ServiceBusMessage(f"body {i}", message_id=i) for i in batch])
+            log.write(ack="sent", entity="q", ids=batch)
+        elif op == "schedule":
+            batch = ids(rng.randint(1, 5))
+            log.write(start=op, entity="q", ids=batch)
+            when = datetime.now(timezone.utc) + timedelta(seconds=rng.choice([1, 3600]))
+            numbers = q_sender.schedule_messages([ServiceBusMessage("s", message_id=i) for i in batch], when)
+            log.write(ack="sent", entity="q", ids=batch)
+            if rng.random() < 0.5:
+                log.write(start="cancel", entity="q", ids=batch)
+                q_sender.cancel_scheduled_messages(numbers)
+                log.write(ack="cancelled", entity="q", ids=batch)
+        elif op in ("receive_complete", "complete_batch", "abandon", "defer", "dead_letter"):
+            log.write(start="receive", entity="q")
+            got = receiver.receive_messages(rng.randint(1, 10))
+            log.write(ack="received", entity="q", msgs=received(got))
+            if not got:
+                continue
+            names = [m.message_id for m in got]
+            log.write(start=op, entity="q", ids=names)
+            if op == "receive_complete":
+                for m in got:
+                    receiver.complete_message(m)
+                log.write(ack="completed", entity="q", ids=names)
+            elif op == "complete_batch":
+                receiver.complete_messages(got)
+                log.write(ack="completed", entity="q", ids=names)
+            elif op == "abandon":
+                for m in got:
+                    receiver.abandon_message(m)
+                log.write(ack="abandoned", entity="q", ids=names)
+            elif op == "dead_letter":
+                for m in got:
+                    receiver.dead_letter_message(m, reason="crash-test")
+                log.write(ack="dead_lettered", entity="q", ids=names)
+            else:
+                for m in got:
+                    receiver.defer_message(m)
+                log.write(ack="deferred", entity="q", ids=names)
+                log.write(start="receive_deferred", entity="q", ids=names)
+                again = receiver.receive_deferred_messages([m.sequence_number for m in got])
+                log.write(ack="received", entity="q", msgs=received(again))
+                log.write(start="complete_deferred", entity="q", ids=names)
+                receiver.complete_messages(again)
+                log.write(ack="completed", entity="q", ids=names)
+        elif op == "session":
+            session = f"s{rng.randint(0, 3)}"
+            batch = ids(rng.randint(1, 5))
+            log.write(start="send", entity="sq", ids=batch)
+            sq_sender.send_messages([ServiceBusMessage("x", message_id=i, session_id=session) for i in batch])
+            log.write(ack="sent", entity="sq", ids=batch)
+            try:
+                with client.get_queue_receiver("sq", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.5) as r:
+                    value = f"{seed}-{counter}"
+                    log.write(start="state", session=r.session.session_id, value=value)
+                    r.session.set_state(value.encode())
+                    log.write(ack="state", session=r.session.session_id, value=value)
+                    got = r.receive_messages(5)
+                    log.write(ack="received", entity="sq", msgs=received(got))
+                    log.write(start="complete", entity="sq", ids=[m.message_id for m in got])
+                    r.complete_messages(got)
+                    log.write(ack="completed", entity="sq", ids=[m.message_id for m in got])
+            except sparkbus.OperationTimeoutError:
+                pass  # every session is held by a receiver killed earlier: their locks lapse later
+        elif op == "topic":
+            batch = ids(rng.randint(1, 20))
+            log.write(start="send", entity="t", ids=batch)
+            t_sender.send_messages([ServiceBusMessage("t", message_id=i, application_properties={"n": k})
+                                    for k, i in enumerate(batch)])
+            log.write(ack="sent", entity="t", ids=batch)
+            log.write(start="fanout")
+            fanout.drain(catalog, "t")
+            log.write(ack="fanout")
+        elif op == "forward":
+            batch = ids(rng.randint(1, 20))
+            log.write(start="send", entity="src", ids=batch)
+            src_sender.send_messages([ServiceBusMessage("f", message_id=i) for i in batch])
+            log.write(ack="sent", entity="src", ids=batch)
+            log.write(start="forward")
+            forwarding.forward_all(catalog)
+            log.write(ack="forward")
+        else:
+            name = f"m{seed}x{counter}"
+            counter += 1
+            log.write(start="create", entity=name)
+            admin.create_queue(name, enable_partitioning=rng.random() < 0.5)
+            log.write(ack="created", entity=name)
+            if rng.random() < 0.5:
+                log.write(start="delete", entity=name)
+                admin.delete_queue(name)
+                log.write(ack="deleted", entity=name)
+        if rng.random() < 0.05:  # the dead-letter sub-queue is received from too
+            with client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=0.2) as dlq:
+                log.write(start="receive_dead_letter", entity="q")
+                got = dlq.receive_messages(5)
+                log.write(ack="received_dead_letter", entity="q", msgs=received(got))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
