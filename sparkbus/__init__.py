@@ -16,7 +16,7 @@ from .exceptions import (AutoLockRenewFailed, AutoLockRenewTimeout, CommitConfli
                          OperationTimeoutError, PartitionUnavailableError, ServiceBusAuthenticationError,
                          ServiceBusAuthorizationError, ServiceBusCommunicationError, ServiceBusConnectionError,
                          ServiceBusError, ServiceBusQuotaExceededError, ServiceBusServerBusyError,
-                         SessionCannotBeLockedError, SessionLockLostError)
+                         SessionCannotBeLockedError, SessionLockLostError, StorageError)
 from .management import ServiceBusAdministrationClient
 from .message import ServiceBusMessage, ServiceBusMessageBatch
 from .receiver import (NEXT_AVAILABLE_SESSION, ServiceBusMessageState, ServiceBusReceivedMessage, ServiceBusReceiveMode,
@@ -39,6 +39,7 @@ __all__ = [
     "ServiceBusError", "MessagingEntityNotFoundError", "MessagingEntityAlreadyExistsError", "InvalidOperationError",
     "MessageSizeExceededError", "ServiceBusQuotaExceededError", "ServiceBusServerBusyError", "MessageLockLostError",
     "SessionLockLostError", "SessionCannotBeLockedError", "MessageAlreadySettled", "OperationTimeoutError", "PartitionUnavailableError",
+    "StorageError",
     "MessagingEntityDisabledError", "MessageNotFoundError", "CommitConflictError", "ServiceBusConnectionError",
     "ServiceBusAuthenticationError", "ServiceBusAuthorizationError", "ServiceBusCommunicationError",
     "AutoLockRenewFailed", "AutoLockRenewTimeout", "TransportType", "parse_connection_string",

@@ -109,6 +109,11 @@ class OperationTimeoutError(ServiceBusError):
     """The operation did not finish within its time limit."""
 
 
+class StorageError(ServiceBusError):
+    """The namespace's storage refused or failed a write or read (read-only files, permissions, a full disk,
+    an unreachable object store); what was refused was not applied."""
+
+
 class PartitionUnavailableError(ServiceBusError):
     """A partition the operation needs is unavailable."""
 

@@ -10,7 +10,9 @@ import functools
 import os
 import uuid
 from datetime import datetime
-from typing import Callable, Optional, TypeVar, Union
+from typing import Callable, Collection, Optional, TypeVar, Union
+
+from deltalake.exceptions import DeltaError
 
 from . import storage
 from .core import entities, forwarding, throttling, tiers
@@ -25,7 +27,8 @@ from .core.names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_p
 from .core.vocabulary import (AccessRights, ApiVersion, EntityAvailabilityStatus, EntityStatus, MessagingSku,
                               NamespaceType)
 from .engine import fanout
-from .engine.availability import mark_partition, require_available, unavailable_partitions
+from .engine.availability import (detected_faults, fault_of, mark_partition, require_available,
+                                  unavailable_partitions)
 from .engine.catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .engine import metrics
 from .engine.metrics import Metrics
@@ -34,7 +37,7 @@ from .engine.retry import RetryPolicy
 from .engine.throttle import Usage
 from .engine.registry import table_uris
 from .engine.runtime import entity_counts
-from .exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
+from .exceptions import (StorageError, InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
                          ServiceBusQuotaExceededError)
 from .storage.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 
@@ -49,8 +52,11 @@ def _management(method: F) -> F:
     retried under the client's retry policy when throttled; counted on the namespace's metrics."""
     @functools.wraps(method)
     def charged(self: "ServiceBusAdministrationClient", *args: object, **kwargs: object) -> object:
-        return self._governor.call(metrics.NAMESPACE, lambda: method(self, *args, **kwargs), lambda _: MANAGED,
-                                   self._retry)
+        try:
+            return self._governor.call(metrics.NAMESPACE, lambda: method(self, *args, **kwargs), lambda _: MANAGED,
+                                       self._retry)
+        except (OSError, DeltaError) as error:  # not a conflict (those are retried): the storage said no
+            raise StorageError(f"{method.__name__}: the namespace's storage failed: {error}") from error
     return charged  # type: ignore[return-value]
 
 
@@ -498,7 +504,7 @@ class ServiceBusAdministrationClient:
                 extra["size_in_bytes"] = self._runtime(snap, row).size_in_bytes
         else:
             extra = {"topic_name": snap.rows[row.parent].path}
-        down = unavailable_partitions(snap, row.key, row.partition_count)
+        down = set(unavailable_partitions(snap, row.key, row.partition_count)) | detected_faults(self._catalog.root, row.path)
         return entities.PROPERTIES_CLASS[row.kind](
             name=_display_name(row), partition_count=row.partition_count, availability_status=_status(down),
             created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options, **extra)
@@ -509,8 +515,17 @@ class ServiceBusAdministrationClient:
         cursors = None
         if row.kind == "topic":  # rows already fanned out to the subscriptions are not the topic's any more
             cursors = fanout.topic_cursors(storage.open_table(uris["messages"]), row.partition_count)
-        counts = entity_counts(uris["messages"], uris["locks"], fanned_out=cursors,
-                               header_copies=len(subscriptions) if row.kind == "topic" else 1)
+        skipped = set(detected_faults(self._catalog.root, row.path))
+        while True:  # a partition whose files cannot be read is left out of the counts, and reported
+            try:
+                counts = entity_counts(uris["messages"], uris["locks"], fanned_out=cursors, skipped=skipped,
+                                       header_copies=len(subscriptions) if row.kind == "topic" else 1)
+                break
+            except Exception as error:  # DataFusion's errors are plain Exceptions naming the file
+                partition = fault_of(self._catalog.root, row.path, row.partition_count, error)
+                if partition is None or partition in skipped:
+                    raise
+                skipped.add(partition)
         extra = {"subscription_count": len(subscriptions), **_filter_counts(snap, subscriptions)} if row.kind == "topic" else {}
         if row.kind == "subscription":
             extra = {"topic_name": snap.rows[row.parent].path}
@@ -530,7 +545,8 @@ class ServiceBusAdministrationClient:
             total_message_count=counts.total, created_at_utc=row.created_at_utc,
             updated_at_utc=row.updated_at_utc, accessed_at_utc=counts.accessed_at_utc or row.created_at_utc,
             partition_count=row.partition_count,
-            availability_status=_status(unavailable_partitions(snap, row.key, row.partition_count)), **extra)
+            availability_status=_status(set(unavailable_partitions(snap, row.key, row.partition_count)) | skipped),
+            **extra)
 
 
 def _filter_counts(snap: Snapshot, subscriptions: list[Row]) -> dict[str, int]:
@@ -557,7 +573,7 @@ def _display_name(row: Row) -> str:
     return row.path.split("/")[-1] if row.kind == "subscription" else row.path
 
 
-def _status(down: list[int]) -> str:
+def _status(down: Collection[int]) -> str:
     return entities.LIMITED if down else entities.AVAILABLE
 
 

@@ -307,7 +307,7 @@ class ServiceBusReceiver:
         self._check_receivable(info, receiving=False)
         if session_id is not None:
             requested = NEXT_AVAILABLE if isinstance(session_id, ServiceBusSessionFilter) else session_id
-            lock = self._delivery.lock_session(info, requested, self.max_wait_time, self._next_partition)
+            lock = self._delivery.lock_session(info, requested, self.max_wait_time)
             self.session = ServiceBusSession(self._delivery, lock, self._session_held)
 
     @classmethod

@@ -3,9 +3,20 @@
 A fault names one partition of one entity, or of every entity ('*', a whole messaging store). Faults
 live in the catalog, so they are seen atomically with the entities. Management operations run on all
 partitions of an entity and fail while any is unavailable; get_* then reports availability "Limited".
+
+Storage faults are found, not declared: a partition whose files cannot be read (missing, corrupt,
+unreadable) or written (its directory gone or not a directory, a permission or quota error) is reported
+here by the operation that met it (report_fault) and avoided by this process for DETECTED_SECONDS, as an
+operator-marked partition is: keyless sends go to other partitions, keyed sends raise
+PartitionUnavailableError, receives serve the other partitions, get_* say "Limited". Then it is tried
+again, so a repaired partition is back within seconds; one still broken is found again by the next
+operation that needs it. Detection is per process: each meets the fault itself.
 """
 from __future__ import annotations
 
+import re
+import threading
+import time
 from typing import Optional
 
 from ..core import tiers
@@ -16,6 +27,47 @@ from .namespace import open_catalog
 
 FAULT_KIND = "partition_fault"
 ALL_ENTITIES = "*"
+DETECTED_SECONDS = 5.0  # a partition found faulty is avoided this long by this process, then tried again
+_PARTITION_IN_PATH = re.compile(r"partition_id=(\d+)")
+_detected: dict[tuple[str, str, int], float] = {}  # (namespace, entity key, partition) -> when tried again
+_detected_lock = threading.Lock()
+
+
+def report_fault(root: str, entity_path: str, partition: int) -> None:
+    """A partition of the entity failed a read or write of its files: avoid it for DETECTED_SECONDS."""
+    with _detected_lock:
+        _detected[(root, key(entity_path), partition)] = time.monotonic() + DETECTED_SECONDS
+
+
+def detected_faults(root: str, entity_path: str) -> frozenset:
+    """The entity's partitions this process found faulty within the last DETECTED_SECONDS."""
+    now, mine = time.monotonic(), (root, key(entity_path))
+    with _detected_lock:
+        return frozenset(p for (*entity, p), until in _detected.items() if tuple(entity) == mine and until > now)
+
+
+def down(root: str, entity_path: str, declared: frozenset) -> set:
+    """Partitions to avoid: declared unavailable (the catalog's faults) or found faulty by this process."""
+    return set(declared) | detected_faults(root, entity_path)
+
+
+def fault_of(root: str, entity_path: str, partition_count: int, error: BaseException) -> Optional[int]:
+    """The partition of the entity whose storage fault error is (then reported), or None."""
+    partition = partition_named(error)
+    if partition is not None and 0 <= partition < partition_count:
+        report_fault(root, entity_path, partition)
+        return partition
+    return None
+
+
+def partition_named(error: BaseException) -> Optional[int]:
+    """The partition a storage error names (delta-rs and object_store errors carry the file's path, whose
+    directory is partition_id=N), or None: then the error is not a partition's fault."""
+    found = getattr(error, "partition_id", None)
+    if found is not None:
+        return found
+    match = _PARTITION_IN_PATH.search(str(error))
+    return int(match.group(1)) if match else None
 
 
 def _fault_key(entity_key: str, partition_id: int) -> str:

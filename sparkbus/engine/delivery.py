@@ -25,7 +25,8 @@ from deltalake import DeltaTable
 from .. import storage
 from ..core import partitioning, sequencing, transitions
 from ..core.transitions import Policy
-from ..exceptions import MessageLockLostError, MessageNotFoundError, OperationTimeoutError, SessionCannotBeLockedError
+from ..exceptions import (MessageLockLostError, MessageNotFoundError, OperationTimeoutError, PartitionUnavailableError,
+                          SessionCannotBeLockedError)
 from ..storage.schemas import ACTIVE, DEFERRED, LOCKS, MESSAGES
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
@@ -204,7 +205,12 @@ class Delivery:
         start %= len(available)
         got: list[tuple[dict, dict]] = []
         for partition in available[start:] + available[:start]:
-            got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session)
+            try:
+                got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session)
+            except PartitionUnavailableError as fault:  # its files cannot be read: serve the others
+                if info.fault_in(fault) != partition or session is not None:
+                    raise
+                continue
             if len(got) >= count:
                 break
         return got
@@ -287,13 +293,18 @@ class Delivery:
         partition = sequencing.partition_of_sequence(cursor)
         while partition < info.partition_count:
             low = max(cursor, sequencing.compose(partition, 0))
-            found = storage.as_rows(storage.query(f"""
-                SELECT m.*, l.state AS lock_state, l.delivery_count, l.dead_letter_reason,
-                       l.dead_letter_error_description, l.dead_letter_source
-                FROM messages m LEFT JOIN locks l
-                  ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
-                WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
-                ORDER BY m.sequence_number LIMIT {count}""", messages=messages, locks=state))
+            try:
+                found = storage.as_rows(storage.query(f"""
+                    SELECT m.*, l.state AS lock_state, l.delivery_count, l.dead_letter_reason,
+                           l.dead_letter_error_description, l.dead_letter_source
+                    FROM messages m LEFT JOIN locks l
+                      ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
+                    WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
+                    ORDER BY m.sequence_number LIMIT {count}""", messages=messages, locks=state))
+            except Exception as error:  # DataFusion's errors are plain Exceptions naming the file
+                if info.fault_in(error) != partition:
+                    raise
+                found = []  # a partition whose files cannot be read is skipped, as an unavailable one
             if found:
                 return found, found[-1]["sequence_number"] + 1
             partition += 1
@@ -302,17 +313,16 @@ class Delivery:
 
     # ---- sessions ----------------------------------------------------------------------------------------
 
-    def lock_session(self, info: EntityInfo, requested: Optional[str], wait: Optional[float],
-                     start: int) -> SessionLock:
-        """Lock the named session (requested=NEXT_AVAILABLE: any unlocked session with available
-        messages, partitions visited from the start-th on), waiting up to `wait` seconds.
+    def lock_session(self, info: EntityInfo, requested: Optional[str], wait: Optional[float]) -> SessionLock:
+        """Lock the named session (requested=NEXT_AVAILABLE: the unlocked session with the oldest waiting
+        message, across the available partitions), waiting up to `wait` seconds.
         SessionCannotBeLockedError while a named session stays locked; OperationTimeoutError when no
         session became available."""
         refused: list[SessionCannotBeLockedError] = []  # the named session's latest refusal
 
         def attempt() -> Optional[SessionLock]:
             try:
-                return self._try_lock_session(info, requested, start)
+                return self._try_lock_session(info, requested)
             except SessionCannotBeLockedError as error:
                 refused[:] = [error]
                 return None
@@ -325,7 +335,7 @@ class Delivery:
                 f"no unlocked session with available messages in {info.path!r} within {wait or 0} s")
         return taken
 
-    def _try_lock_session(self, info: EntityInfo, requested: Optional[str], start: int) -> Optional[SessionLock]:
+    def _try_lock_session(self, info: EntityInfo, requested: Optional[str]) -> Optional[SessionLock]:
         duration = info.options.lock_duration
 
         def take(partition: int, session_id: str) -> SessionLock:
@@ -336,15 +346,23 @@ class Delivery:
         if requested is not None:
             return take(partitioning.partition_of(requested, info.partition_count), requested)
         available = available_partitions(info)
-        start %= max(len(available), 1)
-        for partition in available[start:] + available[:start]:
+        while available:
             state = self.table(info, "locks")
             messages, table = self.table(info, "messages"), self.table(info, "sessions")
-            for session_id in sessions.available(messages, state, table, partition, datetime.now(timezone.utc)):
+            try:
+                waiting = sessions.available(messages, state, table, available, datetime.now(timezone.utc))
+            except Exception as error:  # a partition whose files cannot be read is left out
+                faulty = info.fault_in(error)
+                if faulty not in available:
+                    raise
+                available.remove(faulty)
+                continue
+            for partition, session_id in waiting:
                 try:
                     return take(partition, session_id)
                 except SessionCannotBeLockedError:
                     continue  # another receiver took it first
+            return None
         return None
 
     def check_session(self, info: EntityInfo, session: SessionLock, now: datetime, read: bool = False) -> None:
@@ -376,7 +394,9 @@ class Delivery:
 
 
 def available_partitions(info: EntityInfo) -> list[int]:
-    return [p for p in range(info.partition_count) if p not in info.unavailable]
+    """The entity's partitions that are neither declared unavailable nor found faulty (availability.down)."""
+    avoided = info.avoided()
+    return [p for p in range(info.partition_count) if p not in avoided]
 
 
 def _tokens(held: dict[int, Held]) -> dict[int, str]:

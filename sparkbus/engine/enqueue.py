@@ -29,7 +29,8 @@ from ..core import partitioning, sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
-                          MessagingEntityDisabledError, ServiceBusError, ServiceBusQuotaExceededError)
+                          MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
+                          ServiceBusQuotaExceededError)
 from ..storage import maintenance
 from ..storage.schemas import CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
@@ -226,7 +227,7 @@ class EntityWriter:
         if codes is None:
             codes = partitioning.table_codes(rows, info.options.requires_duplicate_detection,
                                              info.partition_count)
-        placed = partitioning.resolve(codes, set(info.unavailable), self._round_robin, info.partition_count)
+        placed = partitioning.resolve(codes, info.avoided(), self._round_robin, info.partition_count)
         dedup = info.options.requires_duplicate_detection
         keep = duplicates.first_occurrences(rows["message_id"].to_pylist()) if dedup else np.ones(rows.num_rows, bool)
         def attempt() -> EnqueueResult:
@@ -241,7 +242,23 @@ class EntityWriter:
         def refresh() -> None:  # the conflict or the cleaned-up log says the table moved on
             self._table = storage.refresh(self._table) if self._table is not None else None
 
-        return retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
+        try:
+            return retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
+        except Exception as error:  # not transient (retry.run raised it): a partition's fault? (DataFusion
+            # and object_store errors are plain Exceptions naming the file, OSErrors the path)
+            partition = info.fault_in(error)
+            if partition is None or partition not in placed:
+                raise
+            # Nothing was committed: place again without it (keyless messages go elsewhere; keyed ones
+            # raise PartitionUnavailableError). Each failure removes one partition, so this ends.
+            try:
+                return self.append(rows, codes=codes, batch_limit=batch_limit, info=info,
+                                   with_sequence_numbers=with_sequence_numbers, app_transaction=app_transaction)
+            except PartitionUnavailableError as unavailable:
+                if "could not be written" in str(unavailable):  # a later partition's failure says it already
+                    raise
+                raise PartitionUnavailableError(f"{unavailable}; partition {partition} could not be written: "
+                                                f"{error}") from error
 
     def _open(self, info: EntityInfo) -> DeltaTable:
         uri = info.tables["messages"]

@@ -105,7 +105,7 @@ def forward_entity(catalog: Catalog, snap: Snapshot, info: EntityInfo, *, batch:
     result = ForwardResult()
     kinds = [kind for kind in rules.KINDS if destination_of(info, kind) is not None]
     for partition in _partitions_with_work(info, kinds):
-        if partition in info.unavailable:
+        if partition in info.avoided():
             continue
         for kind in kinds:
             try:

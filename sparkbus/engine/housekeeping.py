@@ -34,7 +34,7 @@ def sweep(catalog: Catalog) -> SweepResult:
         info = resolve(catalog.root, snap, row.path, KINDS)
         if info.kind != "topic":  # a topic's rows leave as its fan-out cursor moves (sparkbus.engine.fanout)
             for partition in range(info.partition_count):
-                if partition in info.unavailable:
+                if partition in info.avoided():
                     continue
                 locks = storage.open_table(info.tables["locks"])  # before messages: see retention
                 result.removed += retention.run(info, storage.open_table(info.tables["messages"]), locks, partition)

@@ -11,6 +11,7 @@ from ..core.entities import EntityOptions
 from ..core.names import key
 from ..exceptions import InvalidOperationError, MessagingEntityNotFoundError
 from ..storage.schemas import ENTITY_TABLES
+from . import availability
 from .availability import unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Row, Snapshot
 from .namespace import NamespaceProperties, namespace_properties
@@ -35,6 +36,14 @@ class EntityInfo:
     namespace: NamespaceProperties
     unavailable: frozenset
     subscription_count: int
+
+    def avoided(self) -> set[int]:
+        """Partitions to avoid now: declared unavailable, or found faulty by this process (availability)."""
+        return availability.down(self.namespace.path, self.path, self.unavailable)
+
+    def fault_in(self, error: BaseException) -> Optional[int]:
+        """The partition of this entity whose storage fault error is (reported to availability), or None."""
+        return availability.fault_of(self.namespace.path, self.path, self.partition_count, error)
 
     @property
     def max_message_bytes(self) -> int:

@@ -40,16 +40,17 @@ def open_live(messages_uri: str, locks_uri: str) -> tuple[DeltaTable, DeltaTable
 
 
 def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
-                  now: Optional[datetime] = None, fanned_out: Optional[dict[int, int]] = None) -> Counts:
-    """Counts over every partition, by state. header_copies: a topic stores headers once per subscription;
-    fanned_out: a topic's cursors (partition -> n), below which unscheduled rows are already copied out."""
+                  now: Optional[datetime] = None, fanned_out: Optional[dict[int, int]] = None,
+                  skipped: Iterable[int] = ()) -> Counts:
+    """Counts over every partition but the skipped ones (unreadable), by state. header_copies: a topic
+    stores headers once per subscription; fanned_out: a topic's cursors (partition -> n), below which
+    unscheduled rows are already copied out."""
     now_us = storage.micros(now or datetime.now(timezone.utc))
     messages, locks = open_live(messages_uri, locks_uri)
-    where = "TRUE"
-    if fanned_out:
-        where = " AND ".join(
-            f"NOT (m.partition_id = {p} AND m.sequence_number <= {sequencing.compose(p, n)} AND m.scheduled_enqueue_time_utc IS NULL)"
-            for p, n in fanned_out.items() if n) or "TRUE"
+    conditions = [f"m.partition_id NOT IN ({', '.join(map(str, sorted(skipped)))})"] if skipped else []
+    conditions += [f"NOT (m.partition_id = {p} AND m.sequence_number <= {sequencing.compose(p, n)} "
+                   "AND m.scheduled_enqueue_time_utc IS NULL)" for p, n in (fanned_out or {}).items() if n]
+    where = " AND ".join(conditions) or "TRUE"
     sql = f"""
         SELECT
           COUNT(*) AS total,

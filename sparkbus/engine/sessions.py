@@ -61,23 +61,25 @@ def held(table: DeltaTable, partition: int, session_id: str, lock_token: str, no
     return row
 
 
-def available(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTable, partition: int, now: datetime,
-              limit: int = 8) -> list[str]:
-    """Sessions of one partition with a deliverable message and no unexpired lock, oldest message first."""
+def available(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTable, partitions: list[int],
+              now: datetime, limit: int = 8) -> list[tuple[int, str]]:
+    """(partition, session id) of the sessions in these partitions with a deliverable message and no
+    unexpired lock, the session whose oldest waiting message was enqueued first coming first (across
+    partitions: the time, not the sequence number, orders them)."""
     now_us = storage.micros(now)
     found = storage.query(f"""
-        SELECT m.session_id, MIN(m.sequence_number) AS first
+        SELECT m.partition_id, m.session_id, MIN(m.enqueued_time_utc) AS oldest, MIN(m.sequence_number) AS first
         FROM messages m
-        LEFT JOIN locks l ON l.partition_id = {partition} AND l.sequence_number = m.sequence_number
-        LEFT JOIN sessions s ON s.partition_id = {partition} AND s.session_id = m.session_id
-        WHERE m.partition_id = {partition} AND m.session_id IS NOT NULL
+        LEFT JOIN locks l ON l.partition_id = m.partition_id AND l.sequence_number = m.sequence_number
+        LEFT JOIN sessions s ON s.partition_id = m.partition_id AND s.session_id = m.session_id
+        WHERE m.partition_id IN ({", ".join(map(str, partitions))}) AND m.session_id IS NOT NULL
           AND (l.state IS NULL OR l.state = '{ACTIVE}')
           AND (m.scheduled_enqueue_time_utc IS NULL OR CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us})
           AND CAST(m.expires_at_utc AS BIGINT) > {now_us}
           AND (s.lock_token IS NULL OR CAST(s.locked_until_utc AS BIGINT) <= {now_us})
-        GROUP BY m.session_id ORDER BY first LIMIT {int(limit)}""",
+        GROUP BY m.partition_id, m.session_id ORDER BY oldest, first LIMIT {int(limit)}""",
         messages=messages, locks=locks_table, sessions=sessions)
-    return found["session_id"].to_pylist()
+    return list(zip(found["partition_id"].to_pylist(), found["session_id"].to_pylist()))
 
 
 def listed(tables: dict[str, str], state_updated_after: Optional[datetime] = None) -> list[str]:

@@ -29,6 +29,7 @@ from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
 from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
+from ..exceptions import PartitionUnavailableError
 from . import location
 
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
@@ -252,7 +253,12 @@ class PartitionReader:
         actions = pa.table(table.get_add_actions(flatten=True))
         mine = actions.filter(pc.equal(actions[f"partition.{PARTITION_COLUMN}"], partition))
         root = local_root(table.table_uri) or table.table_uri.rstrip("/")
-        parts = [self._file(location.join(root, unquote(path))) for path in mine["path"].to_pylist()]
+        try:
+            parts = [self._file(location.join(root, unquote(path))) for path in mine["path"].to_pylist()]
+        except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
+            fault = PartitionUnavailableError(f"partition {partition} of {table.table_uri} cannot be read: {error}")
+            fault.partition_id = partition
+            raise fault from error
         data = pa.concat_tables(parts) if parts else self._file_schema.empty_table()
         column = pa.array([partition] * data.num_rows, self._schema.field(PARTITION_COLUMN).type)
         return data.add_column(0, self._schema.field(PARTITION_COLUMN), column).select(self._schema.names)

@@ -1,0 +1,79 @@
+"""Property-based tests (hypothesis) of the rules every message goes through: partition placement,
+sequence numbering, and message size accounting. Pure: no Spark, no tables."""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkbus import ServiceBusMessage
+from sparkbus.core import partitioning, sequencing
+from sparkbus.core.encoding import body_sizes, header_sizes
+from sparkbus.message import to_outgoing
+
+IDS = st.none() | st.text(min_size=1, max_size=20)
+COUNTS = st.sampled_from([1, 2, 4, 16])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(IDS, IDS, IDS), max_size=30), st.booleans(), COUNTS)
+def test_placement_is_deterministic_in_range_and_follows_the_key_precedence(messages, dedup, count):
+    sessions, keys, ids = (list(column) for column in zip(*messages)) if messages else ([], [], [])
+    codes = partitioning.partition_codes(sessions, keys, ids, dedup, count)
+    assert codes == partitioning.partition_codes(sessions, keys, ids, dedup, count)  # the same on every machine
+    for (session, key, message_id), code in zip(messages, codes):
+        if session is not None and key is not None and key != session:
+            assert code == partitioning.KEY_MISMATCH
+            continue
+        chosen = session if session is not None else key if key is not None else message_id if dedup else None
+        assert code == (partitioning.KEYLESS if chosen is None else partitioning.partition_of(chosen, count))
+        assert code == partitioning.KEYLESS or 0 <= code < count
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=1, max_value=500), st.sets(st.integers(min_value=0, max_value=15), max_size=15),
+       st.integers(min_value=0, max_value=10_000))
+def test_keyless_messages_spread_evenly_and_never_onto_an_unavailable_partition(count, down, start):
+    rr = partitioning.RoundRobin(16)  # starts at a random partition
+    rr.take(start, list(range(16)))  # and wherever earlier sends left it, the next ones spread evenly
+    placed = partitioning.resolve([partitioning.KEYLESS] * count, down, rr, 16)
+    spread = Counter(placed.tolist())
+    assert not set(spread) & down
+    assert max(spread.values()) - min(spread.get(p, 0) for p in set(range(16)) - down) <= 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=15), max_size=200),
+       st.dictionaries(st.integers(min_value=0, max_value=15), st.integers(min_value=0, max_value=2 ** 40)))
+def test_numbering_continues_each_partition_gap_free_in_row_order(partitions, marks):
+    numbers, ranges = sequencing.number(np.asarray(partitions, dtype=np.int32), marks)
+    for p in set(partitions):
+        mine = [int(n) for n, q in zip(numbers, partitions) if q == p]
+        assert all(sequencing.partition_of_sequence(n) == p for n in mine)
+        low = [n & sequencing.LOW_MASK for n in mine]
+        assert low == list(range(marks.get(p, 0) + 1, marks.get(p, 0) + 1 + len(mine)))  # gap-free, in order
+        assert ranges[p] == (mine[0], mine[-1])
+    assert len(set(numbers.tolist())) == len(partitions)  # unique across partitions too
+
+
+PROPERTY_VALUES = st.integers(min_value=-2 ** 63, max_value=2 ** 63 - 1) | st.text(max_size=30) | st.booleans() \
+    | st.floats(allow_nan=False) | st.binary(max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=2000) | st.text(max_size=500), st.dictionaries(st.text(min_size=1, max_size=10),
+                                                                        PROPERTY_VALUES, max_size=5),
+       IDS, st.booleans())
+def test_a_message_size_is_its_body_and_header_bytes_and_grows_with_what_it_carries(body, properties, subject, ttl):
+    message = ServiceBusMessage(body, application_properties=properties or None, subject=subject,
+                                time_to_live=timedelta(seconds=30) if ttl else None)
+    rows = to_outgoing([message])
+    body_bytes = len(body.encode("utf-8") if isinstance(body, str) else body)
+    assert body_sizes(rows).to_pylist() == [body_bytes]
+    assert message.size_in_bytes == body_bytes + header_sizes(rows).to_pylist()[0]
+    bare = ServiceBusMessage(body, message_id=message.message_id)
+    extra = sum(len(k.encode("utf-8")) for k in properties) + len((subject or "").encode("utf-8")) + (8 if ttl else 0)
+    assert message.size_in_bytes >= bare.size_in_bytes + extra  # every property, subject and TTL counts
