@@ -1,6 +1,8 @@
 """The partition availability seam: faults fail management operations and report 'Limited'."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sparkbus import MessagingEntityNotFoundError, PartitionUnavailableError, set_partition_availability
@@ -21,7 +23,13 @@ def test_entity_partition_fault(admin, ns_path):
     set_partition_availability(ns_path, 3, True, entity_path="q")
     admin.update_queue("q", max_delivery_count=3)
     assert admin.get_queue("q").availability_status == "Available"
+    assert admin.get_queue("q").max_delivery_count == 3
+    tables = admin.get_entity_tables("q")
     admin.delete_queue("q")
+    assert [q.name for q in admin.list_queues()] == ["other"]
+    assert not any(os.path.exists(uri) for uri in tables.values())
+    with pytest.raises(MessagingEntityNotFoundError):
+        admin.get_queue("q")
 
 
 def test_store_fault_affects_creates_of_partitioned_entities(admin, ns_path):
@@ -29,14 +37,17 @@ def test_store_fault_affects_creates_of_partitioned_entities(admin, ns_path):
     with pytest.raises(PartitionUnavailableError, match="create topic 't'"):
         admin.create_topic("t", enable_partitioning=True)
     admin.create_queue("flat")  # one partition (0): not affected by a fault of partition 5
-    assert admin.list_topics() == []
+    assert admin.get_queue("flat").availability_status == "Available"
+    assert admin.list_topics() == [] and [q.name for q in admin.list_queues()] == ["flat"]
     set_partition_availability(ns_path, 5, True)
     admin.create_topic("t", enable_partitioning=True)
     admin.create_subscription("t", "s")
     set_partition_availability(ns_path, 5, False, entity_path="t/Subscriptions/s")
     assert admin.get_subscription("t", "s").availability_status == "Limited"
+    assert admin.get_topic("t").availability_status == "Available"  # only the subscription's partition is out
     with pytest.raises(PartitionUnavailableError, match="create rule"):
         admin.create_rule("t", "s", "r")
+    assert [r.name for r in admin.list_rules("t", "s")] == ["$Default"]
 
 
 def test_fault_arguments(admin, ns_path):
@@ -47,3 +58,6 @@ def test_fault_arguments(admin, ns_path):
         set_partition_availability(ns_path, 0, False, entity_path="nope")
     with pytest.raises(ValueError, match="partition_id must be an int"):
         set_partition_availability(ns_path, -1, False)
+    assert admin.get_queue("q").availability_status == "Available"  # no refused call recorded a fault
+    admin.update_queue("q", max_delivery_count=4)
+    assert admin.get_queue("q").max_delivery_count == 4

@@ -20,6 +20,11 @@ def send(client, queue, *messages):
     client.get_queue_sender(queue).send_messages(list(messages))
 
 
+def _sleep_past(locked_until: datetime, headroom: float = 1.0) -> None:
+    """Sleep until headroom seconds after a lock lapses."""
+    time.sleep(max(0.0, (locked_until - datetime.now(timezone.utc)).total_seconds() + headroom))
+
+
 def test_peek_lock_settlements_keep_counts_exact(admin, client):
     admin.create_queue("q", enable_partitioning=True)
     send(client, "q", *(ServiceBusMessage(f"m{i}", application_properties={"i": i}, subject="s") for i in range(8)))
@@ -88,7 +93,7 @@ def test_lock_expiry_redelivers_and_loses_the_lock(admin, client):
     first = client.get_queue_receiver("q")
     (m,) = first.receive_messages()
     assert first.renew_message_lock(m) > m.enqueued_time_utc
-    time.sleep(5.5)
+    _sleep_past(m.locked_until_utc)
     second = client.get_queue_receiver("q")
     (again,) = second.receive_messages()
     assert again.sequence_number == m.sequence_number and again.delivery_count == 2
@@ -173,18 +178,42 @@ def test_peek_walks_every_partition_once(admin, client):
     assert [m.sequence_number for m in receiver.peek_messages(5, sequence_number=start)] == [start]
 
 
-def test_prefetch_serves_from_cache_and_drops_expired_locks(admin, client):
+def test_prefetch_serves_from_cache(admin, client):
+    admin.create_queue("q")
+    send(client, "q", *(ServiceBusMessage(f"m{i}") for i in range(6)))
+    receiver = client.get_queue_receiver("q", prefetch_count=3)
+    (first,) = receiver.receive_messages()
+    other = client.get_queue_receiver("q")
+    assert [str(m) for m in other.receive_messages(max_message_count=5)] == ["m4", "m5"]  # m1-m3 are prefetched
+    second = receiver.receive_messages(max_message_count=2)
+    assert [str(m) for m in second] == ["m1", "m2"]
+    assert all(m.locked_until_utc == first.locked_until_utc for m in second)  # locked with m0, not since
+    receiver.complete_messages([first, *second])
+
+
+@pytest.mark.slow
+@pytest.mark.local_only
+def test_prefetched_messages_whose_lock_lapsed_are_not_handed_out(admin, client):
     admin.create_queue("q", lock_duration="PT5S")
     send(client, "q", *(ServiceBusMessage(f"m{i}") for i in range(5)))
     receiver = client.get_queue_receiver("q", prefetch_count=3)
-    first = receiver.receive_messages()
-    assert len(first) == 1 and len(receiver._prefetched) == 3
+    (first,) = receiver.receive_messages()  # m0, with m1-m3 locked into the cache in the same commit
     other = client.get_queue_receiver("q")
-    assert len(other.receive_messages(max_message_count=5)) == 1  # the prefetched three are locked
-    second = receiver.receive_messages(max_message_count=2)
-    assert [m.sequence_number for m in second] == [first[0].sequence_number + 1, first[0].sequence_number + 2]
-    receiver._prefetched[0].locked_until_utc = datetime.now(timezone.utc) - timedelta(seconds=1)
-    assert receiver.receive_messages(max_wait_time=0) == []  # an expired cached lock is dropped, not returned
+    (last,) = other.receive_messages(max_message_count=5)
+    assert str(last) == "m4"
+    other.complete_message(last)
+    _sleep_past(first.locked_until_utc)
+    got = receiver.receive_messages(max_message_count=3)
+    # the cached m1-m3 (delivery 1, locks lapsed) are dropped: these are fresh locks, delivered a second time
+    assert [str(m) for m in got] == ["m0", "m1", "m2"]
+    assert all(m.delivery_count == 2 and m.locked_until_utc > datetime.now(timezone.utc) for m in got)
+    with pytest.raises(MessageLockLostError):
+        receiver.complete_message(first)
+    assert receiver.complete_messages(got) == 3
+    (rest,) = receiver.receive_messages(max_message_count=5)  # m3, prefetched again with the fresh locks
+    assert (str(rest), rest.delivery_count) == ("m3", 2)
+    receiver.complete_message(rest)
+    assert counts(admin, "q") == (0, 0, 0, 0)
 
 
 def test_waiting_and_iteration(admin, client):
@@ -216,13 +245,15 @@ def test_receiver_errors(admin, client):
     assert client.get_subscription_receiver("t", "s").receive_messages(max_message_count=3) == []
 
 
+@pytest.mark.slow
 def test_complete_messages_is_all_or_nothing_across_partitions(admin, client):
     admin.create_queue("p", enable_partitioning=True, lock_duration="PT5S")
     send(client, "p", *[ServiceBusMessage(f"m{i}", partition_key=f"k{i % 3}") for i in range(9)])
     receiver = client.get_queue_receiver("p")
     first = receiver.receive_messages(max_message_count=9)
     assert len({m.sequence_number >> 48 for m in first}) == 3
-    time.sleep(5.5)  # the locks lapse; another receiver takes three messages of one partition
+    # the locks lapse; another receiver takes three messages of one partition
+    _sleep_past(max(m.locked_until_utc for m in first))
     thief = client.get_queue_receiver("p")
     stolen = thief.receive_messages(max_message_count=3)
     with pytest.raises(MessageLockLostError, match="nothing completed"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 import pytest
 from chispa import assert_df_equality
@@ -29,23 +30,40 @@ def test_auto_lock_renewer_keeps_a_lock_past_its_duration(admin, client):
     assert admin.get_queue_runtime_properties("q").total_message_count == 0
 
 
-def test_auto_lock_renewer_reports_failures(admin, client):
-    admin.create_queue("q")
-    client.get_queue_sender("q").send_messages(ServiceBusMessage("x"))
+def _sleep_past(locked_until: datetime, headroom: float = 1.0) -> None:
+    """Sleep until headroom seconds after a lock lapses."""
+    time.sleep(max(0.0, (locked_until - datetime.now(timezone.utc)).total_seconds() + headroom))
+
+
+@pytest.mark.slow
+def test_auto_lock_renewer_reports_locks_that_really_lapsed(admin, client):
+    admin.create_queue("q", lock_duration="PT5S")
+    client.get_queue_sender("q").send_messages([ServiceBusMessage("taken"), ServiceBusMessage("lapsed")])
     receiver = client.get_queue_receiver("q")
-    (message,) = receiver.receive_messages()
-    message.lock_token = "not-the-lock"  # as if another receiver had taken the message
+    taken, lapsed = receiver.receive_messages(max_message_count=2)
+    _sleep_past(max(taken.locked_until_utc, lapsed.locked_until_utc))
+    thief = client.get_queue_receiver("q")
+    (stolen,) = thief.receive_messages()  # the oldest message, its lock lapsed: delivered again
+    assert (stolen.sequence_number, stolen.delivery_count) == (taken.sequence_number, 2)
     failures = []
-    renewer = AutoLockRenewer(on_lock_renew_failure=lambda m, e: failures.append(e))
-    renewer.register(receiver, message)
-    message.locked_until_utc = message.enqueued_time_utc  # due for renewal now
+    renewer = AutoLockRenewer(on_lock_renew_failure=lambda m, e: failures.append((m, e)))
+    renewer.register(receiver, taken)   # lapsed and taken by another receiver
+    renewer.register(receiver, lapsed)  # lapsed, nobody took it yet
     deadline = time.monotonic() + 10
-    while not failures and time.monotonic() < deadline:
+    while len(failures) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     renewer.close()
-    assert len(failures) == 1 and isinstance(failures[0], MessageLockLostError)
+    assert sorted(m.sequence_number for m, _ in failures) == sorted([taken.sequence_number, lapsed.sequence_number])
+    assert all(isinstance(e, MessageLockLostError) for _, e in failures)
+    with pytest.raises(MessageLockLostError):
+        receiver.complete_message(lapsed)  # the renewer renewed nothing behind our back
+    thief.complete_message(stolen)  # the other receiver's lock is untouched
+    (again,) = thief.receive_messages()
+    assert (again.sequence_number, again.delivery_count) == (lapsed.sequence_number, 2)
+    thief.complete_message(again)
+    assert admin.get_queue_runtime_properties("q").total_message_count == 0
     with pytest.raises(ValueError, match="closed"):
-        renewer.register(receiver, message)
+        renewer.register(receiver, again)
 
 
 @pytest.mark.spark

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import drain, run_spawned
+from conftest import drain, run_spawned, stored_messages
 
 from sparkbus import ServiceBusMessage, storage
 from sparkbus.engine import retention
@@ -37,6 +37,9 @@ def test_completed_messages_leave_and_numbering_continues(admin, client, ns_path
     deferred = receiver.receive_messages(max_message_count=1)[0]
     receiver.defer_message(deferred)
     before = admin.get_queue_runtime_properties("q")
+    live = [r for r in stored_messages(admin, "q").to_pylist() if r["sequence_number"] > 30]
+    live_bytes = sum(r["body_size"] + r["header_size"] for r in live)
+    assert (before.active_message_count, before.total_message_count, before.size_in_bytes) == (10, 10, live_bytes)
 
     assert _run(admin, ns_path, "q") == 30
     assert _count(admin, "q", "messages") == 10
@@ -45,7 +48,7 @@ def test_completed_messages_leave_and_numbering_continues(admin, client, ns_path
     assert _count(admin, "q", "locks") == 1  # the deferred message keeps its state row
     after = admin.get_queue_runtime_properties("q")
     assert (after.active_message_count, after.total_message_count, after.size_in_bytes) == \
-           (before.active_message_count, before.total_message_count, before.size_in_bytes) == (10, 10, after.size_in_bytes)
+           (before.active_message_count, before.total_message_count, before.size_in_bytes)
 
     rest = receiver.receive_messages(max_message_count=50)
     assert [m.sequence_number for m in rest] == list(range(32, 41))  # nothing completed comes back
@@ -143,3 +146,113 @@ def _dispatch(path, queue, worker, barrier, results):
         _retain(path, queue, worker, barrier, results)
     else:
         drain(path, queue, worker, barrier, results, batch_size=25, together=True)
+
+
+def _through(versions_reached, act, *targets) -> None:
+    """act() until every table's version (versions_reached()) is at least its target."""
+    for _ in range(200):
+        if all(v >= t for v, t in zip(versions_reached(), targets)):
+            return
+        act()
+    raise AssertionError(f"versions {versions_reached()} never reached {targets}")
+
+
+def test_sender_and_receiver_whose_table_version_was_cleaned_up_reopen(admin, client, ns_path):
+    """A long-idle sender and receiver hold table objects at versions whose log entries another client's
+    checkpoints let go (delta.logRetentionDuration, lowered here to 1 s on the entity's tables): their
+    next operations must reopen the tables and decide on the current version."""
+    import os
+    import time
+
+    from sparkbus.storage import maintenance
+
+    admin.create_queue("q")
+    uris = admin.get_entity_tables("q")
+    for role in ("messages", "locks"):
+        storage.open_table(uris[role]).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 second"})
+    idle_sender, idle_receiver = client.get_queue_sender("q"), client.get_queue_receiver("q")
+    idle_sender.send_messages(ServiceBusMessage("first"))
+    (first,) = idle_receiver.receive_messages()
+    idle_receiver.complete_message(first)
+    # the versions the idle sender's and receiver's table objects are at
+    idle = {role: storage.open_table(uris[role]).version() for role in ("messages", "locks")}
+    assert max(idle.values()) < maintenance.CHECKPOINT_EVERY
+
+    busy_sender, busy_receiver = client.get_queue_sender("q"), client.get_queue_receiver("q")
+    busy = []
+
+    def work() -> None:  # one commit to messages, two to locks
+        busy_sender.send_messages(ServiceBusMessage(f"busy {len(busy)}"))
+        (m,) = busy_receiver.receive_messages()
+        busy_receiver.complete_message(m)
+        busy.append(m.sequence_number)
+
+    def versions() -> list[int]:
+        return [storage.open_table(uris[role]).version() for role in ("messages", "locks")]
+
+    # Log cleanup only goes up to a checkpoint older than the retention: write one on each table, let it
+    # (and the idle versions' successors) age past the 1 s retention, then reach the next checkpoint.
+    _through(versions, work, maintenance.CHECKPOINT_EVERY, maintenance.CHECKPOINT_EVERY)
+    time.sleep(2.5)
+    _through(versions, work, 2 * maintenance.CHECKPOINT_EVERY + 1, 2 * maintenance.CHECKPOINT_EVERY + 1)
+    assert maintenance.wait_idle(60)
+    for role, version in idle.items():
+        log = os.path.join(uris[role], "_delta_log")
+        missing = [v for v in (version, version + 1) if not os.path.exists(os.path.join(log, f"{v:020d}.json"))]
+        assert missing == [version, version + 1], f"{role}: the idle version's log was not cleaned up"
+
+    idle_sender.send_messages(ServiceBusMessage("after"))  # numbered on the current version, not the stale one
+    got = idle_receiver.receive_messages(max_message_count=5)
+    assert [str(m) for m in got] == ["after"] and got[0].delivery_count == 1
+    assert got[0].sequence_number == len(busy) + 2  # gap-free after "first" and every busy message
+    assert idle_receiver.complete_messages(got) == 1
+    assert busy == list(range(2, len(busy) + 2))
+    assert admin.get_queue_runtime_properties("q").total_message_count == 0
+
+
+def test_receivers_trigger_retention_on_their_own(admin, client):
+    """Completing through the public API alone lets completed rows leave: every RUN_EVERY-th locks-table
+    version the receiver that committed it runs retention on that partition, which removes rows once
+    MIN_REMOVED and a quarter of the partition are gone; live messages all stay receivable."""
+    admin.create_queue("q")
+    uris = admin.get_entity_tables("q")
+    sent = 8_000
+    sender = client.get_queue_sender("q")
+    for start in range(0, sent, 1_000):
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(start, start + 1_000)])
+    receiver = client.get_queue_receiver("q")
+    (deferred,) = receiver.receive_messages()
+    receiver.defer_message(deferred)
+
+    def stored() -> set[int]:
+        table = storage.open_table(uris["messages"])
+        return set(storage.query("SELECT sequence_number FROM t", t=table)["sequence_number"].to_pylist())
+
+    completed: set[int] = set()
+    earlier: set[int] = set()
+    for _ in range(70):  # 140 locks versions at most: past two retention points (RUN_EVERY apart)
+        earlier = set(completed)
+        batch = receiver.receive_messages(max_message_count=100)
+        assert receiver.complete_messages(batch) == 100
+        completed |= {m.sequence_number for m in batch}
+        if len(stored()) < sent:
+            break
+    remaining = stored()
+    assert len(remaining) < sent, "no automatic retention run within 7,000 completions"
+    assert sent - len(remaining) >= retention.MIN_REMOVED
+    assert not remaining & earlier  # everything completed before the run's commit left
+    live = set(range(1, sent + 1)) - completed
+    assert live <= remaining and deferred.sequence_number in live
+    locks = storage.open_table(uris["locks"])
+    states = set(storage.query("SELECT sequence_number FROM t", t=locks)["sequence_number"].to_pylist())
+    assert not states & (earlier - remaining)  # their state rows left too
+    assert admin.get_queue_runtime_properties("q").active_message_count == len(live)
+
+    got = []
+    while batch := receiver.receive_messages(max_message_count=1_000):
+        got += batch
+        receiver.complete_messages(batch)
+    assert sorted(m.sequence_number for m in got) == sorted(live - {deferred.sequence_number})
+    assert {m.delivery_count for m in got} == {1}  # nothing completed came back, nothing was delivered twice
+    (again,) = receiver.receive_deferred_messages([deferred.sequence_number])
+    assert str(again) == str(deferred) and again.delivery_count == 2

@@ -1,11 +1,13 @@
 """Runtime properties aggregate over every partition of an entity's Delta tables."""
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 from deltalake import write_deltalake
 
+from sparkbus import ServiceBusMessage
 from sparkbus.storage import schemas
 
 
@@ -32,7 +34,36 @@ def test_empty_entity_counts_zero(admin):
     admin.create_queue("q", enable_partitioning=True)
     rt = admin.get_queue_runtime_properties("q")
     assert (rt.active_message_count, rt.total_message_count, rt.size_in_bytes, rt.partition_count) == (0, 0, 0, 16)
-    assert rt.accessed_at_utc is not None
+
+
+def _to_ms(t: datetime) -> datetime:
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)  # Delta commit times are in milliseconds
+
+
+def test_accessed_at_moves_forward_with_sends_receives_and_settlements(admin, client):
+    """accessed_at_utc: when the entity last took a send, receive or settlement (its tables' latest commit);
+    a new entity reports its creation."""
+    created = admin.create_queue("q").created_at_utc
+    stamps = [admin.get_queue_runtime_properties("q").accessed_at_utc]
+    assert stamps[0].tzinfo is not None and abs(stamps[0] - created) < timedelta(seconds=5)
+    sender, receiver = client.get_queue_sender("q"), client.get_queue_receiver("q")
+    received = []
+
+    def access(action) -> None:
+        time.sleep(0.01)  # a later millisecond than the previous access
+        before = _to_ms(datetime.now(timezone.utc))
+        action()
+        after = datetime.now(timezone.utc)
+        accessed = admin.get_queue_runtime_properties("q").accessed_at_utc
+        assert before <= accessed <= after and accessed > stamps[-1]
+        stamps.append(accessed)
+
+    access(lambda: sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")]))
+    access(lambda: received.extend(receiver.receive_messages(max_message_count=2)))
+    access(lambda: receiver.complete_message(received[0]))
+    access(lambda: receiver.abandon_message(received[1]))
+    time.sleep(0.01)
+    assert admin.get_queue_runtime_properties("q").accessed_at_utc == stamps[-1]  # reading counts is no access
 
 
 def test_counts_and_sizes_over_all_partitions(admin):

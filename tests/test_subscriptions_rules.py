@@ -67,7 +67,13 @@ def test_subscription_quota(ns_path):
     admin.create_subscription("t", "b")
     with pytest.raises(ServiceBusQuotaExceededError, match="2 subscriptions"):
         admin.create_subscription("t", "c")
+    assert [s.name for s in admin.list_subscriptions("t")] == ["a", "b"]  # the refused one was not stored
     admin.create_subscription("u", "c")  # the quota is per topic
+    assert [s.name for s in admin.list_subscriptions("u")] == ["c"]
+    assert admin.get_topic_runtime_properties("u").subscription_count == 1
+    admin.delete_subscription("t", "b")
+    admin.create_subscription("t", "c")  # a freed place can be taken again
+    assert [s.name for s in admin.list_subscriptions("t")] == ["a", "c"]
 
 
 def test_rules_are_stored_faithfully(admin, topic):
@@ -143,6 +149,14 @@ def test_filter_quotas_per_topic(ns_path):
     with pytest.raises(ServiceBusQuotaExceededError, match="SQL filters"):
         admin.update_rule("t", "a", "$Default", filter=SqlRuleFilter("x = 9"))
     admin.create_rule("t", "a", "t1", filter=TrueRuleFilter())  # True/False filters count toward neither
+    admin.create_rule("t", "b", "f1", filter=FalseRuleFilter())
+    rules = {(sub, r.name): r.filter for sub in ("a", "b") for r in admin.list_rules("t", sub)}
+    assert set(rules) == {("a", "$Default"), ("a", "s1"), ("a", "c1"), ("a", "t1"),
+                          ("b", "$Default"), ("b", "s2"), ("b", "f1")}  # nothing refused was stored
+    assert isinstance(rules[("a", "$Default")], TrueRuleFilter)  # the refused update left it unchanged
+    assert isinstance(rules[("a", "t1")], TrueRuleFilter) and isinstance(rules[("b", "f1")], FalseRuleFilter)
+    counts = admin.get_topic_runtime_properties("t")
+    assert (counts.sql_filter_count, counts.correlation_filter_count) == (2, 1)
 
 
 def test_delete_topic_cascades(admin, topic, ns_path):
