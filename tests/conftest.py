@@ -1,11 +1,11 @@
 """Shared fixtures: namespaces on real disk and on a real Azure Storage emulator (Azurite), one SparkSession
 per test run, spawned subprocess helpers.
 
-Modules listed in BOTH_STORES, and tests marked both_stores elsewhere (the concurrency, fan-out and
-forwarding properties), run every test that takes ns_path twice: on a local directory ("local") and
-on an az:// prefix of Azurite ("azurite", marked slow); a test that only makes sense on local disk, or
-whose size makes the emulator take minutes, is marked local_only. Azurite is the one `make install` puts under .azurite/ (npm), started on a free loopback port
-for the run; delta-rs and obstore find it through the environment variables set here, which spawned
+Modules listed in BOTH_STORES (send, receive, sessions, DataFrame send, fan-out, forwarding and the
+concurrency suites) run every test that takes ns_path twice: on a local directory ("local") and on an
+az:// prefix of Azurite ("azurite", marked slow); a test that only makes sense on local disk, or whose
+size makes the emulator take minutes, is marked local_only. Azurite is the one `make install` puts under
+.azurite/ (npm), started on a free loopback port for the run; delta-rs and obstore find it through the environment variables set here, which spawned
 processes inherit.
 """
 from __future__ import annotations
@@ -30,17 +30,16 @@ AZURITE = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 CONTAINER = "sparkbus"
-BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_object_store", "test_dataframe_send"}
+BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_object_store", "test_dataframe_send", "test_topics",
+               "test_forwarding", "test_concurrency", "test_send_concurrency", "test_receive_concurrency"}
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "local_only: runs on a local namespace only (local files, fsync, permissions)")
-    config.addinivalue_line("markers", "both_stores: runs on a local and an Azurite namespace (in other modules)")
 
 
 def pytest_generate_tests(metafunc):
-    chosen = metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_STORES or metafunc.definition.get_closest_marker(
-        "both_stores")
+    chosen = metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_STORES
     if "ns_path" in metafunc.fixturenames and chosen and not metafunc.definition.get_closest_marker("local_only"):
         # the emulator is slow (a commit takes tens of milliseconds): its runs belong to `make test`, not test-fast
         metafunc.parametrize("store", ["local", pytest.param("azurite", marks=pytest.mark.slow)], indirect=True)
@@ -58,13 +57,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def azurite(tmp_path_factory):
+def azurite():
     """An Azurite blob service on loopback for the run, its container created; yields the az:// base."""
     if not os.path.exists(AZURITE):
         pytest.fail(f"Azurite is not installed at {AZURITE}: run `make install` (npm install azurite)")
     port = _free_port()
-    data = tmp_path_factory.mktemp("azurite")
-    server = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data),
+    # in memory: blobs and their metadata are never written to disk (a run's data is small), which keeps the
+    # emulator's requests fast as the run's data grows
+    server = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                                "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

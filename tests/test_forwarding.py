@@ -45,7 +45,6 @@ def placed(admin, path):
     return {r["message_id"]: (r["partition_id"], r["transfer_hop_count"]) for r in rows}
 
 
-@pytest.mark.both_stores
 def test_chain_queue_queue_topic_subscription_queue(admin, client, ns_path):
     admin.create_queue("last", enable_partitioning=True, requires_duplicate_detection=True)
     admin.create_topic("t", enable_partitioning=True)
@@ -239,7 +238,6 @@ def _forward_forever(path: str, barrier, results) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.both_stores
 def test_killed_forwarder_neither_loses_nor_duplicates(admin, client, ns_path, spawn):
     admin.create_queue("dest", enable_partitioning=True)
     admin.create_queue("src", enable_partitioning=True, forward_to="dest")
@@ -276,6 +274,7 @@ def wait_for(client, queue, count, timeout=90):
     return got
 
 
+@pytest.mark.local_only  # Spark queries on az:// run in test_object_store and test_jobs
 def test_forward_once_and_a_running_forwarding_query(spark, admin, client, ns_path):
     from sparkbus.streaming import forward_once, start_forwarding
 
@@ -302,6 +301,7 @@ def test_forward_once_and_a_running_forwarding_query(spark, admin, client, ns_pa
         stop_query(query)
 
 
+@pytest.mark.local_only  # Spark queries on az:// run in test_object_store and test_jobs
 def test_serve_handle_runs_fanout_and_forwarding(spark, admin, client, ns_path):
     from sparkbus.streaming import serve
 
@@ -330,6 +330,7 @@ def test_serve_handle_runs_fanout_and_forwarding(spark, admin, client, ns_path):
         assert counts.transfer_message_count == 0 and counts.total_message_count == 0
 
 
+@pytest.mark.local_only  # Spark queries on az:// run in test_object_store and test_jobs
 def test_cli_forward_once(spark, admin, client, ns_path, capsys):
     from sparkbus.cli import main
 
@@ -343,6 +344,7 @@ def test_cli_forward_once(spark, admin, client, ns_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.local_only  # signal handling, not storage
 def test_sparkbus_serve_subprocess_stops_on_a_signal(admin, client, ns_path, stop_signal):
     import subprocess
     import sys

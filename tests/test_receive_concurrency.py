@@ -9,7 +9,6 @@ from sparkbus.storage import schemas
 
 
 @pytest.mark.slow
-@pytest.mark.both_stores
 def test_four_competing_receivers_complete_each_message_once(spawn, admin, client, ns_path, store):
     per_chunk = 25 if store == "azurite" else 100  # the emulator takes a minute for 400: 100 prove the same
     admin.create_queue("work", enable_partitioning=True, lock_duration="PT1M")

@@ -114,21 +114,21 @@ def test_keyless_messages_avoid_unavailable_partitions(admin, client, ns_path):
 
 
 @pytest.mark.slow
-@pytest.mark.local_only  # placement by count, not storage: 1,600 single commits take minutes on the emulator
+@pytest.mark.local_only  # placement by count, not storage: 800 single commits take minutes on the emulator
 def test_keyless_single_sends_go_round_robin_over_all_16_partitions(admin, client):
-    """Each sender places keyless messages round-robin from a random partition: 1,600 single sends put
-    exactly 100 into each of the 16 partitions, each call's one message in its own commit."""
+    """Each sender places keyless messages round-robin from a random partition: 800 single sends put
+    exactly 50 into each of the 16 partitions, each call's one message in its own commit."""
     admin.create_queue("rr", enable_partitioning=True)
     sender = client.get_queue_sender("rr")
-    for i in range(1_600):
+    for i in range(800):
         sender.send_messages(ServiceBusMessage(b"x", message_id=f"m{i}"))
     rows = stored_messages(admin, "rr")
     counts = {}
     for pid in rows["partition_id"].to_pylist():
         counts[pid] = counts.get(pid, 0) + 1
-    assert counts == {p: 100 for p in range(16)}
+    assert counts == {p: 50 for p in range(16)}
     by_id = dict(zip(rows["message_id"].to_pylist(), rows["partition_id"].to_pylist()))
-    assert all((by_id[f"m{i + 1}"] - by_id[f"m{i}"]) % 16 == 1 for i in range(1_599))  # the next partition each time
+    assert all((by_id[f"m{i + 1}"] - by_id[f"m{i}"]) % 16 == 1 for i in range(799))  # the next partition each time
 
 
 def test_size_limits_write_nothing(admin, client, tmp_path):

@@ -29,7 +29,6 @@ def _send_ids(path, queue, worker, ids, barrier, results):
 
 
 @pytest.mark.slow
-@pytest.mark.both_stores
 def test_four_processes_into_one_partition_are_gap_free(spawn, admin, ns_path):
     admin.create_queue("hot", enable_partitioning=True)
     run_spawned(spawn, _send, [(ns_path, "hot", w, 25, 4, "same-key") for w in range(4)])
@@ -45,7 +44,6 @@ def test_four_processes_into_one_partition_are_gap_free(spawn, admin, ns_path):
 
 
 @pytest.mark.slow
-@pytest.mark.both_stores
 def test_concurrent_duplicates_are_discarded(spawn, admin, ns_path):
     admin.create_queue("dd", enable_partitioning=True, requires_duplicate_detection=True)
     ids = [f"id-{i}" for i in range(30)]
@@ -72,6 +70,7 @@ def _send_under_policy(path, worker, count, retry_total, barrier, results):
 
 
 @pytest.mark.slow
+@pytest.mark.local_only  # the policy under contention, not storage: six writers take the emulator minutes
 @pytest.mark.parametrize("retry_total", [0, 6])
 def test_retry_policy_under_six_writers_of_one_partition(spawn, admin, ns_path, retry_total):
     """retry_total=0: a send that loses every immediate re-plan raises at once, and wrote nothing; a bounded

@@ -58,7 +58,6 @@ def orders(count=6):
             for i in range(count)]
 
 
-@pytest.mark.both_stores
 def test_each_subscription_receives_exactly_its_copies(topic, client, ns_path):
     topic.create_subscription("events", "all")                                # $Default: TrueRuleFilter
     only_rules(topic, "red", [("red", SqlRuleFilter("color = @c", {"@c": "red"}), None)])
@@ -260,7 +259,6 @@ def _check_each_copy_once(topic, count=6, messages=400):
 
 
 @pytest.mark.slow
-@pytest.mark.both_stores
 def test_two_concurrent_fanouts_neither_duplicate_nor_lose(topic, client, ns_path, spawn):
     from conftest import run_spawned
 
@@ -279,6 +277,7 @@ def _fanout_slowly(ns_path):
 
 
 @pytest.mark.slow
+@pytest.mark.local_only  # the claims it proves are storage-independent; a killed forwarder runs on both stores
 def test_fanout_killed_mid_batch_then_restarted(topic, client, ns_path, spawn):
     _many_subscriptions(topic, client)
     path = normalize(ns_path)
