@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast crash bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store clean
+.PHONY: install demo test test-fast crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ test-fast: install
 # The crash harness's full run (`make test` runs 6 kills of it): CRASH_SEED=N replays a run.
 crash: install
 	CRASH_KILLS=$${CRASH_KILLS:-60} $(BIN)/python -m pytest tests/test_crash.py -s -p no:cacheprovider
+
+# 4 senders and 4 receivers with the namespace service for SOAK_MINUTES (default 10), then a checker.
+soak: install
+	$(BIN)/python benchmarks/soak.py --minutes $${SOAK_MINUTES:-10}
 
 bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store
 
