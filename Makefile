@@ -48,7 +48,7 @@ crash: install
 
 # 4 senders and 4 receivers with the namespace service for SOAK_MINUTES (default 10), then a checker.
 soak: install
-	$(BIN)/python benchmarks/soak.py --minutes $${SOAK_MINUTES:-10}
+	$(BIN)/python tests/soak.py --minutes $${SOAK_MINUTES:-10}
 
 bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store
 

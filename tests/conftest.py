@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -145,7 +146,14 @@ def run_spawned(spawn, target, argument_lists, timeout: float = 300) -> list:
     procs = [spawn.Process(target=target, args=(*args, barrier, results)) for args in argument_lists]
     for p in procs:
         p.start()
-    outcomes = [results.get(timeout=timeout) for _ in procs]
+    outcomes, deadline = [], time.monotonic() + timeout
+    while len(outcomes) < len(procs):  # a worker that died is reported at once, not after the timeout
+        try:
+            outcomes.append(results.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a spawned worker died (exit codes {dead}) before answering"
+            assert time.monotonic() < deadline, f"spawned workers did not answer within {timeout} s"
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

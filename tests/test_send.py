@@ -261,23 +261,6 @@ def test_interleaved_senders_never_overwrite_each_other(admin, client):
     assert {b"a-x1", b"a-y1", b"b-y2", b"a-x2", b"a-y3"} <= set(rows["body"].to_pylist())
 
 
-@pytest.mark.slow
-def test_sender_idle_longer_than_log_retention(admin, client):
-    """An idle sender's table version can outlive its log files (3 s retention); it must reopen and go on."""
-    import time
-
-    admin.create_queue("idle", enable_partitioning=True)
-    idle, busy = client.get_queue_sender("idle"), client.get_queue_sender("idle")
-    idle.send_messages(ServiceBusMessage("first", partition_key="k"))
-    time.sleep(4)
-    for i in range(25):  # checkpoints every 10 versions clean up log files older than the retention
-        busy.send_messages(ServiceBusMessage(f"busy {i}", partition_key="k"))
-    idle.send_messages(ServiceBusMessage("after", partition_key="k"))
-    rows = stored_messages(admin, "idle")
-    assert [n & ((1 << 48) - 1) for n in rows["sequence_number"].to_pylist()] == list(range(1, 28))
-    assert rows["body"].to_pylist()[-1] == b"after"
-
-
 def test_small_files_are_compacted_in_the_background_without_changing_a_message(admin, client):
     from sparkbus import storage
     from sparkbus.storage import maintenance

@@ -1,17 +1,18 @@
 """Soak: 4 sender and 4 receiver processes for a given time on a 16-partition queue and on a topic with two
 subscriptions, with the namespace service (`sparkbus serve`) fanning out; then a checker.
 
-    python benchmarks/soak.py --minutes 10          (make soak; SOAK_MINUTES=N)
+    python tests/soak.py --minutes 10          (make soak; SOAK_MINUTES=N)
 
 Senders send batches of 1-50 messages alternately to the queue and the topic and log, fsynced, the ids
 of every acknowledged send. Receivers (two on the queue, one on each subscription) receive up to 100
 messages, complete them, and log each receipt (message id, sequence number, when it was received, the
-lock's expiry) and each acknowledged completion. After the time is up the senders stop, the receivers
-drain until nothing arrives for 15 s, and the service stops. The checker then requires: no loss (every
-acknowledged message completed, on the queue once and on each subscription once), no duplicate
-completion, no double lock (a message received again only after the previous lock lapsed), gap-free
-numbering (the sequence numbers completed in each partition are 1..highest), and runtime counts equal
-to the tables (everything drained: 0 messages, and as many as the entities' tables hold).
+lock's expiry) and each acknowledged completion. After the time is up the senders stop, the service
+fans out what is left, the receivers drain until nothing arrives for 15 s, and the service stops. The
+checker then requires: no loss (every acknowledged message completed, on the queue once and on each
+subscription once), no duplicate completion, no double lock (a message received again only after the
+previous lock lapsed), gap-free numbering (the sequence numbers completed in each partition are
+1..highest), and runtime counts equal to the tables (everything drained: 0 messages, and as many as the
+entities' tables hold).
 """
 from __future__ import annotations
 
@@ -33,18 +34,11 @@ import sparkbus
 from sparkbus import ServiceBusClient, ServiceBusMessage
 from sparkbus.core import sequencing
 
+from crash_worker import Log  # the fsynced line log the crash harness's workers keep
+
 ENTITIES = {"q": ("q",), "t": ("t/Subscriptions/a", "t/Subscriptions/b")}
 RECEIVERS = ("q", "q", "t/Subscriptions/a", "t/Subscriptions/b")
 QUIET_SECONDS = 15.0
-
-
-class Log:
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, **record: object) -> None:
-        os.write(self._fd, (json.dumps(record) + "\n").encode())
-        os.fsync(self._fd)
 
 
 def sender(ns: str, log_path: str, worker: int, stop_at: float) -> None:
@@ -156,9 +150,14 @@ def main() -> int:
     admin.create_topic("t", enable_partitioning=True)
     for name in ("a", "b"):
         admin.create_subscription("t", name, lock_duration="PT30S")
+    service_log = os.path.join(root, "service.log")
     service = subprocess.Popen([sys.executable, "-m", "sparkbus.cli", "serve", "--namespace", ns,
                                 "--trigger-ms", "300", "--maintenance-interval", "20"],
-                               stdout=open(os.path.join(root, "service.log"), "w"), stderr=subprocess.STDOUT)
+                               stdout=open(service_log, "w"), stderr=subprocess.STDOUT)
+    while "serving namespace" not in open(service_log).read():  # Spark is up: the clock starts now
+        if service.poll() is not None:
+            raise SystemExit(f"the namespace service failed: {open(service_log).read()[-2000:]}")
+        time.sleep(0.5)
     spawn = multiprocessing.get_context("spawn")
     started, stop_at = time.time(), time.time() + args.minutes * 60
     logs = [os.path.join(root, f"{kind}-{i}.log") for kind in ("send", "recv") for i in range(4)]
@@ -169,6 +168,9 @@ def main() -> int:
         p.start()
     for p in procs[:4]:
         p.join()
+    deadline = time.monotonic() + 600  # the service fans out what the senders sent last
+    while admin.get_topic_runtime_properties("t").active_message_count and time.monotonic() < deadline:
+        time.sleep(1)
     with open(stop_file, "w"):
         pass
     for p in procs[4:]:
