@@ -37,8 +37,8 @@ from .engine.retry import RetryPolicy
 from .engine.throttle import Usage
 from .engine.registry import table_uris
 from .engine.runtime import entity_counts
-from .exceptions import (StorageError, InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
-                         ServiceBusQuotaExceededError)
+from .exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
+                         ServiceBusQuotaExceededError, StorageError)
 from .storage.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 
 ENTITIES_DIR = "entities"
@@ -504,7 +504,8 @@ class ServiceBusAdministrationClient:
                 extra["size_in_bytes"] = self._runtime(snap, row).size_in_bytes
         else:
             extra = {"topic_name": snap.rows[row.parent].path}
-        down = set(unavailable_partitions(snap, row.key, row.partition_count)) | detected_faults(self._catalog.root, row.path)
+        down = (set(unavailable_partitions(snap, row.key, row.partition_count))
+                | detected_faults(self._catalog.root, row.path))
         return entities.PROPERTIES_CLASS[row.kind](
             name=_display_name(row), partition_count=row.partition_count, availability_status=_status(down),
             created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options, **extra)

@@ -5,7 +5,8 @@ Modules listed in BOTH_STORES (send, receive, sessions, DataFrame send, fan-out,
 concurrency suites) run every test that takes ns_path twice: on a local directory ("local") and on an
 az:// prefix of Azurite ("azurite", marked slow); a test that only makes sense on local disk, or whose
 size makes the emulator take minutes, is marked local_only. Azurite is the one `make install` puts under
-.azurite/ (npm), started on a free loopback port for the run; delta-rs and obstore find it through the environment variables set here, which spawned
+.azurite/ (npm), started on a free loopback port for the run; delta-rs and obstore find it through the
+environment variables set here, which spawned
 processes inherit.
 """
 from __future__ import annotations

@@ -95,7 +95,8 @@ def check(ns: str, logs: list[str]) -> dict:
                 elif "received" in record:
                     for i, seq, until in record["msgs"]:
                         receipts[(record["received"], i)].append((record["at"], until))
-                        numbers[record["received"]][sequencing.partition_of_sequence(seq)].add(seq & sequencing.LOW_MASK)
+                        partition = sequencing.partition_of_sequence(seq)
+                        numbers[record["received"]][partition].add(seq & sequencing.LOW_MASK)
                 elif "completed" in record:
                     completed[record["completed"]].update(record["ids"])
     problems = []

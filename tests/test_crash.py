@@ -64,7 +64,8 @@ class Ledger:
     events: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # q: acks per id, in order
     open_ops: dict[str, str] = field(default_factory=dict)  # q ids whose last started op was never acked
     last_received: dict[str, int] = field(default_factory=dict)  # q id -> delivery count when last received
-    states: dict[str, list[tuple[str, bool]]] = field(default_factory=lambda: defaultdict(list))  # session -> (value, acked)
+    # session -> [(value, acknowledged)] in the order set
+    states: dict[str, list[tuple[str, bool]]] = field(default_factory=lambda: defaultdict(list))
     created: dict[str, bool] = field(default_factory=dict)  # management: queue -> exists per the acks
     uncertain: set[str] = field(default_factory=set)  # queues whose create or delete was interrupted
     interrupted: Counter = field(default_factory=Counter)  # the operation each kill landed in
@@ -203,7 +204,8 @@ def check_final(ns: str, ledger: Ledger, spark) -> None:
     even = {batch[k] for entity, batch in ledger.batches if entity == "t" for k in range(0, len(batch), 2)} & topic
     for entity, wanted in (("t/Subscriptions/even", even), ("dst", source)):
         present = set(messages_of(ns, entity)[0])
-        assert present == wanted, f"{entity}: missing {sorted(wanted - present)[:5]}, extra {sorted(present - wanted)[:5]}"
+        assert present == wanted, \
+            f"{entity}: missing {sorted(wanted - present)[:5]}, extra {sorted(present - wanted)[:5]}"
     time.sleep(LOCK_SECONDS + 1.5)  # every lock the killed workers held has lapsed
     client = ServiceBusClient(ns)
     live = {m.message_id: m for m in peek_all(client, "q")}

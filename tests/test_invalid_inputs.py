@@ -77,7 +77,8 @@ def world(tmp_path_factory):
     with open(a_file, "w") as handle:
         handle.write("not a directory")
     names = dict(sparkbus=sparkbus, ServiceBusMessage=ServiceBusMessage, SqlRuleFilter=SqlRuleFilter,
-                 apply_definition=apply_definition, pandas=pandas, datetime=datetime, timedelta=timedelta, timezone=timezone, ns=ns,
+                 apply_definition=apply_definition, pandas=pandas, datetime=datetime, timedelta=timedelta,
+                 timezone=timezone, ns=ns,
                  admin=admin, client=client, sender=sender, receiver=receiver,
                  sub_receiver=client.get_subscription_receiver("t", "s"), closed_sender=closed_sender,
                  closed_receiver=closed_receiver, msg=msg, deferred_seq=first.sequence_number,
@@ -128,3 +129,25 @@ def test_the_cli_answers_a_missing_file_and_a_bad_namespace_in_one_line(tmp_path
         assert done.returncode == 1 and done.stderr.startswith("sparkbus: ") and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not os.path.exists(tmp_path / "ns") and not os.path.exists(tmp_path / "none")
+
+
+def test_a_bad_stored_rule_is_listed_and_can_be_repaired(tmp_path):
+    """A rule row that no longer passes the checks (an empty expression, as an older version could store)
+    never makes the management plane unusable: it is listed as stored, and update_rule replaces it."""
+    from sparkbus.engine.catalog import Catalog, Change
+
+    ns = str(tmp_path / "ns")
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_topic("t")
+    admin.create_subscription("t", "s")
+    admin.create_rule("t", "s", "r", filter=SqlRuleFilter("n = 1"))
+    catalog = Catalog(ns)
+    row = next(r for r in catalog.snapshot().of_kind("rule") if r.path.endswith("/r"))
+    emptied = dict(row.properties, filter=row.properties["filter"].replace('"n = 1"', '""'))
+    catalog.transact(lambda snap: Change(upserts=[row.updated(emptied)]))
+    assert [r.filter.sql_expression for r in admin.list_rules("t", "s")] == ["1=1", ""]
+    assert admin.get_rule("t", "s", "r").filter.sql_expression == ""
+    admin.create_rule("t", "s", "other", filter=SqlRuleFilter("n = 2"))  # the topic's other rules still work
+    admin.update_rule("t", "s", "r", filter=SqlRuleFilter("n = 3"))
+    assert admin.get_rule("t", "s", "r").filter == SqlRuleFilter("n = 3")

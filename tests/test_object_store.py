@@ -155,7 +155,8 @@ def test_machines_on_one_namespace_share_its_budget_through_leases(azurite, tmp_
     now = time.time()
     location.put(location.join(leases, "third"), json.dumps({"expires": now + 60}).encode())
     location.put(location.join(leases, "gone"), json.dumps({"expires": now - 5}).encode())
-    location.put(location.join(leases, "forgotten"), json.dumps({"expires": now - throttle.FORGET_SECONDS - 5}).encode())
+    forgotten = now - throttle.FORGET_SECONDS - 5
+    location.put(location.join(leases, "forgotten"), json.dumps({"expires": forgotten}).encode())
     admin.update_namespace(credits_per_second=3000)
     assert ledger.budget().credits_per_second == 1000  # three live leases; the expired ones count for nothing
     names = sorted(uri.rsplit("/", 1)[1] for uri in location.listing(leases))

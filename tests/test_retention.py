@@ -157,6 +157,7 @@ def _through(versions_reached, act, *targets) -> None:
     raise AssertionError(f"versions {versions_reached()} never reached {targets}")
 
 
+@pytest.mark.slow
 def test_sender_and_receiver_whose_table_version_was_cleaned_up_reopen(admin, client, ns_path):
     """A long-idle sender and receiver hold table objects at versions whose log entries another client's
     checkpoints let go (delta.logRetentionDuration, lowered here to 1 s on the entity's tables): their
@@ -210,6 +211,7 @@ def test_sender_and_receiver_whose_table_version_was_cleaned_up_reopen(admin, cl
     assert admin.get_queue_runtime_properties("q").total_message_count == 0
 
 
+@pytest.mark.slow
 def test_receivers_trigger_retention_on_their_own(admin, client):
     """Completing through the public API alone lets completed rows leave: every RUN_EVERY-th locks-table
     version the receiver that committed it runs retention on that partition, which removes rows once

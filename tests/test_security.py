@@ -32,7 +32,7 @@ def shared(tmp_path_factory):
     return ns, admin
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(NAME_PARTS, min_size=1, max_size=6).map("".join) | st.text(max_size=12))
 def test_no_entity_name_reaches_outside_the_namespace(shared, name):
     ns, admin = shared
@@ -92,6 +92,7 @@ def test_property_names_that_look_like_tables_or_code_are_only_property_names(sh
         admin.create_rule("t", "s", "$Default")
 
 
+@pytest.mark.slow
 @pytest.mark.local_only
 def test_a_read_only_namespace_refuses_writes_clearly_and_corrupts_nothing(tmp_path):
     """chattr +i makes files and directories immutable even for root (the suite's user here)."""

@@ -15,7 +15,8 @@ from sparkbus.core import throttling
 from sparkbus.core.throttling import Bucket, replenished
 from sparkbus.engine import fanout
 from sparkbus.engine.namespace import open_catalog
-from sparkbus.engine.throttle import Slots
+from sparkbus.engine.retry import NO_RETRY
+from sparkbus.engine.throttle import Slots, Usage
 
 from conftest import run_spawned, stored_messages
 
@@ -108,6 +109,20 @@ def test_out_of_credits_with_retry_total_0_raises_50009_and_does_nothing(ns_path
     assert all(m.delivery_count == 0 for m in peeked)  # nothing locked or delivered
     usage = admin.get_namespace_metrics()
     assert usage.throttled_requests >= 3
+
+
+def test_a_send_timeout_ends_the_wait_for_credits_and_writes_nothing(ns_path):
+    """timeout= bounds the retries of a throttled send: with seconds of credits owed, a 0.3 s timeout gives
+    OperationTimeoutError (nothing stored), the same send without one waits and succeeds."""
+    _filled(ns_path, 3000)
+    _in_debt(ns_path, 3000)  # about two seconds of credits owed
+    sender = ServiceBusClient(ns_path, retry_total=10).get_queue_sender("q")
+    with pytest.raises(sparkbus.OperationTimeoutError, match="within its timeout"):
+        sender.send_messages(ServiceBusMessage("late", message_id="late"), timeout=0.3)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path, retry_total=10)
+    assert "late" not in stored_messages(admin, "q")["message_id"].to_pylist()
+    sender.send_messages(ServiceBusMessage("late", message_id="late"))
+    assert stored_messages(admin, "q")["message_id"].to_pylist().count("late") == 1
 
 
 def test_a_throttled_request_succeeds_once_credits_return_and_is_stored_once(ns_path):
@@ -233,11 +248,13 @@ def test_a_burst_from_two_processes_shares_one_budget(ns_path, spawn):
 # ---- premium: the governor ------------------------------------------------------------------------------
 
 def _admitted(receiver, seconds: float) -> int:
-    """Credits admitted to peeks of 1,000 messages (retry_total=0) over `seconds`."""
+    """Credits the receiver's namespace governor admits over `seconds` to requests of 1,000 credits that do
+    nothing else (retry_total=0): the budget, not the machine's speed at peeking, bounds it."""
     admitted, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
         try:
-            admitted += len(receiver.peek_messages(1000, sequence_number=1))
+            receiver._governor.call("q", lambda: None, lambda _: Usage(1000), NO_RETRY)
+            admitted += 1000
         except ServiceBusServerBusyError:
             time.sleep(0.01)
     return admitted

@@ -148,7 +148,8 @@ class Delivery:
         """Lock (delete: remove) exactly these messages of `queue` (receive_deferred_messages), or none:
         MessageNotFoundError names the numbers that are not deliverable now, before anything is written.
         Partitions commit one by one, so a number taken by another receiver between the check and its
-        partition's commit releases the locks already taken here, delivery counts as they were."""
+        partition's commit releases the locks already taken here, delivery counts as they were (in
+        RECEIVE_AND_DELETE mode, what an earlier partition removed in that race stays removed)."""
         wanted = deferred_partitions(sequence_numbers)
         messages, state = self.snapshot(info)
         now = datetime.now(timezone.utc)

@@ -246,10 +246,13 @@ class EntityWriter:
             return retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
         except Exception as error:  # not transient (retry.run raised it): a partition's fault? (DataFusion
             # and object_store errors are plain Exceptions naming the file, OSErrors the path)
+            if isinstance(error, ServiceBusError):  # refused by a rule or a conflict: not the storage's fault
+                raise
             partition = info.fault_in(error)
             if partition is None or partition not in placed:
                 raise
-            # Nothing was committed: place again without it (keyless messages go elsewhere; keyed ones
+            # The write failed before its commit (reading or writing the partition's files), so nothing
+            # was committed: place again without it (keyless messages go elsewhere; keyed ones
             # raise PartitionUnavailableError). Each failure removes one partition, so this ends.
             try:
                 return self.append(rows, codes=codes, batch_limit=batch_limit, info=info,

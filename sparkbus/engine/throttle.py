@@ -28,12 +28,12 @@ there each machine keeps its own ledger (in storage.location.state_dir) and take
 (BudgetLease). Every RENEW_SECONDS while a process makes requests, a thread of it writes the machine's
 lease object under LEASE_DIR in the namespace (it expires LEASE_SECONDS later), counts the machines whose
 lease has not expired, reads the namespace's budget from the catalog and sets the ledger to budget /
-machines (rounded up). Exact within a machine; across machines the namespace admits its budget give or take the shares of
-machines that joined or left within the last lease period (a machine that stops is counted until its
-lease expires, so the others run on a smaller share for up to LEASE_SECONDS: never more than the
-budget). update_namespace reaches other machines at their next renewal. Lease expiry compares the
-writer's clock with the reader's: a skew of seconds between machines shifts when a share changes, not
-what a machine may spend.
+machines (rounded up). Exact within a machine; across machines the namespace admits its budget give or
+take the shares of machines that joined or left within the last lease period (a machine that stops is
+counted until its lease expires, so the others run on a smaller share for up to LEASE_SECONDS: never
+more than the budget). update_namespace reaches other machines at their next renewal. Lease expiry
+compares the writer's clock with the reader's: a skew of seconds between machines shifts when a share
+changes, not what a machine may spend.
 """
 from __future__ import annotations
 

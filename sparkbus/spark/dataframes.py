@@ -56,7 +56,8 @@ def placement_udf(requires_duplicate_detection: bool, partition_count: int):
 def check_dataframe(df: object, what: str) -> None:
     """TypeError unless df is a Spark DataFrame (classic or Spark Connect), naming what was given."""
     if not all(hasattr(df, name) for name in ("schema", "select", "mapInArrow")):
-        hint = "; for a pandas DataFrame, spark.createDataFrame(pdf) first" if type(df).__module__.startswith("pandas") else ""
+        pandas = type(df).__module__.startswith("pandas")
+        hint = "; for a pandas DataFrame, spark.createDataFrame(pdf) first" if pandas else ""
         raise TypeError(f"{what} takes a Spark DataFrame, got {type(df).__name__}{hint}")
 
 

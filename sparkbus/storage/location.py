@@ -205,7 +205,8 @@ def listing(uri: str) -> list[str]:
         return [os.path.join(top, name) for top, _, names in os.walk(uri) for name in names]
     store, prefix = store_of(uri)
     parsed = urlparse(uri)
-    return [f"{parsed.scheme}://{parsed.netloc}/{entry['path']}" for batch in store.list(prefix + "/") for entry in batch]
+    return [f"{parsed.scheme}://{parsed.netloc}/{entry['path']}"
+            for batch in store.list(prefix + "/") for entry in batch]
 
 
 def put(uri: str, data: bytes) -> None:
