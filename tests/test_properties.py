@@ -1,15 +1,21 @@
 """Property-based tests (hypothesis) of the rules every message goes through: partition placement,
-sequence numbering, and message size accounting. Pure: no Spark, no tables."""
+sequence numbering (pure, and under concurrent senders on a real queue), and message size accounting.
+No Spark."""
 from __future__ import annotations
 
+import threading
+import uuid
 from collections import Counter
 from datetime import timedelta
 
 import numpy as np
+import pytest
+from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkbus import ServiceBusMessage
+import sparkbus
+from sparkbus import ServiceBusClient, ServiceBusMessage
 from sparkbus.core import partitioning, sequencing
 from sparkbus.core.encoding import body_sizes, header_sizes
 from sparkbus.message import to_outgoing
@@ -77,3 +83,49 @@ def test_a_message_size_is_its_body_and_header_bytes_and_grows_with_what_it_carr
     bare = ServiceBusMessage(body, message_id=message.message_id)
     extra = sum(len(k.encode("utf-8")) for k in properties) + len((subject or "").encode("utf-8")) + (8 if ttl else 0)
     assert message.size_in_bytes >= bare.size_in_bytes + extra  # every property, subject and TTL counts
+
+
+@pytest.fixture(scope="module")
+def shared_namespace(tmp_path_factory):
+    ns = str(tmp_path_factory.mktemp("numbering") / "ns")
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    return ns, sparkbus.ServiceBusAdministrationClient(ns)
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.lists(st.integers(min_value=1, max_value=20), min_size=1, max_size=4), min_size=2, max_size=3),
+       st.sampled_from([1, 16]))
+def test_numbering_under_concurrent_senders_is_gap_free_and_each_batch_contiguous(shared_namespace, plans, count):
+    """Threads, each with its own sender (so each commits on its own and conflicts are real), send batches
+    of the drawn sizes into one queue at once: the stored numbers of each partition are 1..n, and the
+    messages of one batch that landed in one partition got consecutive numbers."""
+    ns, admin = shared_namespace
+    name = f"q{uuid.uuid4().hex[:8]}"
+    admin.create_queue(name, enable_partitioning=count == 16)
+    client = ServiceBusClient(ns)
+    start = threading.Barrier(len(plans))
+
+    def send(worker: int, sizes: list[int]) -> None:
+        sender = client.get_queue_sender(name)
+        start.wait()
+        for b, size in enumerate(sizes):
+            sender.send_messages([ServiceBusMessage("x", message_id=f"{worker}-{b}-{i}") for i in range(size)])
+
+    threads = [threading.Thread(target=send, args=(w, sizes)) for w, sizes in enumerate(plans)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    table = DeltaTable(admin.get_entity_tables(name)["messages"]).to_pyarrow_table(
+        columns=["message_id", "sequence_number", "partition_id"])
+    assert table.num_rows == sum(map(sum, plans))
+    by_partition: dict[int, list[int]] = {}
+    batches: dict[tuple[str, int], list[int]] = {}
+    for mid, seq, pid in zip(*(table[c].to_pylist() for c in ("message_id", "sequence_number", "partition_id"))):
+        by_partition.setdefault(pid, []).append(seq & sequencing.LOW_MASK)
+        batches.setdefault((mid.rsplit("-", 1)[0], pid), []).append(seq & sequencing.LOW_MASK)
+    for numbers in by_partition.values():
+        assert sorted(numbers) == list(range(1, len(numbers) + 1))
+    for numbers in batches.values():
+        assert sorted(numbers) == list(range(min(numbers), min(numbers) + len(numbers)))
