@@ -64,7 +64,7 @@ def create_namespace(path: str, *, tier: str = "standard", partition_count: Opti
     budget (None turns credit throttling off; premium is not credit-throttled). overrides lower quotas
     (see tiers.NamespaceLimits) for tests. An existing namespace -> MessagingEntityAlreadyExistsError.
     """
-    root = _root(path, storage_options)
+    root = namespace_root(path, storage_options)
     count = tiers.validate_tier(tier, partition_count, messaging_units)
     credits = _check_credits(credits_per_second, tier)
     limits = tiers.apply_overrides(tiers.default_limits(tier, count, messaging_units), overrides)
@@ -139,7 +139,7 @@ def open_connection(conn_str: str) -> tuple[Catalog, Optional[str]]:
     return open_catalog(info.fully_qualified_namespace), info.entity_path
 
 
-def _root(path: object, storage_options: Optional[dict[str, str]]) -> str:
+def namespace_root(path: object, storage_options: Optional[dict[str, str]]) -> str:
     """The normalized namespace location, its storage options registered for this process, refused if its
     store cannot commit safely (TypeError, ValueError)."""
     root = location.normalize(path)
@@ -159,7 +159,7 @@ def open_namespace(fully_qualified_namespace: str, credential: object = None,
 
 def open_catalog(path: str, storage_options: Optional[dict[str, str]] = None) -> Catalog:
     """The catalog of an existing namespace; MessagingEntityNotFoundError naming the path otherwise."""
-    root = _root(path, storage_options)
+    root = namespace_root(path, storage_options)
     catalog = Catalog(root)
     if not catalog.exists():
         raise MessagingEntityNotFoundError(f"no sparkbus namespace at {root} (create it with sparkbus.create_namespace)")

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 from .. import storage
 from ..engine import fanout, forwarding
 from ..engine.catalog import Catalog
+from ..engine.namespace import namespace_root
 from ..engine.registry import resolve
 from .datasource import ALL_BACKGROUND, ALL_FORWARDING, ALL_TOPICS, FORMAT, STORAGE_PREFIX, SparkbusDataSource
 
@@ -95,8 +96,7 @@ def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, t
     StreamingQuery (run_once removes its checkpoint; a stopped query's is removed by stop_query).
     storage_options: of an object-store namespace, as create_namespace takes them."""
     spark.dataSource.register(SparkbusDataSource)
-    root = storage.location.normalize(namespace)
-    storage.location.register_options(root, storage_options)
+    root = namespace_root(namespace, storage_options)
     if entity not in (ALL_TOPICS, ALL_FORWARDING, ALL_BACKGROUND):
         resolve(root, Catalog(root).snapshot(), entity, ("topic",))  # unknown topic -> error now
     checkpoint = tempfile.mkdtemp(prefix="sparkbus-query-")

@@ -31,7 +31,7 @@ from ..core import sequencing
 from ..core.throttling import data_cost
 from ..engine.catalog import Catalog
 from ..engine.enqueue import EntityWriter
-from ..engine.namespace import governor_of
+from ..engine.namespace import governor_of, namespace_root
 from ..engine.retry import NO_RETRY
 from ..engine.throttle import Usage
 from ..engine.fanout import topic_cursors
@@ -82,10 +82,7 @@ def option_root(options: dict, role: str) -> str:
     if "namespace" not in options or "entity" not in options:
         raise ValueError(f"the sparkbus {role} needs .option('namespace', <namespace location>) and "
                          ".option('entity', <queue, topic or '<topic>/Subscriptions/<name>'>)")
-    root = storage.location.normalize(options["namespace"])
-    storage.location.register_options(root, storage_options(options))
-    storage.location.check_safe(root)
-    return root
+    return namespace_root(options["namespace"], storage_options(options))
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,9 @@ import logging
 import threading
 from typing import Optional
 
-from .. import storage
 from ..engine import housekeeping
 from ..engine.catalog import Catalog
-from ..engine.namespace import governor_of
+from ..engine.namespace import governor_of, namespace_root
 from . import background
 from .datasource import ALL_BACKGROUND
 
@@ -34,8 +33,7 @@ class NamespaceService:
     def __init__(self, spark, namespace: str, *, trigger: Optional[dict] = None,
                  maintenance_interval: float = MAINTENANCE_INTERVAL,
                  storage_options: Optional[dict[str, str]] = None) -> None:
-        self.root = storage.location.normalize(namespace)
-        storage.location.register_options(self.root, storage_options)
+        self.root = namespace_root(namespace, storage_options)
         self.reports: list[background.BatchReport] = []  # the latest batches (at most 100)
         self._gate = background.Gate()
         self.query = background.start(spark, self.root, entity=ALL_BACKGROUND, fan_out=True, forward=True,
