@@ -1,8 +1,9 @@
 """The delivery engine under ServiceBusReceiver: lock, settle, renew, peek, deferred messages and sessions.
 
-One Delivery serves one receiver. It keeps the entity's tables open between calls (refreshed, not
-reopened) and the partitions' data files it read in memory (storage.PartitionReader: files never
-change, so only those committed since are read), runs every operation under the client's retry policy,
+One Delivery serves one receiver. It follows the entity's tables between calls (storage.commits.LogView:
+only the log entries written since are read; delta-rs tables, refreshed, serve SQL) and keeps the
+partitions' data files it read in memory (storage.PartitionReader: files never change, so only those
+committed since are read), runs every operation under the client's retry policy,
 and lets retention run now and then. What to lock is chosen on Arrow (sparkbus.core.transitions).
 Concurrency: each operation is planned on one table version and committed conditionally against it
 (sparkbus.engine.locks); losing to another writer means planning again on the newer version. Settling reads
@@ -27,6 +28,7 @@ from ..core import partitioning, sequencing, transitions
 from ..core.transitions import Policy
 from ..exceptions import (MessageLockLostError, MessageNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError)
+from ..storage import commits
 from ..storage.schemas import ACTIVE, DEFERRED, LOCKS, MESSAGES
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
@@ -83,6 +85,7 @@ class Delivery:
         self.entity = CachedEntity(catalog, entity_path, kinds)
         self._retry = retry_policy
         self._tables: dict[str, DeltaTable] = {}
+        self._views: dict[str, commits.LogView] = {}
         self._readers = {"messages": storage.PartitionReader(MESSAGES), "locks": storage.PartitionReader(LOCKS)}
         self._guard = threading.RLock()
 
@@ -95,10 +98,23 @@ class Delivery:
         self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
         return self._tables[uri]
 
-    def snapshot(self, info: EntityInfo) -> tuple[DeltaTable, DeltaTable]:
-        """(messages, locks) at their latest versions, locks read first: retention removes a message's row
-        from messages before its state row from locks, so this order never shows a completed message
-        without its state row (which would make it look active again)."""
+    def view(self, info: EntityInfo, role: str) -> commits.LogView:
+        """The entity table's files at its latest version, followed from its log (kept between calls)."""
+        uri = info.tables[role]
+        view = self._views.get(uri)
+        if view is None:
+            view = self._views[uri] = commits.LogView(storage.open_table(uri))
+        return view.advance()
+
+    def snapshot(self, info: EntityInfo) -> tuple[commits.LogView, commits.LogView]:
+        """(messages, locks) views at their latest versions, locks read first: retention removes a
+        message's row from messages before its state row from locks, so this order never shows a
+        completed message without its state row (which would make it look active again)."""
+        state = self.view(info, "locks")
+        return self.view(info, "messages"), state
+
+    def tables(self, info: EntityInfo) -> tuple[DeltaTable, DeltaTable]:
+        """(messages, locks) as delta-rs tables at their latest versions (for SQL), locks read first."""
         state = self.table(info, "locks")
         return self.table(info, "messages"), state
 
@@ -110,10 +126,10 @@ class Delivery:
 
     def retain(self, info: EntityInfo, partition: int) -> None:
         """Now and then, let completed messages of the partition leave the tables (sparkbus.engine.retention)."""
-        state = self._tables[info.tables["locks"]]
-        if retention.due(state):
+        if retention.due(self._views[info.tables["locks"]].version):
             with self._guard:
-                retention.run(info, self.table(info, "messages"), state, partition)
+                messages, state = self.tables(info)
+                retention.run(info, messages, state, partition)
 
     # ---- locking -----------------------------------------------------------------------------------------
 
@@ -227,9 +243,11 @@ class Delivery:
         for seq, lock in held.items():
             by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = lock
         if len(by_partition) > 1 and not self._all_fresh(held, datetime.now(timezone.utc)):
-            state, now = self.table(info, "locks"), datetime.now(timezone.utc)
-            lost = [seq for partition, mine in by_partition.items()
-                    for seq in transitions.not_held(locks.lock_rows(state, partition, list(mine)), _tokens(mine), now)]
+            with self._guard:
+                state, now = self.view(info, "locks"), datetime.now(timezone.utc)
+                lost = [seq for partition, mine in by_partition.items()
+                        for seq in transitions.not_held(locks.lock_rows(state, partition, list(mine)), _tokens(mine),
+                                                        now)]
             if lost:
                 raise MessageLockLostError(
                     f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
@@ -242,7 +260,7 @@ class Delivery:
 
     def _settle_partition(self, info: EntityInfo, partition: int, held: dict[int, Held], change: Change,
                           session: Optional[SessionLock], attempt: int) -> dict[int, dict]:
-        table, now = self.table(info, "locks"), datetime.now(timezone.utc)
+        table, now = self.view(info, "locks"), datetime.now(timezone.utc)
         if session is not None:
             self.check_session(info, session, now, read=attempt > 0)
         if attempt == 0 and self._all_fresh(held, now):
@@ -270,7 +288,7 @@ class Delivery:
             return
 
         def attempt(_: int) -> None:
-            table = self.table(info, "locks")
+            table = self.view(info, "locks")
             current = locks.lock_rows(table, partition, list(held))
             lost = transitions.not_held(current, held, datetime.now(timezone.utc))
             mine = current.filter(pc.invert(pc.is_in(current["sequence_number"], value_set=pa.array(lost, pa.int64()))))
@@ -286,7 +304,7 @@ class Delivery:
         """Up to count messages of one partition from sequence number `cursor` on, without locking, with
         their state columns; and the cursor to continue from (past the last partition: nothing left).
         sub_queue: the state of a sub-queue's messages (DEAD_LETTERED, TRANSFER_DEAD_LETTERED), or None."""
-        messages, state = self.snapshot(info)
+        messages, state = self.tables(info)
         queue = f"l.state = {storage.quoted(sub_queue)}" if sub_queue else (
             f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
         if session_id is not None:
@@ -348,8 +366,8 @@ class Delivery:
             return take(partitioning.partition_of(requested, info.partition_count), requested)
         available = available_partitions(info)
         while available:
-            state = self.table(info, "locks")
-            messages, table = self.table(info, "messages"), self.table(info, "sessions")
+            messages, state = self.tables(info)
+            table = self.table(info, "sessions")
             try:
                 waiting = sessions.available(messages, state, table, available, datetime.now(timezone.utc))
             except Exception as error:  # a partition whose files cannot be read is left out

@@ -14,7 +14,9 @@ so one caller's refusal never becomes another's.
 """
 from __future__ import annotations
 
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Optional
@@ -22,7 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable
 
 from .. import storage
 from ..core import partitioning, sequencing, transitions
@@ -31,7 +33,7 @@ from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
                           MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
                           ServiceBusQuotaExceededError)
-from ..storage import maintenance
+from ..storage import commits, maintenance
 from ..storage.schemas import CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
 from .registry import EntityInfo
@@ -126,11 +128,12 @@ class EntityWriter:
         self._round_robin: Optional[partitioning.RoundRobin] = None
         self._table: Optional[DeltaTable] = None
         self._table_uri: Optional[str] = None
-        # High-water marks and size bounds, valid only at self._table version _cached_version: the commit's
-        # predicate must describe exactly the snapshot it is checked against, or it would delete rows.
+        self._log: Optional[commits.TableLog] = None
+        # High-water marks and size bounds, valid at version _position: the commit's claim must describe
+        # exactly the snapshot it is checked against, or numbers would repeat. None: read them again.
         self._marks: dict[int, int] = {}
         self._bounds: dict[int, int] = {}
-        self._cached_version = -1
+        self._position: Optional[commits.Position] = None
         self._joining = threading.Lock()     # guards _group
         self._committing = threading.Lock()  # one group commit at a time
         self._group: Optional[list[_Member]] = None  # the group new callers join
@@ -231,7 +234,7 @@ class EntityWriter:
         dedup = info.options.requires_duplicate_detection
         keep = duplicates.first_occurrences(rows["message_id"].to_pylist()) if dedup else np.ones(rows.num_rows, bool)
         def attempt() -> EnqueueResult:
-            table = self._open(info)
+            table = self._view(info, reads=dedup or app_transaction is not None)
             if app_transaction is not None:
                 done = table.transaction_version(app_transaction[0])
                 if done is not None and done >= app_transaction[1]:
@@ -240,7 +243,7 @@ class EntityWriter:
                                 app_transaction)
 
         def refresh() -> None:  # the conflict or the cleaned-up log says the table moved on
-            self._table = storage.refresh(self._table) if self._table is not None else None
+            self._position = None
 
         try:
             return retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
@@ -263,10 +266,23 @@ class EntityWriter:
                 raise PartitionUnavailableError(f"{unavailable}; partition {partition} could not be written: "
                                                 f"{error}") from error
 
-    def _open(self, info: EntityInfo) -> DeltaTable:
+    def _view(self, info: EntityInfo, reads: bool) -> DeltaTable:
+        """The messages table with marks and bounds at a position commits may be based on. reads: the
+        caller reads the table (duplicates, application transactions), so the table object must be at that
+        position too. Sends in between commit directly and leave the object behind, which costs nothing
+        until something reads it."""
         uri = info.tables["messages"]
         if self._table is None or self._table_uri != uri:
-            self._table, self._table_uri = storage.open_table(uri), uri
+            self._table, self._table_uri, self._position = storage.open_table(uri), uri, None
+            self._log = commits.log_of(self._table)
+        elif self._position is None or reads or time.monotonic() - self._position.known_at > self._log.safe_seconds:
+            self._table = storage.refresh(self._table)
+        else:
+            return self._table
+        if self._position is None or self._table.version() != self._position.version:
+            self._marks = sequencing.high_water_marks(self._table)
+            self._bounds = _size_upper_bounds(self._table, info.header_copies)
+        self._position = commits.position_of(self._table)
         return self._table
 
     def _commit(self, info: EntityInfo, table: DeltaTable, rows: pa.Table, placed: np.ndarray, keep: np.ndarray,
@@ -287,32 +303,52 @@ class EntityWriter:
         touched = np.unique(partitions).tolist()
         stored = body[index] + header[index] * info.header_copies
         incoming = {int(p): int(stored[partitions == p].sum()) for p in touched}
-        if self._cached_version != table.version():
-            self._marks = sequencing.high_water_marks(table)
-            self._bounds = _size_upper_bounds(table, info.header_copies)
-            self._cached_version = table.version()
         self._check_quota(info, incoming)
         sequence, ranges = sequencing.number(partitions, self._marks)
         accepted = rows if len(index) == rows.num_rows else rows.take(pa.array(index))
-        data = _stored_rows(info, accepted, partitions, sequence, body[index], header[index], now)
-        base_version = table.version()
-        versions = [Transaction(*app_transaction)] if app_transaction else None
-        write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(self._marks, touched),
-                        commit_properties=CommitProperties(app_transactions=versions),
-                        post_commithook_properties=storage.NO_HOOKS)
+        data = _stored_rows(info, accepted, partitions, sequence, body[index], header[index], now).drop_columns(
+            [storage.PARTITION_COLUMN])
+        claim = commits.Claim({p: (sequencing.compose(p, self._marks.get(p, 0) + 1), math.inf) for p in touched},
+                              app_ids=frozenset([app_transaction[0]] if app_transaction else []))
+        files: list[commits.AddedFile] = []
+        try:
+            for p in touched:
+                files.append(commits.write_file(self._log, p, data.filter(pa.array(partitions == p))))
+            done = commits.commit(self._log, self._position, files, [], claim,
+                                  dict([app_transaction]) if app_transaction else None)
+        except BaseException:
+            commits.discard(self._log, files)
+            raise
+        commits.sync_directories(self._log, files)
+        for entry in done.skipped:  # other writers' commits between the base and this one (other partitions)
+            self._learn(entry, info.header_copies)
         for pid, (_, last) in ranges.items():
             self._marks[pid] = last & sequencing.LOW_MASK
             self._bounds[pid] = self._bounds.get(pid, 0) + incoming[pid]
-        # If delta-rs rebased the commit over other writers' commits (to other partitions), the cached marks
-        # of those partitions are stale at the new version: keep them only when nothing came in between.
-        self._cached_version = table.version() if table.version() == base_version + 1 else -1
-        maintenance.after_commit(table)
+        if self._position is not None:
+            self._position = done.position
+        maintenance.after_direct_commit(self._log.uri, done.version)
         result.message_count = len(index)
         result.partitions = ranges
         if with_sequence_numbers:
             for i, seq in zip(index.tolist(), sequence.tolist()):
                 result.sequence_numbers[i] = seq
         return result
+
+    def _learn(self, entry: commits.Entry, header_copies: int) -> None:
+        """Bring marks and bounds past another writer's entry; an entry that removed files (compaction,
+        retention) or carries no statistics makes the next send read them again."""
+        if entry.removed or entry.table_changed:
+            self._position = None
+        for added in entry.added:
+            top = added.high.get("sequence_number")
+            if top is None:
+                self._position = None
+                continue
+            p = added.partition
+            self._marks[p] = max(self._marks.get(p, 0), top & sequencing.LOW_MASK)
+            largest = added.high.get("body_size", 0) + added.high.get("header_size", 0) * header_copies
+            self._bounds[p] = self._bounds.get(p, 0) + added.rows * largest
 
     def _check_quota(self, info: EntityInfo, incoming: dict[int, int]) -> None:
         """Each partition must hold its messages plus the new ones within the entity's per-partition size.

@@ -53,7 +53,7 @@ from ..core.language import CompiledRule, Copies, MessageView, compile_correlati
 from ..core.names import key
 from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
-from ..storage import maintenance
+from ..storage import commits, maintenance
 from ..storage.schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
@@ -388,7 +388,7 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
             rows = [transitions.new_state(p, n, DEAD_LETTERED, 0, now, reason=reasons[i], description=descriptions[i])
                     for n, i in sorted(wanted.items()) if n not in have]
             if rows:
-                locks.commit(table, p, storage.from_rows(rows, LOCKS))
+                locks.commit(commits.LogView(table), p, storage.from_rows(rows, LOCKS))
 
         retry.run(commit, what=f"dead-lettering copies in {target.info.path!r}")
 
@@ -455,7 +455,7 @@ def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutRe
     table = storage.from_rows(states, LOCKS)
     for p in sorted({s["partition_id"] for s in states}):
         part = table.filter(pc.equal(table["partition_id"], p))
-        retry.run(lambda part=part, p=p: locks.commit(storage.open_table(topic.tables["locks"]), p, part),
+        retry.run(lambda part=part, p=p: locks.commit(commits.LogView(storage.open_table(topic.tables["locks"])), p, part),
                   what=f"completing due scheduled messages of {topic.path!r}")
     return result
 

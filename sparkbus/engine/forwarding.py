@@ -46,6 +46,7 @@ from ..core.throttling import data_cost
 from ..core.values import decode_properties, encode_properties
 from ..exceptions import (CommitConflictError, InvalidOperationError, MessagingEntityDisabledError,
                           PartitionUnavailableError, ServiceBusError)
+from ..storage import commits
 from ..storage.schemas import ACTIVE, DEAD_LETTERED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import locks, retention, retry
 from .catalog import Catalog, Snapshot
@@ -195,7 +196,7 @@ def _claim(root: str, snap: Snapshot, info: EntityInfo, partition: int, kind: st
                 row["lock_token"] = rules.claim_token(kind, batch)
         rows.append(row)
     table = storage.from_rows(rows, LOCKS)
-    locks.commit(state, partition, table, [Transaction(rules.claim_app_id(partition), batch)])
+    locks.commit(commits.LogView(state), partition, table, [Transaction(rules.claim_app_id(partition), batch)])
     if refused:
         result.dead_lettered[info.path] = result.dead_lettered.get(info.path, 0) + len(refused)
     claimed = table.filter(pc.equal(pc.fill_null(table["lock_token"], ""), rules.claim_token(kind, batch)))
@@ -300,9 +301,10 @@ def _release(info: EntityInfo, partition: int, kind: str, batch: int, failure: O
     now = datetime.now(timezone.utc)
     written = [transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.completed(r, now)
                for r in rows]
-    locks.commit(state, partition, storage.from_rows(written, LOCKS))
-    if retention.due(state):  # nobody receives from a forwarding entity: its forwarder lets rows go
-        retention.run(info, storage.open_table(info.tables["messages"]), state, partition)
+    view = commits.LogView(state)
+    locks.commit(view, partition, storage.from_rows(written, LOCKS))
+    if retention.due(view.version):  # nobody receives from a forwarding entity: its forwarder lets rows go
+        retention.run(info, storage.open_table(info.tables["messages"]), storage.refresh(state), partition)
     return len(written)
 
 

@@ -1,42 +1,77 @@
 """The locks table: reading state rows and committing them.
 
 All state lives in the entity's `locks` table, one row per message that left its initial state, changed
-by predicate overwrites that name one partition and the rows' sequence numbers: receivers of different
-partitions never conflict, and on one partition delta-rs lets one commit and the other re-reads and
-retries. Every decision (is the message still available? is this lock still ours?) is read from the
+by direct commits (sparkbus.storage.commits) that claim one partition and the rows' sequence numbers:
+receivers of different partitions never conflict, and on one partition one commits and the other
+re-reads and retries. Every decision (is the message still available? is this lock still ours?) is read from the
 table version the commit is then based on, or (settling a fresh lock, see sparkbus.core.transitions) known
 without reading; either way the commit is rejected if those rows changed since that version.
 """
 from __future__ import annotations
 
-import pyarrow as pa
+import threading
 from typing import Optional
 
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import Transaction
 
 from .. import storage
-from ..storage import maintenance
+from ..storage import commits, maintenance
 from ..storage.schemas import LOCKS
 
+# Files read to rewrite them, kept decoded between commits (Delta data files never change); one lock for
+# the threads of a process.
+_reader = storage.PartitionReader(LOCKS)
+_reading = threading.Lock()
 
-def lock_rows(locks: DeltaTable, partition: int, sequence_numbers: list[int]) -> pa.Table:
-    """Current locks-table rows of messages in one partition."""
-    return storage.query(f"SELECT * FROM locks WHERE {rows_predicate(partition, sequence_numbers)}", locks=locks)
+
+def lock_rows(view: commits.LogView, partition: int, sequence_numbers: list[int]) -> pa.Table:
+    """Locks-table rows of messages in one partition at the view's version."""
+    numbers = pa.array(sorted(set(sequence_numbers)), pa.int64())
+    with _reading:
+        found = [data.filter(pc.is_in(data["sequence_number"], value_set=numbers))
+                 for _, data in _reader.files(view, partition, numbers[0].as_py(), numbers[-1].as_py())]
+    data = pa.concat_tables(found) if found else LOCKS.empty_table().drop_columns([storage.PARTITION_COLUMN])
+    column = pa.array([partition] * data.num_rows, LOCKS.field(storage.PARTITION_COLUMN).type)
+    return data.add_column(0, LOCKS.field(storage.PARTITION_COLUMN), column).select(LOCKS.names)
 
 
-def commit(locks: DeltaTable, partition: int, rows: pa.Table,
+def commit(view: commits.LogView, partition: int, rows: pa.Table,
            app_transactions: Optional[list[Transaction]] = None) -> None:
-    """Upsert state rows of one partition in one conditional commit naming that partition and the rows'
-    sequence numbers: it replaces exactly those rows, and delta-rs rejects it if another writer changed
-    any of them since the version the caller read (the caller re-reads and retries). app_transactions are
-    recorded with the commit (and make two concurrent commits setting one of them conflict)."""
+    """Upsert state rows of one partition in one conditional commit based on the view's version (which
+    then moves to the commit's):
+    the partition's files holding any of those sequence numbers are rewritten without them, plus the new
+    rows, and the commit fails (CommitFailedError: the caller re-reads and retries) if another writer
+    rewrote those files or added rows in the rows' sequence-number range since that version.
+    app_transactions are recorded with the commit (two concurrent commits setting one conflict)."""
     if not rows.num_rows:
         return
-    write_deltalake(locks, rows.select(LOCKS.names).cast(LOCKS), mode="overwrite",
-                    predicate=rows_predicate(partition, rows["sequence_number"].to_pylist()),
-                    commit_properties=CommitProperties(app_transactions=app_transactions) if app_transactions else None,
-                    post_commithook_properties=storage.NO_HOOKS)
-    maintenance.after_commit(locks)
+    rows = rows.select(LOCKS.names).cast(LOCKS)
+    numbers = pa.array(sorted(set(rows["sequence_number"].to_pylist())), pa.int64())
+    low, high = numbers[0].as_py(), numbers[-1].as_py()
+    with _reading:
+        overlapping = _reader.files(view, partition, low, high)
+    removed, kept = [], []
+    for path, data in overlapping:
+        hit = pc.is_in(data["sequence_number"], value_set=numbers)
+        if pc.any(hit).as_py():
+            removed.append(path)
+            kept.append(data.filter(pc.invert(hit)))
+    written = pa.concat_tables([*kept, rows.drop_columns([storage.PARTITION_COLUMN])])
+    claim = commits.Claim({partition: (low, high)}, frozenset(removed),
+                          frozenset(t.app_id for t in app_transactions or ()))
+    files: list[commits.AddedFile] = []
+    try:
+        files.append(commits.write_file(view.log, partition, written))
+        done = commits.commit(view.log, view.position, files, removed, claim,
+                              {t.app_id: t.version for t in app_transactions or ()}, operation="MERGE")
+    except BaseException:
+        commits.discard(view.log, files)
+        raise
+    commits.sync_directories(view.log, files)
+    view.committed(done, files, removed)
+    maintenance.after_direct_commit(view.log.uri, done.version)
 
 
 def rows_predicate(partition: int, sequence_numbers: list[int]) -> str:

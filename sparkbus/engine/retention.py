@@ -34,9 +34,9 @@ MIN_REMOVED = 2_000
 MAX_RANGES = 256  # ranges per delete predicate; what remains goes in a later run
 
 
-def due(locks: DeltaTable) -> bool:
-    """Whether the commit that brought `locks` to its version should be followed by a retention run."""
-    return locks.version() % RUN_EVERY == RUN_EVERY // 2
+def due(version: int) -> bool:
+    """Whether the commit that brought the locks table to `version` should be followed by a retention run."""
+    return version % RUN_EVERY == RUN_EVERY // 2
 
 
 def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: int, *,

@@ -10,20 +10,23 @@ wrote (its data files, then its log entry, then the directories naming them) and
 commit that acknowledges an operation, before the call returns. Power lost between delta-rs' write and
 that fsync can only touch a call that has not returned yet; storage may then keep the log entry but
 not a data file it names (the order inside delta-rs is not ours to change), which a reader sees as a
-missing file of an unacknowledged commit. Object stores need none of this: a PUT is durable when it
-returns. SPARKBUS_DURABILITY=off skips the fsyncs, for throwaway namespaces.
+missing file of an unacknowledged commit. Commits sparkbus writes itself (sparkbus.storage.commits)
+fsync in the right order: data files, the log entry, then the directories. Object stores need none of
+this: a PUT is durable when it returns. SPARKBUS_DURABILITY=off skips the fsyncs, for throwaway
+namespaces.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
 from deltalake.exceptions import DeltaError
@@ -32,6 +35,9 @@ from deltalake.schema import Field
 from ..exceptions import PartitionUnavailableError
 from . import location
 
+if TYPE_CHECKING:
+    from .commits import LogView
+
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
 # the log separately. A hook that failed after a successful commit (another process's log cleanup won
 # a race) looked like a failed commit, and re-running the operation locked or settled twice.
@@ -39,6 +45,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 PARTITION_COLUMN = "partition_id"
+_READ_AT = "_sparkbus_read_at"  # attribute of the DeltaTable objects opened or refreshed here (read_at)
 
 
 def table_exists(uri: str) -> bool:
@@ -49,7 +56,16 @@ def table_exists(uri: str) -> bool:
 
 def open_table(uri: str) -> DeltaTable:
     """The table at uri, with the storage options registered for its namespace (storage.location)."""
-    return DeltaTable(uri, storage_options=location.options_for(uri) or None)
+    started = time.monotonic()
+    table = DeltaTable(uri, storage_options=location.options_for(uri) or None)
+    setattr(table, _READ_AT, started)
+    return table
+
+
+def read_at(table: DeltaTable) -> float:
+    """Monotonic time before the table object last read its version from the log (opened or refreshed
+    here): that version was the latest at that time or later. -inf for objects made elsewhere."""
+    return getattr(table, _READ_AT, -math.inf)
 
 
 def is_expired_version(error: BaseException) -> bool:
@@ -65,7 +81,9 @@ def refresh(table: DeltaTable) -> DeltaTable:
     for attempt in range(10):
         try:
             if attempt == 0:
+                started = time.monotonic()
                 table.update_incremental()
+                setattr(table, _READ_AT, started)
                 return table
             return open_table(table.table_uri)
         except (DeltaError, FileNotFoundError) as error:
@@ -77,8 +95,10 @@ def refresh(table: DeltaTable) -> DeltaTable:
 def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PARTITION_COLUMN,),
                  configuration: dict[str, str] | None = None) -> DeltaTable:
     """Create an empty Delta table (durable on return); fails if one exists."""
+    started = time.monotonic()
     table = DeltaTable.create(uri, schema=schema, partition_by=list(partition_by) or None, mode="error",
                               configuration=configuration, storage_options=location.options_for(uri) or None)
+    setattr(table, _READ_AT, started)
     sync_version(table)
     root = local_root(table.table_uri)
     if root is not None and durable():  # the table's own directory, and the entity directory holding it
@@ -248,20 +268,25 @@ class PartitionReader:
         self._files: OrderedDict[str, pa.Table] = OrderedDict()
         self._bytes = 0
 
-    def rows(self, table: DeltaTable, partition: int) -> pa.Table:
-        """Every row of the partition (in the schema given, file by file in the log's order)."""
-        actions = pa.table(table.get_add_actions(flatten=True))
-        mine = actions.filter(pc.equal(actions[f"partition.{PARTITION_COLUMN}"], partition))
-        root = local_root(table.table_uri) or table.table_uri.rstrip("/")
-        try:
-            parts = [self._file(location.join(root, unquote(path))) for path in mine["path"].to_pylist()]
-        except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
-            fault = PartitionUnavailableError(f"partition {partition} of {table.table_uri} cannot be read: {error}")
-            fault.partition_id = partition
-            raise fault from error
+    def rows(self, view: "LogView", partition: int) -> pa.Table:
+        """Every row of the partition at the view's version (in the schema given, file by file)."""
+        parts = [data for _, data in self.files(view, partition)]
         data = pa.concat_tables(parts) if parts else self._file_schema.empty_table()
         column = pa.array([partition] * data.num_rows, self._schema.field(PARTITION_COLUMN).type)
         return data.add_column(0, self._schema.field(PARTITION_COLUMN), column).select(self._schema.names)
+
+    def files(self, view: "LogView", partition: int, low: Optional[int] = None,
+              high: Optional[int] = None) -> list[tuple[str, pa.Table]]:
+        """(path as in the log, rows without the partition column) of the partition's data files at the
+        view's version, only those that may hold sequence numbers in [low, high] when given.
+        PartitionUnavailableError when one cannot be read."""
+        try:
+            return [(f.path, self._file(location.join(view.log.uri, unquote(f.path))))
+                    for f in view.files(partition, low, high)]
+        except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
+            fault = PartitionUnavailableError(f"partition {partition} of {view.log.uri} cannot be read: {error}")
+            fault.partition_id = partition
+            raise fault from error
 
     def _file(self, path: str) -> pa.Table:
         cached = self._files.get(path)

@@ -10,10 +10,12 @@ whatever maintenance finally loses to a race is skipped (the next due version as
 
 Compaction and log cleanup run on one background thread per process (started on first use): done
 inline, the send or settle that hit a COMPACT_EVERY-th version waited for it (single-send p99 133-148
-ms; 50 ms with the thread). Requests for one table coalesce while they wait. Checkpoints stay inline
-(fsynced before the cleanup that relies on them), on the committing object: writing one re-bases that
-long-lived object on the checkpoint, and when they too moved to the thread, callers' objects only ever
-applied commits incrementally and send p50 crept from 9.5 to 15 ms over 1,200 sends. The thread is a daemon; at interpreter exit the compaction under way finishes and
+ms; 50 ms with the thread). Requests for one table coalesce while they wait. After a delta-rs commit the
+checkpoint stays inline (fsynced before the cleanup that relies on them), on the committing object:
+writing one re-bases that long-lived object on the checkpoint, and when they too moved to the thread,
+callers' objects only ever applied commits incrementally and send p50 crept from 9.5 to 15 ms over 1,200
+sends. Direct commits (sparkbus.storage.commits: sends and settlements) hold no delta-rs object to
+re-base, so their checkpoints run on the thread too (after_direct_commit). The thread is a daemon; at interpreter exit the compaction under way finishes and
 waiting ones are dropped. A process killed in the middle leaves at most unreferenced files, as any
 failed commit does. Only one process compacts a table at a time (_compaction_lock): delta-rs does not
 detect two concurrent compactions of the same files, and both would keep their copy of the rows.
@@ -45,9 +47,9 @@ COMPACT_TARGET_BYTES = 16 * 1024 * 1024
 COMPACT_ATTEMPTS = 5
 _RACES = (CommitFailedError, DeltaError, FileNotFoundError)
 
-COMPACT, CLEANUP = "compact", "cleanup"
+COMPACT, CHECKPOINT, CLEANUP = "compact", "checkpoint", "cleanup"
 LEASE_SECONDS = 600  # an object-store compaction lease outlives any compaction; a dead holder's expires
-_waiting: dict[str, set[str]] = {}  # table uri -> jobs due: COMPACT and/or CLEANUP (of expired log entries)
+_waiting: dict[str, set[str]] = {}  # table uri -> jobs due: COMPACT, CHECKPOINT and/or CLEANUP (of expired log entries)
 _changed = threading.Condition()
 _worker: Optional[threading.Thread] = None
 _busy = False
@@ -70,6 +72,16 @@ def after_commit(table: DeltaTable) -> None:
             pass
     if version % COMPACT_EVERY == 0:
         _request(table.table_uri, COMPACT)
+
+
+def after_direct_commit(uri: str, version: int) -> None:
+    """Call after a direct commit (sparkbus.storage.commits, durable already) made `version` of the table
+    at uri: asks the background thread for the checkpoint, log cleanup and compaction due. The caller
+    holds no table object to re-base, so the checkpoint runs on the thread too."""
+    if version % CHECKPOINT_EVERY == 0:
+        _request(uri, CHECKPOINT)
+    if version % COMPACT_EVERY == 0:
+        _request(uri, COMPACT)
 
 
 def _request(uri: str, job: str) -> None:
@@ -170,6 +182,17 @@ def _lease(uri: str) -> Iterator[bool]:
             pass
 
 
+def checkpoint(uri: str) -> None:
+    """Write a checkpoint of the table's latest version (durable), then clean up the log it replaces."""
+    try:
+        table = storage.open_table(uri)
+        table.create_checkpoint()
+        storage.sync_files(table, (f"{table.version():020d}.checkpoint.parquet", "_last_checkpoint"))
+    except _RACES:
+        return
+    cleanup(uri)
+
+
 def cleanup(uri: str) -> None:
     """Remove the table's log entries older than its log retention that a checkpoint made redundant."""
     try:
@@ -191,7 +214,9 @@ def _run() -> None:
             _busy = True
         if COMPACT in jobs:
             compact(uri)
-        if CLEANUP in jobs:
+        if CHECKPOINT in jobs:
+            checkpoint(uri)
+        elif CLEANUP in jobs:
             cleanup(uri)
 
 

@@ -1,0 +1,147 @@
+"""Direct Delta commits (sparkbus.storage.commits) on real local tables, interleaved with delta-rs' own."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from sparkbus import storage
+from sparkbus.storage import commits
+from sparkbus.storage.schemas import LOCKS, TABLE_CONFIGURATION
+
+FILE_SCHEMA = pa.schema([f for f in LOCKS if f.name != storage.PARTITION_COLUMN])
+
+
+def _rows(numbers: list[int], state: str = "locked") -> pa.Table:
+    """Locks rows without the partition column (as a data file holds them)."""
+    now = pa.scalar(time.time_ns() // 1000, pa.int64()).cast(LOCKS.field("updated_at_utc").type)
+    n = len(numbers)
+    return pa.table({"sequence_number": pa.array(numbers, pa.int64()), "state": [state] * n,
+                     "delivery_count": pa.array([1] * n, pa.int32()), "lock_token": ["t"] * n,
+                     "locked_until_utc": pa.array([now] * n), "dead_letter_reason": pa.nulls(n, pa.string()),
+                     "dead_letter_error_description": pa.nulls(n, pa.string()),
+                     "dead_letter_source": pa.nulls(n, pa.string()), "updated_at_utc": pa.array([now] * n)},
+                    schema=FILE_SCHEMA)
+
+
+@pytest.fixture
+def table(tmp_path) -> DeltaTable:
+    return storage.create_table(str(tmp_path / "locks"), LOCKS, configuration=TABLE_CONFIGURATION["locks"])
+
+
+def _append(table: DeltaTable, partition: int, numbers: list[int]) -> commits.Committed:
+    log = commits.log_of(table)
+    added = commits.write_file(log, partition, _rows(numbers))
+    done = commits.commit(log, commits.position_of(table), [added], [], commits.Claim({partition: (min(numbers), math.inf)}))
+    commits.sync_directories(log, [added])
+    return done
+
+
+def _read(table: DeltaTable) -> pa.Table:
+    return storage.query("SELECT partition_id, sequence_number, state FROM locks ORDER BY partition_id, sequence_number",
+                         locks=storage.open_table(table.table_uri))
+
+
+def test_a_direct_commit_is_a_delta_version_delta_rs_reads_with_statistics(table):
+    done = _append(table, 3, [7, 8, 9])
+    assert done.version == 1 and done.skipped == []
+    assert _read(table).to_pylist() == [{"partition_id": 3, "sequence_number": n, "state": "locked"} for n in (7, 8, 9)]
+    actions = pa.table(storage.open_table(table.table_uri).get_add_actions(flatten=True))
+    assert actions["min.sequence_number"].to_pylist() == [7] and actions["max.sequence_number"].to_pylist() == [9]
+    assert actions["num_records"].to_pylist() == [3]
+    history = storage.open_table(table.table_uri).history(1)[0]
+    assert history["operation"] == "WRITE" and history["engineInfo"] == "sparkbus"
+
+
+def test_a_commit_skips_other_writers_versions_that_do_not_touch_its_claim(table):
+    stale = storage.open_table(table.table_uri)                      # at version 0
+    write_deltalake(table, pa.table({"partition_id": pa.array([1], pa.int32()), **_rows([5]).to_pydict()},
+                                    schema=LOCKS), mode="append")    # delta-rs writes version 1, partition 1
+    log = commits.log_of(stale)
+    added = commits.write_file(log, 2, _rows([5]))
+    done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (5, 5)}))
+    assert done.version == 2 and [e.version for e in done.skipped] == [1]
+    assert done.skipped[0].added[0].partition == 1 and done.skipped[0].added[0].high["sequence_number"] == 5
+    assert _read(table)["partition_id"].to_pylist() == [1, 2]
+
+
+def test_a_commit_conflicting_with_a_winner_writes_nothing(table):
+    stale = storage.open_table(table.table_uri)
+    _append(table, 2, [10, 11])                                      # the winner: partition 2, rows 10-11
+    log = commits.log_of(stale)
+    added = commits.write_file(log, 2, _rows([11]))
+    with pytest.raises(CommitFailedError, match="rows of partition 2 it read were written"):
+        commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (11, 11)}))
+    commits.discard(log, [added])
+    assert not os.path.exists(os.path.join(log.uri, added.path))
+    assert storage.open_table(table.table_uri).version() == 1
+    assert _read(table)["sequence_number"].to_pylist() == [10, 11]
+
+
+def test_rewritten_files_and_application_transactions_conflict(table):
+    first = _append(table, 0, [1, 2])
+    base = storage.open_table(table.table_uri)
+    view = commits.LogView(base)
+    [path] = [f.path for f in view.files(0)]
+    # another writer rewrites that file (as a settlement or a compaction would), with an application id
+    log = commits.log_of(base)
+    theirs = commits.write_file(log, 0, _rows([1, 2], "completed"))
+    commits.commit(log, commits.position_of(base), [theirs], [path], commits.Claim({0: (1, 2)}, frozenset([path])),
+                   {"claim-0": 1})
+    mine = commits.write_file(log, 0, _rows([1, 2], "deferred"))
+    with pytest.raises(CommitFailedError, match="files this commit rewrites were rewritten"):
+        commits.commit(log, view.position, [mine], [path], commits.Claim({0: (100, 100)}, frozenset([path])))
+    with pytest.raises(CommitFailedError, match="same application transaction"):
+        commits.commit(log, view.position, [mine], [], commits.Claim({0: (100, 100)}, app_ids=frozenset(["claim-0"])))
+    assert first.version == 1 and storage.open_table(table.table_uri).version() == 2
+    assert set(_read(table)["state"].to_pylist()) == {"completed"}
+    assert storage.open_table(table.table_uri).transaction_version("claim-0") == 1
+
+
+def test_a_stale_position_is_refused_instead_of_writing_over_a_cleaned_up_version(table):
+    log = commits.log_of(table)
+    assert log.safe_seconds == 5.0                                   # half of the 10-second log retention
+    added = commits.write_file(log, 0, _rows([1]))
+    old = commits.Position(table.version(), time.monotonic() - 6)
+    with pytest.raises(CommitFailedError, match="stale snapshot"):
+        commits.commit(log, old, [added], [], commits.Claim({0: (1, math.inf)}))
+    assert storage.open_table(table.table_uri).version() == 0
+    unknown = DeltaTable(table.table_uri)                            # not opened through sparkbus.storage
+    with pytest.raises(CommitFailedError, match="stale snapshot"):
+        commits.commit(log, commits.position_of(unknown), [added], [], commits.Claim({0: (1, math.inf)}))
+
+
+def test_a_log_view_follows_adds_and_removes_and_reseeds_when_stale(table):
+    view = commits.LogView(storage.open_table(table.table_uri))
+    _append(table, 0, [1])
+    _append(table, 0, [2])
+    _append(table, 1, [1])
+    assert view.advance().version == 3
+    assert [f.sequence_range() for f in view.files(0)] == [(1, 1), (2, 2)]
+    assert [f.partition for f in view.files(1)] == [1]
+    assert [f.sequence_range() for f in view.files(0, 2, 5)] == [(2, 2)]
+    storage.open_table(table.table_uri).optimize.compact()           # delta-rs: removes 2 files, adds 1
+    assert [f.sequence_range() for f in view.advance().files(0)] == [(1, 2)]
+    view.position = commits.Position(view.version - 1, time.monotonic() - 60)  # pretend it is old and behind
+    assert view.advance().version == storage.open_table(table.table_uri).version()
+    assert [f.sequence_range() for f in view.files(0)] == [(1, 2)]
+
+
+def test_entries_written_directly_are_standard_delta_actions(table):
+    _append(table, 4, [40])
+    with open(os.path.join(commits.log_of(table).log_dir, f"{1:020d}.json")) as entry:
+        actions = [json.loads(line) for line in entry]
+    assert [next(iter(a)) for a in actions] == ["commitInfo", "add"]
+    add = actions[1]["add"]
+    assert add["partitionValues"] == {"partition_id": "4"} and add["dataChange"] is True
+    assert add["path"].startswith("partition_id=4/") and add["size"] == os.path.getsize(
+        os.path.join(commits.log_of(table).uri, add["path"]))
+    stats = json.loads(add["stats"])
+    assert stats["numRecords"] == 1 and stats["minValues"]["sequence_number"] == 40
+    assert stats["minValues"]["locked_until_utc"].endswith("Z")
