@@ -4,12 +4,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from sparkbus import storage
 from sparkbus.storage import commits
@@ -36,7 +37,7 @@ def table(tmp_path) -> DeltaTable:
 
 
 def _append(table: DeltaTable, partition: int, numbers: list[int]) -> commits.Committed:
-    log = commits.log_of(table)
+    log = commits.TableLog.of(table)
     added = commits.write_file(log, partition, _rows(numbers))
     done = commits.commit(log, commits.position_of(table), [added], [], commits.Claim({partition: (min(numbers), math.inf)}))
     commits.sync_directories(log, [added])
@@ -63,7 +64,7 @@ def test_a_commit_skips_other_writers_versions_that_do_not_touch_its_claim(table
     stale = storage.open_table(table.table_uri)                      # at version 0
     write_deltalake(table, pa.table({"partition_id": pa.array([1], pa.int32()), **_rows([5]).to_pydict()},
                                     schema=LOCKS), mode="append")    # delta-rs writes version 1, partition 1
-    log = commits.log_of(stale)
+    log = commits.TableLog.of(stale)
     added = commits.write_file(log, 2, _rows([5]))
     done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (5, 5)}))
     assert done.version == 2 and [e.version for e in done.skipped] == [1]
@@ -74,7 +75,7 @@ def test_a_commit_skips_other_writers_versions_that_do_not_touch_its_claim(table
 def test_a_commit_conflicting_with_a_winner_writes_nothing(table):
     stale = storage.open_table(table.table_uri)
     _append(table, 2, [10, 11])                                      # the winner: partition 2, rows 10-11
-    log = commits.log_of(stale)
+    log = commits.TableLog.of(stale)
     added = commits.write_file(log, 2, _rows([11]))
     with pytest.raises(CommitFailedError, match="rows of partition 2 it read were written"):
         commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (11, 11)}))
@@ -90,7 +91,7 @@ def test_rewritten_files_and_application_transactions_conflict(table):
     view = commits.LogView(base)
     [path] = [f.path for f in view.files(0)]
     # another writer rewrites that file (as a settlement or a compaction would), with an application id
-    log = commits.log_of(base)
+    log = commits.TableLog.of(base)
     theirs = commits.write_file(log, 0, _rows([1, 2], "completed"))
     commits.commit(log, commits.position_of(base), [theirs], [path], commits.Claim({0: (1, 2)}, frozenset([path])),
                    {"claim-0": 1})
@@ -105,7 +106,7 @@ def test_rewritten_files_and_application_transactions_conflict(table):
 
 
 def test_a_stale_position_is_refused_instead_of_writing_over_a_cleaned_up_version(table):
-    log = commits.log_of(table)
+    log = commits.TableLog.of(table)
     assert log.safe_seconds == 5.0                                   # half of the 10-second log retention
     added = commits.write_file(log, 0, _rows([1]))
     old = commits.Position(table.version(), time.monotonic() - 6)
@@ -135,13 +136,25 @@ def test_a_log_view_follows_adds_and_removes_and_reseeds_when_stale(table):
 
 def test_entries_written_directly_are_standard_delta_actions(table):
     _append(table, 4, [40])
-    with open(os.path.join(commits.log_of(table).log_dir, f"{1:020d}.json")) as entry:
+    with open(os.path.join(commits.TableLog.of(table).log_dir, f"{1:020d}.json")) as entry:
         actions = [json.loads(line) for line in entry]
     assert [next(iter(a)) for a in actions] == ["commitInfo", "add"]
     add = actions[1]["add"]
     assert add["partitionValues"] == {"partition_id": "4"} and add["dataChange"] is True
     assert add["path"].startswith("partition_id=4/") and add["size"] == os.path.getsize(
-        os.path.join(commits.log_of(table).uri, add["path"]))
+        os.path.join(commits.TableLog.of(table).uri, add["path"]))
     stats = json.loads(add["stats"])
     assert stats["numRecords"] == 1 and stats["minValues"]["sequence_number"] == 40
     assert stats["minValues"]["locked_until_utc"].endswith("Z")
+
+
+def test_a_log_listing_that_misses_an_entry_being_created_is_read_again(table):
+    for n in (1, 2, 3):
+        _append(storage.open_table(table.table_uri), 0, [n])
+    entry = os.path.join(commits.TableLog.of(table).log_dir, f"{2:020d}.json")
+    os.rename(entry, entry + ".away")                    # as a listing sees it while version 2 is being linked
+    with pytest.raises(DeltaError) as gap:
+        DeltaTable(table.table_uri)
+    assert "Expected contiguous commit files" in str(gap.value) and storage.is_expired_version(gap.value)
+    threading.Timer(0.02, os.rename, (entry + ".away", entry)).start()
+    assert storage.open_table(table.table_uri).version() == 3

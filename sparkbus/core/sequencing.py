@@ -1,10 +1,11 @@
 """Sequence numbers: per partition, gap-free, strictly increasing in commit order, starting at 1.
 
 sequence_number = (partition_id << 48) | n. A send reads each touched partition's high-water mark n from
-the Delta add actions' max statistics (no data scan), numbers its rows hwm+1.., and commits with a
-predicate naming exactly "partition p, sequence_number > hwm" for each touched partition. delta-rs then
-rejects the commit if any other writer added rows to those partitions since the snapshot, and the send
-is renumbered and retried; writers of different partitions never conflict.
+the Delta add actions' max statistics (no data scan), numbers its rows hwm+1.., and commits claiming
+exactly "partition p, sequence_number > hwm" for each touched partition (a direct commit's claim, or a
+delta-rs write's predicate: commit_predicate). The commit is rejected if any other writer added rows to
+those partitions since the snapshot, and the send is renumbered and retried; writers of different
+partitions never conflict.
 
 Rule for whoever removes message rows (retention): the row holding a partition's highest sequence
 number must stay, or the high-water mark would fall and numbers would repeat.

@@ -274,11 +274,11 @@ class EntityWriter:
         uri = info.tables["messages"]
         if self._table is None or self._table_uri != uri:
             self._table, self._table_uri, self._position = storage.open_table(uri), uri, None
-            self._log = commits.log_of(self._table)
         elif self._position is None or reads or time.monotonic() - self._position.known_at > self._log.safe_seconds:
             self._table = storage.refresh(self._table)
         else:
             return self._table
+        self._log = commits.TableLog.of(self._table)  # read again: the table's settings may have changed
         if self._position is None or self._table.version() != self._position.version:
             self._marks = sequencing.high_water_marks(self._table)
             self._bounds = _size_upper_bounds(self._table, info.header_copies)
@@ -312,8 +312,9 @@ class EntityWriter:
                               app_ids=frozenset([app_transaction[0]] if app_transaction else []))
         files: list[commits.AddedFile] = []
         try:
-            for p in touched:
-                files.append(commits.write_file(self._log, p, data.filter(pa.array(partitions == p))))
+            for p in touched:  # a filter per partition: 0.6 s for 1 GB, Table.take of it 9 s (many chunks)
+                part = data if len(touched) == 1 else data.filter(pa.array(partitions == p))
+                files.append(commits.write_file(self._log, p, part))
             done = commits.commit(self._log, self._position, files, [], claim,
                                   dict([app_transaction]) if app_transaction else None)
         except BaseException:

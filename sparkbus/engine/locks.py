@@ -3,9 +3,10 @@
 All state lives in the entity's `locks` table, one row per message that left its initial state, changed
 by direct commits (sparkbus.storage.commits) that claim one partition and the rows' sequence numbers:
 receivers of different partitions never conflict, and on one partition one commits and the other
-re-reads and retries. Every decision (is the message still available? is this lock still ours?) is read from the
-table version the commit is then based on, or (settling a fresh lock, see sparkbus.core.transitions) known
-without reading; either way the commit is rejected if those rows changed since that version.
+re-reads and retries. Every decision (is the message still available? is this lock still ours?) is read
+from the table version the commit is then based on, or (settling a fresh lock, see
+sparkbus.core.transitions) known without reading; either way the commit is rejected if those rows changed
+since that version.
 """
 from __future__ import annotations
 
@@ -39,10 +40,9 @@ def lock_rows(view: commits.LogView, partition: int, sequence_numbers: list[int]
 
 def commit(view: commits.LogView, partition: int, rows: pa.Table,
            app_transactions: Optional[list[Transaction]] = None) -> None:
-    """Upsert state rows of one partition in one conditional commit based on the view's version (which
-    then moves to the commit's):
-    the partition's files holding any of those sequence numbers are rewritten without them, plus the new
-    rows, and the commit fails (CommitFailedError: the caller re-reads and retries) if another writer
+    """Upsert state rows of one partition in one conditional commit based on the view's version (the view
+    then moves to the commit's): the partition's files holding any of those sequence numbers are rewritten
+    without them, plus the new rows, and the commit fails (CommitFailedError: the caller re-reads and retries) if another writer
     rewrote those files or added rows in the rows' sequence-number range since that version.
     app_transactions are recorded with the commit (two concurrent commits setting one conflict)."""
     if not rows.num_rows:

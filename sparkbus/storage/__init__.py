@@ -55,11 +55,20 @@ def table_exists(uri: str) -> bool:
 
 
 def open_table(uri: str) -> DeltaTable:
-    """The table at uri, with the storage options registered for its namespace (storage.location)."""
-    started = time.monotonic()
-    table = DeltaTable(uri, storage_options=location.options_for(uri) or None)
-    setattr(table, _READ_AT, started)
-    return table
+    """The table at uri, with the storage options registered for its namespace (storage.location); a
+    listing of its log that lost a race (is_expired_version) is tried again."""
+    for attempt in range(10):
+        started = time.monotonic()
+        try:
+            table = DeltaTable(uri, storage_options=location.options_for(uri) or None)
+        except (DeltaError, FileNotFoundError) as error:
+            if attempt == 9 or not is_expired_version(error):
+                raise
+            time.sleep(0.005 * (attempt + 1))  # the entries being created are there in a moment
+            continue
+        setattr(table, _READ_AT, started)
+        return table
+    raise AssertionError("unreachable")
 
 
 def read_at(table: DeltaTable) -> float:
@@ -69,11 +78,14 @@ def read_at(table: DeltaTable) -> float:
 
 
 def is_expired_version(error: BaseException) -> bool:
-    """The log entries a table object needs were cleaned up (older than the log retention, or removed by
-    another process's checkpoint while being read): reopen the table from its latest checkpoint."""
+    """Reading the log lost a race: entries a table object needs were cleaned up (older than the log
+    retention, or removed by another process's checkpoint while being read), or the listing missed entries
+    created while it ran (local directories list in hash order, so a listing concurrent with commits can
+    return version N+2 without N+1: delta-rs reports a gap). Reopen the table and read again."""
     if isinstance(error, FileNotFoundError):
         return "_delta_log" in str(error)
-    return isinstance(error, DeltaError) and "Invalid table version" in str(error)
+    return isinstance(error, DeltaError) and ("Invalid table version" in str(error)
+                                              or "Expected contiguous commit files" in str(error))
 
 
 def refresh(table: DeltaTable) -> DeltaTable:

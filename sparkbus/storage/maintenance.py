@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -50,10 +50,12 @@ _RACES = (CommitFailedError, DeltaError, FileNotFoundError)
 COMPACT, CHECKPOINT, CLEANUP = "compact", "checkpoint", "cleanup"
 LEASE_SECONDS = 600  # an object-store compaction lease outlives any compaction; a dead holder's expires
 _waiting: dict[str, set[str]] = {}  # table uri -> jobs due: COMPACT, CHECKPOINT and/or CLEANUP (of expired log entries)
+_tasks: dict[str, Callable[[], None]] = {}  # key -> work of the layers above (run_later)
 _changed = threading.Condition()
 _worker: Optional[threading.Thread] = None
 _busy = False
 _stopping = False
+failures: list[tuple[str, Exception]] = []  # the last jobs that failed other than by losing a race
 
 
 def after_commit(table: DeltaTable) -> None:
@@ -86,21 +88,36 @@ def after_direct_commit(uri: str, version: int) -> None:
 
 def _request(uri: str, job: str) -> None:
     """Ask the background thread (started on first use) for a job on the table at uri."""
-    global _worker
     with _changed:
         if _stopping:
             return
         _waiting.setdefault(uri, set()).add(job)
-        if _worker is None:
-            _worker = threading.Thread(target=_run, name="sparkbus-maintenance", daemon=True)
-            _worker.start()
-        _changed.notify()
+        _start()
+
+
+def run_later(key: str, task: Callable[[], None]) -> None:
+    """Run task on the background thread: work of the layers above that must not sit on a caller's path
+    (retention). A task still waiting under the same key is replaced (it would do the same work)."""
+    with _changed:
+        if _stopping:
+            return
+        _tasks[key] = task
+        _start()
+
+
+def _start() -> None:
+    """Start the thread on first use and wake it (the caller holds _changed)."""
+    global _worker
+    if _worker is None:
+        _worker = threading.Thread(target=_run, name="sparkbus-maintenance", daemon=True)
+        _worker.start()
+    _changed.notify()
 
 
 def wait_idle(timeout: Optional[float] = None) -> bool:
-    """Block until no compaction is waiting or running in this process; False on timeout."""
+    """Block until no job or task is waiting or running in this process; False on timeout."""
     with _changed:
-        return _changed.wait_for(lambda: not _waiting and not _busy, timeout)
+        return _changed.wait_for(lambda: not _waiting and not _tasks and not _busy, timeout)
 
 
 def compact(uri: str) -> bool:
@@ -207,17 +224,29 @@ def _run() -> None:
         with _changed:
             _busy = False
             _changed.notify_all()
-            _changed.wait_for(lambda: _waiting or _stopping)
+            _changed.wait_for(lambda: _waiting or _tasks or _stopping)
             if _stopping:
                 return
-            uri, jobs = _waiting.popitem()
+            task: Optional[Callable[[], None]] = None
+            if _tasks:
+                uri, task = _tasks.popitem()
+                jobs: set[str] = set()
+            else:
+                uri, jobs = _waiting.popitem()
             _busy = True
-        if COMPACT in jobs:
-            compact(uri)
-        if CHECKPOINT in jobs:
-            checkpoint(uri)
-        elif CLEANUP in jobs:
-            cleanup(uri)
+        try:
+            if task is not None:
+                task()
+            if COMPACT in jobs:
+                compact(uri)
+            if CHECKPOINT in jobs:
+                checkpoint(uri)
+            elif CLEANUP in jobs:
+                cleanup(uri)
+        except Exception as error:  # a storage fault (a read-only or broken table): the next due version asks
+            # again; the thread must live on for the other tables
+            failures.append((uri, error))
+            del failures[:-10]
 
 
 @atexit.register
@@ -228,6 +257,7 @@ def _stop() -> None:
     with _changed:
         _stopping = True
         _waiting.clear()
+        _tasks.clear()
         _changed.notify_all()
         worker = _worker
     if worker is not None:
