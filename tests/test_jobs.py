@@ -94,7 +94,10 @@ def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
             time.sleep(0.5)
         # SIGTERM to the Python driver (spark-submit's child) stops the service cleanly; spark-submit then
         # exits with the driver's exit code
-        driver = [pid for pid in _children(service.pid) if "serve.py" in _cmdline(pid)]
+        # (the driver is the child running our Python: a child the JVM has forked and not yet exec'd to start
+        # a worker still shows the JVM's own command line, serve.py included)
+        driver = [pid for pid in _children(service.pid)
+                  if _cmdline(pid).startswith(sys.executable + " ") and "serve.py" in _cmdline(pid)]
         assert len(driver) == 1, driver
         os.kill(driver[0], signal.SIGTERM)
         output, _ = service.communicate(timeout=120)

@@ -3,8 +3,8 @@
 One Delivery serves one receiver. It follows the entity's tables between calls (storage.commits.LogView:
 only the log entries written since are read; delta-rs tables, refreshed, serve SQL) and keeps the
 partitions' data files it read in memory (storage.PartitionReader: files never change, so only those
-committed since are read), runs every operation under the client's retry policy,
-and lets retention run now and then. What to lock is chosen on Arrow (sparkbus.core.transitions).
+committed since are read), runs every operation under the client's retry policy, and now and then asks
+the maintenance thread for a retention run. What to lock is chosen on Arrow (sparkbus.core.transitions).
 Concurrency: each operation is planned on one table version and committed conditionally against it
 (sparkbus.engine.locks); losing to another writer means planning again on the newer version. Settling reads
 nothing first when the receiver's locks are fresh (sparkbus.core.transitions.is_fresh): nobody else can have
@@ -260,13 +260,13 @@ class Delivery:
 
     def _settle_partition(self, info: EntityInfo, partition: int, held: dict[int, Held], change: Change,
                           session: Optional[SessionLock], attempt: int) -> dict[int, dict]:
-        table, now = self.view(info, "locks"), datetime.now(timezone.utc)
+        state, now = self.view(info, "locks"), datetime.now(timezone.utc)
         if session is not None:
             self.check_session(info, session, now, read=attempt > 0)
         if attempt == 0 and self._all_fresh(held, now):
             rows = [held[seq].row for seq in held]
         else:
-            current = locks.lock_rows(table, partition, list(held))
+            current = locks.lock_rows(state, partition, list(held))
             lost = transitions.not_held(current, _tokens(held), now)
             if lost:
                 raise MessageLockLostError(
@@ -274,7 +274,7 @@ class Delivery:
                     "receiver; they will be redelivered")
             rows = storage.as_rows(current)
         written = [change(row, now) for row in rows]
-        locks.commit(table, partition, storage.from_rows(written, LOCKS))
+        locks.commit(state, partition, storage.from_rows(written, LOCKS))
         return {row["sequence_number"]: row for row in written}
 
     @staticmethod
@@ -288,12 +288,12 @@ class Delivery:
             return
 
         def attempt(_: int) -> None:
-            table = self.view(info, "locks")
-            current = locks.lock_rows(table, partition, list(held))
+            state = self.view(info, "locks")
+            current = locks.lock_rows(state, partition, list(held))
             lost = transitions.not_held(current, held, datetime.now(timezone.utc))
             mine = current.filter(pc.invert(pc.is_in(current["sequence_number"], value_set=pa.array(lost, pa.int64()))))
             if mine.num_rows:
-                locks.commit(table, partition, transitions.locked_until(mine, until))
+                locks.commit(state, partition, transitions.locked_until(mine, until))
 
         self.retrying(info, attempt)
 

@@ -114,7 +114,7 @@ def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PAR
     sync_version(table)
     root = local_root(table.table_uri)
     if root is not None and durable():  # the table's own directory, and the entity directory holding it
-        _sync_directories((os.path.dirname(root.rstrip("/")),))
+        fsync_directories((os.path.dirname(root.rstrip("/")),))
     return table
 
 
@@ -157,10 +157,10 @@ def sync_version(table: DeltaTable) -> None:
         added = json.loads(line).get("add")
         if added:
             path = os.path.join(root, unquote(added["path"]))
-            _fsync(path)
+            fsync_file(path)
             directories.add(os.path.dirname(path))
-    _fsync(entry)
-    _sync_directories(directories)
+    fsync_file(entry)
+    fsync_directories(directories)
 
 
 def sync_files(table: DeltaTable, names: Iterable[str]) -> None:
@@ -172,20 +172,20 @@ def sync_files(table: DeltaTable, names: Iterable[str]) -> None:
     for name in names:
         path = os.path.join(log_dir, name)
         if os.path.exists(path):
-            _fsync(path)
-    _sync_directories((log_dir,))
+            fsync_file(path)
+    fsync_directories((log_dir,))
 
 
 _durable_directories: set[str] = set()  # directories whose own entry in their parent was fsynced
 
 
-def _sync_directories(directories: Iterable[str]) -> None:
+def fsync_directories(directories: Iterable[str]) -> None:
     """fsync directories (new entries in them); the first time a directory is seen, its parent too (it
     may be new itself: a partition's first file, a table's first commit)."""
     for directory in sorted(directories, key=len, reverse=True):
-        _fsync(directory)
+        fsync_file(directory)
         if directory not in _durable_directories:
-            _fsync(os.path.dirname(directory))
+            fsync_file(os.path.dirname(directory))
             _durable_directories.add(directory)
 
 
@@ -196,7 +196,8 @@ def local_root(uri: str) -> Optional[str]:
     return None if "://" in uri else uri
 
 
-def _fsync(path: str) -> None:
+def fsync_file(path: str) -> None:
+    """fsync one file or directory by path."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)

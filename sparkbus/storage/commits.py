@@ -50,7 +50,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from . import EPOCH, PARTITION_COLUMN, _fsync, _sync_directories, durable, local_root, location, read_at
+from . import (EPOCH, PARTITION_COLUMN, fsync_file, fsync_directories, durable, local_root, location, open_table,
+               read_at)
 
 ENGINE = "sparkbus"
 _DEFAULT_RETENTION = timedelta(days=30)  # Delta's default delta.logRetentionDuration
@@ -203,8 +204,6 @@ class LogView:
         while True:
             started = time.monotonic()
             if started - self.position.known_at > self.log.safe_seconds:
-                from . import open_table
-
                 self._seed(open_table(self.log.uri))
                 continue
             entry = read_entry(self.log, self.version + 1)
@@ -212,8 +211,6 @@ class LogView:
                 self.position = Position(self.version, started)
                 return self
             if entry.table_changed:
-                from . import open_table
-
                 self._seed(open_table(self.log.uri))
                 continue
             self.apply(entry, Position(entry.version, self.position.known_at))
@@ -252,7 +249,7 @@ def write_file(log: TableLog, partition: int, data: pa.Table) -> AddedFile:
             pq.write_table(data, sink, compression="snappy")
             size = sink.tell()
         if durable():
-            _fsync(target)
+            fsync_file(target)
     else:
         sink = pa.BufferOutputStream()
         pq.write_table(data, sink, compression="snappy")
@@ -345,14 +342,14 @@ def _create(log: TableLog, version: int, payload: bytes) -> bool:
     finally:
         os.unlink(temporary)
     if durable():
-        _fsync(os.path.dirname(target))
+        fsync_file(os.path.dirname(target))
     return True
 
 
 def sync_directories(log: TableLog, added: Iterable[AddedFile]) -> None:
     """fsync the partition directories naming new data files (local tables; after the commit)."""
     if location.is_local(log.uri) and durable():
-        _sync_directories({os.path.dirname(os.path.join(log.uri, unquote(a.path))) for a in added})
+        fsync_directories({os.path.dirname(os.path.join(log.uri, unquote(a.path))) for a in added})
 
 
 def _entry_payload(added: list[AddedFile], removed: list[str], app_transactions: dict[str, int],
