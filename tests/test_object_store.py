@@ -38,6 +38,9 @@ def test_s3_without_an_atomic_put_if_absent_is_refused(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match="S3 needs an atomic put-if-absent"):
         sparkbus.create_namespace("s3://bucket/ns-unsafe")
+    location.register_options("s3://bucket/ns-locked", {"aws_s3_locking_provider": "dynamodb"})
+    with pytest.raises(ValueError, match="locking provider does not cover"):  # direct commits bypass its lock
+        location.check_safe("s3://bucket/ns-locked/entities/x")
     location.register_options("s3://bucket/ns-safe", {"conditional_put": "etag"})
     location.check_safe("s3://bucket/ns-safe/entities/x")  # configured: accepted
 

@@ -11,9 +11,10 @@ its root in this process (register_options), so code that opens a table by URI n
 Correctness on an object store rests on one property: a Delta commit writes log entry N+1 with an atomic
 put-if-absent, so of two writers racing for a version exactly one wins and the other retries on the new
 version. Azure Blob Storage has it natively. S3 has it with conditional writes (options
-{"conditional_put": "etag"}, or AWS_S3_CONDITIONAL_PUT=etag) or with delta-rs' DynamoDB locking provider
-(AWS_S3_LOCKING_PROVIDER=dynamodb); without either, two writers can both "win" and one commit is lost, so
-check_safe refuses such a namespace instead.
+{"conditional_put": "etag"}, or AWS_S3_CONDITIONAL_PUT=etag); without them two writers can both "win" and
+one commit is lost, so check_safe refuses such a namespace instead. delta-rs' DynamoDB locking provider is
+not enough: sparkbus writes the log entries of sends and settlements itself (sparkbus.storage.commits)
+with a conditional PUT, outside that lock.
 
 What stays local to a machine (the throttling ledger and the compaction lock, which rely on file locks)
 lives for an object-store namespace in state_dir(root), a directory under ~/.cache/sparkbus.
@@ -137,18 +138,16 @@ def _setting(options: dict[str, str], *names: str) -> Optional[str]:
 
 
 def check_safe(uri: str) -> None:
-    """Refuse a location whose store cannot commit atomically (S3 without conditional writes or a locking
-    provider), with what to configure; ValueError."""
+    """Refuse a location whose store cannot commit atomically (S3 without conditional writes), with what to
+    configure; ValueError."""
     if urlparse(uri).scheme not in ("s3", "s3a"):
         return
-    options = options_for(uri)
-    conditional = _setting(options, "conditional_put", "aws_conditional_put", "AWS_S3_CONDITIONAL_PUT")
-    locking = _setting(options, "aws_s3_locking_provider", "AWS_S3_LOCKING_PROVIDER")
-    if (conditional or "").lower() == "etag" or (locking or "").lower() == "dynamodb":
+    conditional = _setting(options_for(uri), "conditional_put", "aws_conditional_put", "AWS_S3_CONDITIONAL_PUT")
+    if (conditional or "").lower() == "etag":
         return
     raise ValueError(f"{uri}: S3 needs an atomic put-if-absent for Delta commits, or concurrent commits can be "
-                     "lost; set storage_options {'conditional_put': 'etag'} (S3 conditional writes) or "
-                     "AWS_S3_LOCKING_PROVIDER=dynamodb with DELTA_DYNAMO_TABLE_NAME")
+                     "lost; set storage_options {'conditional_put': 'etag'} (S3 conditional writes; a DynamoDB "
+                     "locking provider does not cover the log entries sparkbus writes itself)")
 
 
 def store_of(uri: str):
