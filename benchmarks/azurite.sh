@@ -7,7 +7,7 @@ port=$(.venv/bin/python -c "import socket; s=socket.socket(); s.bind(('127.0.0.1
 .azurite/node_modules/.bin/azurite-blob --blobHost 127.0.0.1 --blobPort "$port" --location "$dir" \
     --skipApiVersionCheck --loose --disableTelemetry >/dev/null 2>&1 &
 server=$!
-trap 'kill $server; rm -rf "$dir"' EXIT
+trap 'kill $server; wait $server 2>/dev/null; rm -rf "$dir"' EXIT
 export AZURE_STORAGE_USE_EMULATOR=true AZURE_STORAGE_ACCOUNT_NAME=devstoreaccount1 \
     AZURE_STORAGE_ACCOUNT_KEY='Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==' \
     AZURITE_BLOB_STORAGE_URL="http://127.0.0.1:$port"

@@ -310,11 +310,10 @@ class EntityWriter:
             [storage.PARTITION_COLUMN])
         claim = commits.Claim({p: (sequencing.compose(p, self._marks.get(p, 0) + 1), math.inf) for p in touched},
                               app_ids=frozenset([app_transaction[0]] if app_transaction else []))
-        files: list[commits.AddedFile] = []
+        # a filter per partition: 0.6 s for 1 GB, one Table.take grouping it 9 s (a table of many chunks)
+        files = commits.write_files(self._log, touched, lambda p: data if len(touched) == 1
+                                    else data.filter(pa.array(partitions == p)))
         try:
-            for p in touched:  # a filter per partition: 0.6 s for 1 GB, Table.take of it 9 s (many chunks)
-                part = data if len(touched) == 1 else data.filter(pa.array(partitions == p))
-                files.append(commits.write_file(self._log, p, part))
             done = commits.commit(self._log, self._position, files, [], claim,
                                   dict([app_transaction]) if app_transaction else None)
         except BaseException:

@@ -33,6 +33,7 @@ it is linked, the directories after; a PUT to an object store is durable when it
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -41,7 +42,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -258,6 +259,39 @@ def write_file(log: TableLog, partition: int, data: pa.Table) -> AddedFile:
         size = len(payload)
     low, high, stats = _statistics(data, log.stats_columns)
     return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats)
+
+
+def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], pa.Table]) -> list[AddedFile]:
+    """write_file(log, p, rows_of(p)) for each partition, in order (rows_of is called when its file is
+    written, so a bulk send holds one partition's copy at a time locally). On an object store the uploads
+    run concurrently, one PUT each: in a row, a 200-message send to 16 partitions paid 16 round trips.
+    If one fails, the files already written are deleted and the error raised."""
+    if location.is_local(log.uri) or len(partitions) < 2:
+        written: list[AddedFile] = []
+        try:
+            for partition in partitions:
+                written.append(write_file(log, partition, rows_of(partition)))
+        except BaseException:
+            discard(log, written)
+            raise
+        return written
+    futures = [_uploads().submit(lambda p=p: write_file(log, p, rows_of(p))) for p in partitions]
+    concurrent.futures.wait(futures)
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        discard(log, [f.result() for f in futures if f.exception() is None])
+        raise failed[0]
+    return [f.result() for f in futures]
+
+
+_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _uploads() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="sparkbus-upload")
+    return _pool
 
 
 def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
