@@ -33,9 +33,7 @@ def lock_rows(view: commits.LogView, partition: int, sequence_numbers: list[int]
     with _reading:
         found = [data.filter(pc.is_in(data["sequence_number"], value_set=numbers))
                  for _, data in _reader.files(view, partition, numbers[0].as_py(), numbers[-1].as_py())]
-    data = pa.concat_tables(found) if found else LOCKS.empty_table().drop_columns([storage.PARTITION_COLUMN])
-    column = pa.array([partition] * data.num_rows, LOCKS.field(storage.PARTITION_COLUMN).type)
-    return data.add_column(0, LOCKS.field(storage.PARTITION_COLUMN), column).select(LOCKS.names)
+    return _reader.with_partition(found, partition)
 
 
 def commit(view: commits.LogView, partition: int, rows: pa.Table,

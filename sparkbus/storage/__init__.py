@@ -57,18 +57,19 @@ def table_exists(uri: str) -> bool:
 def open_table(uri: str) -> DeltaTable:
     """The table at uri, with the storage options registered for its namespace (storage.location); a
     listing of its log that lost a race (is_expired_version) is tried again."""
-    for attempt in range(10):
+    attempt = 0
+    while True:
         started = time.monotonic()
         try:
             table = DeltaTable(uri, storage_options=location.options_for(uri) or None)
         except (DeltaError, FileNotFoundError) as error:
-            if attempt == 9 or not is_expired_version(error):
+            attempt += 1
+            if attempt == 10 or not is_expired_version(error):
                 raise
-            time.sleep(0.005 * (attempt + 1))  # the entries being created are there in a moment
+            time.sleep(0.005 * attempt)  # the entries being created are there in a moment
             continue
         setattr(table, _READ_AT, started)
         return table
-    raise AssertionError("unreachable")
 
 
 def read_at(table: DeltaTable) -> float:
@@ -283,7 +284,10 @@ class PartitionReader:
 
     def rows(self, view: "LogView", partition: int) -> pa.Table:
         """Every row of the partition at the view's version (in the schema given, file by file)."""
-        parts = [data for _, data in self.files(view, partition)]
+        return self.with_partition([data for _, data in self.files(view, partition)], partition)
+
+    def with_partition(self, parts: list[pa.Table], partition: int) -> pa.Table:
+        """File rows (without the partition column) as one table in the schema given."""
         data = pa.concat_tables(parts) if parts else self._file_schema.empty_table()
         column = pa.array([partition] * data.num_rows, self._schema.field(PARTITION_COLUMN).type)
         return data.add_column(0, self._schema.field(PARTITION_COLUMN), column).select(self._schema.names)
