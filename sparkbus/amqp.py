@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any, Optional, Union
 
 from .core import amqp
+from .core.wire import encoded
 
 
 class AmqpMessageBodyType(str, Enum):
@@ -82,9 +83,9 @@ def _data_sections(body: Any, encoding: str) -> list[bytes]:
     """A data body as its sections: bytes or str is one section, a list of them one section each."""
     items = body if isinstance(body, (list, tuple)) else [body]
     out = []
-    for item in items:
+    for i, item in enumerate(items):
         if isinstance(item, str):
-            item = item.encode(encoding)
+            item = encoded(item, encoding, "data_body" if items is not body else f"data_body[{i}]")
         if not isinstance(item, (bytes, bytearray, memoryview)):
             raise TypeError(f"a data body is bytes, str or a list of them, got {type(item).__name__}")
         out.append(bytes(item))
@@ -102,7 +103,9 @@ def _sequence_sections(body: Any) -> list[list]:
 
 class AmqpAnnotatedMessage:
     """An AMQP message: exactly one of data_body, sequence_body or value_body, and optional sections.
-    Raises ValueError unless exactly one body is given, TypeError for a body AMQP cannot carry."""
+    Raises ValueError unless exactly one body is given; TypeError for a body of a type AMQP cannot carry,
+    ValueError for one holding a value it cannot (an int beyond 64 bits, a str with a lone surrogate) or
+    nested deeper than sparkbus.core.wire.MAX_DEPTH levels."""
 
     def __init__(self, *, header: Union[AmqpMessageHeader, dict, None] = None, footer: Optional[dict] = None,
                  properties: Union[AmqpMessageProperties, dict, None] = None,
@@ -122,7 +125,8 @@ class AmqpAnnotatedMessage:
             self._body_type, self._body = AmqpMessageBodyType.SEQUENCE, _sequence_sections(body["sequence_body"])
         else:
             self._body_type, self._body = AmqpMessageBodyType.VALUE, body["value_body"]
-        amqp.encode_body(self._body_type.value, self._body)  # TypeError now for a body AMQP cannot carry
+        # TypeError or ValueError now for a body AMQP cannot carry (sparkbus.core.amqp.encode)
+        amqp.encode_body(self._body_type.value, self._body, f"{self._body_type.value}_body")
         self.header = AmqpMessageHeader(**dict(header)) if isinstance(header, dict) else header
         self.properties = AmqpMessageProperties(**dict(properties)) if isinstance(properties, dict) else properties
         self.footer = footer

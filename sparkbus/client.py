@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 from .core import throttling
 from .core.connection import parse_connection_string
-from .core.names import subscription_path
+from .core.names import checked_name, key, subscription_path
 from .engine import sessions
 from .engine.namespace import governor_of, open_namespace
 from .engine.registry import resolve
@@ -72,9 +72,8 @@ class ServiceBusClient:
         self._governor.recorder.flush()
 
     def _check_entity_path(self, name: object, what: str) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"{what} name must be a str, got {type(name).__name__}")
-        if self._entity_path is not None and name.lower() != self._entity_path.lower():
+        named = key(name, what)  # the name as written: TypeError, ValueError "invalid <what> name"
+        if self._entity_path is not None and named != key(self._entity_path):
             raise ValueError(f"The {what} name provided does not match the EntityPath in the connection string "
                              "used to construct the ServiceBusClient.")
 
@@ -102,7 +101,8 @@ class ServiceBusClient:
                                   prefetch_count: int = 0, max_wait_time: Optional[float] = None,
                                   session_id: object = None, **kwargs: object) -> ServiceBusReceiver:
         self._check_entity_path(topic_name, "topic")
-        return ServiceBusReceiver(self._catalog, subscription_path(topic_name, subscription_name),
+        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        return ServiceBusReceiver(self._catalog, path,
                                   receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
                                   max_wait_time=max_wait_time, session_id=session_id, spark=self.spark,
                                   retry=self._retry)
@@ -118,8 +118,8 @@ class ServiceBusClient:
                                    state_updated_after: Optional[datetime] = None, **kwargs: object) -> list[str]:
         """Session ids of a session-enabled subscription (as list_queue_sessions)."""
         self._check_entity_path(topic_name, "topic")
-        return self._list_sessions(subscription_path(topic_name, subscription_name), ("subscription",),
-                                   state_updated_after)
+        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        return self._list_sessions(path, ("subscription",), state_updated_after)
 
     def _list_sessions(self, path: str, kinds: tuple[str, ...], after: Optional[datetime]) -> list[str]:
         info = resolve(self._catalog.root, self._catalog.snapshot(), path, kinds)
@@ -132,7 +132,7 @@ class ServiceBusClient:
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:
         """`with client.transaction() as txn:` sends with transaction=txn commit together when the block exits."""
-        txn = ServiceBusTransaction()
+        txn = ServiceBusTransaction(self._catalog.root)
         try:
             yield txn
         except BaseException:

@@ -1,16 +1,22 @@
-"""Messages as azure-servicebus shapes them; sparkbus.core.encoding gives them their columnar form."""
+"""Messages as azure-servicebus shapes them; sparkbus.core.encoding gives them their columnar form.
+
+Every value a message holds must have a wire form (sparkbus.core.wire): it is checked when the message
+is constructed and again when it is sent or scheduled (to_outgoing), since its attributes may change in
+between; a refused message raises TypeError or ValueError naming the field before anything is written."""
 from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
+from itertools import chain
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import pyarrow as pa
 
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType, AmqpMessageHeader, AmqpMessageProperties
 from .core import amqp
-from .core.encoding import LENGTH_LIMITED, OUTGOING, check_id, STRING_PROPERTIES, body_sizes, header_sizes
+from .core.encoding import LENGTH_LIMITED, OUTGOING, STRING_PROPERTIES, body_sizes, header_sizes, suspect_rows
 from .core.values import check_properties, encode_properties
+from .core.wire import MAX_AMQP_TTL_MS, check_amqp_ttl, check_id, check_text, encoded
 from .exceptions import MessageSizeExceededError
 
 # AMQP properties that are ServiceBusMessage fields, by their ServiceBusMessage name.
@@ -61,17 +67,26 @@ def amqp_text(value: Any, name: str) -> Optional[str]:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bytes):
-        return value.decode("utf-8")
+        return _utf8(value, f"AMQP property {name}")
     if isinstance(value, (int, uuid.UUID)):
         return str(value)
     raise TypeError(f"AMQP property {name} must be a string, got {type(value).__name__}")
 
 
-def str_keys(props: Optional[dict]) -> Optional[dict]:
-    """Property keys as str: azure-servicebus hands back bytes keys, and re-sending them must work."""
+def str_keys(props: Optional[dict], what: str = "property map") -> Optional[dict]:
+    """Property keys as str: azure-servicebus hands back bytes keys, and re-sending them must work.
+    ValueError for a bytes key that is not UTF-8, naming `what` holds it."""
     if not isinstance(props, dict):
         return props
-    return {k.decode("utf-8") if isinstance(k, bytes) else k: v for k, v in props.items()}
+    return {_utf8(k, f"the {what} key {k!r}") if isinstance(k, bytes) else k: v for k, v in props.items()}
+
+
+def _utf8(value: bytes, name: str) -> str:
+    """bytes that stand for text (AMQP strings and symbols are UTF-8); ValueError naming them otherwise."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{name} is not UTF-8 text: {error}") from None
 
 
 def to_utc(value: object, name: str) -> Optional[datetime]:
@@ -86,6 +101,36 @@ def to_utc(value: object, name: str) -> Optional[datetime]:
     except OverflowError:
         raise ValueError(f"{name}={value.isoformat()} is out of range: in UTC it must fall within years 1 to "
                          "9999") from None
+
+
+def check_string_property(name: str, value: object) -> None:
+    """A str system property (message_id, subject, ...): None or valid text, the ids 1 to 128 characters;
+    TypeError or ValueError naming the property."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if name in LENGTH_LIMITED:
+        check_id(name, value)
+    else:
+        check_text(value, name)
+
+
+def check_time_to_live(value: object) -> None:
+    """None or a positive timedelta (TypeError or ValueError otherwise)."""
+    if value is None:
+        return
+    if not isinstance(value, timedelta):
+        raise TypeError(f"time_to_live must be a timedelta, got {type(value).__name__}")
+    if value <= timedelta(0):
+        raise ValueError(f"time_to_live must be positive, got {value}")
+
+
+def amqp_ttl(value: Optional[timedelta]) -> Optional[int]:
+    """A time-to-live as an AMQP header's time_to_live: milliseconds, at most the AMQP uint maximum (a
+    longer time-to-live, such as an entity's default of TimeSpan.MaxValue, is given as that maximum, about
+    49.7 days: the header has no room for more)."""
+    return None if value is None else min(value // timedelta(milliseconds=1), MAX_AMQP_TTL_MS)
 
 
 class ServiceBusMessage:
@@ -109,31 +154,24 @@ class ServiceBusMessage:
         if isinstance(body, (list, tuple)):
             if not all(isinstance(s, (bytes, bytearray, str)) for s in body):
                 raise TypeError("a list body holds data sections: bytes or str")
-            body = [s.encode(encoding) if isinstance(s, str) else bytes(s) for s in body]
+            body = [encoded(s, encoding, f"body[{i}]") if isinstance(s, str) else bytes(s) for i, s in enumerate(body)]
             self._body_type, self._body = amqp.stored_body(amqp.DATA, body)
         else:
             if isinstance(body, str):
-                body = body.encode(encoding)
+                body = encoded(body, encoding, "body")
             if not isinstance(body, (bytes, bytearray, memoryview)):
                 raise TypeError(f"body must be bytes, str, a list of them or None, got {type(body).__name__}")
             self._body_type, self._body = None, bytes(body)
         self._encoding = encoding
-        self.application_properties = check_properties(str_keys(application_properties),
+        self.application_properties = check_properties(str_keys(application_properties, "application_properties"),
                                                        "application_properties")
         strings = dict(session_id=session_id, message_id=message_id or uuid.uuid4().hex, partition_key=partition_key,
                        content_type=content_type, correlation_id=correlation_id, subject=subject, to=to,
                        reply_to=reply_to, reply_to_session_id=reply_to_session_id)
         for name, value in strings.items():
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-            if name in LENGTH_LIMITED and value is not None:
-                check_id(name, value)
+            check_string_property(name, value)
             setattr(self, name, value)
-        if time_to_live is not None:
-            if not isinstance(time_to_live, timedelta):
-                raise TypeError(f"time_to_live must be a timedelta, got {type(time_to_live).__name__}")
-            if time_to_live <= timedelta(0):
-                raise ValueError(f"time_to_live must be positive, got {time_to_live}")
+        check_time_to_live(time_to_live)
         self.time_to_live = time_to_live
         self.scheduled_enqueue_time_utc = to_utc(scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
 
@@ -144,17 +182,19 @@ class ServiceBusMessage:
         and scheduled-time annotations. Raises TypeError or ValueError as the constructor does."""
         properties = message.properties or AmqpMessageProperties()
         fields = {name: amqp_text(properties.get(amqp_name), amqp_name) for name, amqp_name in AMQP_PROPERTY_FIELDS.items()}
-        annotations = str_keys(message.annotations) or {}
-        ttl = message.header.time_to_live if message.header is not None else None
+        annotations = str_keys(message.annotations, "annotations") or {}
+        ttl = check_amqp_ttl(message.header.time_to_live if message.header is not None else None,
+                             "header time_to_live")
         scheduled = annotations.get(SCHEDULED_TIME_ANNOTATION.decode())
         if isinstance(scheduled, int) and not isinstance(scheduled, bool):
-            scheduled = datetime.fromtimestamp(scheduled / 1000, timezone.utc)
+            scheduled = _from_epoch_ms(scheduled, SCHEDULED_TIME_ANNOTATION.decode())
         out = cls(None, application_properties=message.application_properties,
                   partition_key=amqp_text(annotations.get(PARTITION_KEY_ANNOTATION.decode()), "x-opt-partition-key"),
                   scheduled_enqueue_time_utc=scheduled,
                   time_to_live=None if not ttl else timedelta(milliseconds=ttl), **fields)
         kind = message.body_type.value
-        out._body_type, out._body = amqp.stored_body(kind, message.body if kind == amqp.VALUE else list(message.body))
+        out._body_type, out._body = amqp.stored_body(kind, message.body if kind == amqp.VALUE else list(message.body),
+                                                     f"{kind}_body")
         return out
 
     @property
@@ -176,7 +216,7 @@ class ServiceBusMessage:
             annotations[PARTITION_KEY_ANNOTATION] = self.partition_key
         if self.scheduled_enqueue_time_utc is not None:
             annotations[SCHEDULED_TIME_ANNOTATION] = self.scheduled_enqueue_time_utc
-        ttl = None if self.time_to_live is None else self.time_to_live // timedelta(milliseconds=1)
+        ttl = amqp_ttl(self.time_to_live)
         return AmqpAnnotatedMessage(
             **{f"{kind}_body": body}, application_properties=dict(self.application_properties) or None,
             properties=AmqpMessageProperties(**{a: getattr(self, n) for n, a in AMQP_PROPERTY_FIELDS.items()}),
@@ -195,16 +235,54 @@ class ServiceBusMessage:
 
 
 def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
-    """The OUTGOING Arrow rows of messages, in order."""
+    """The OUTGOING Arrow rows of messages, in order, every value with a wire form (sparkbus.core.wire).
+
+    Messages are checked again here, not only when constructed: their attributes can be changed after
+    construction, and what is sent is what they hold now. The common case costs one vectorised pass
+    (suspect_rows) over the batch; only a row it flags, or a batch whose conversion failed, is checked
+    value by value, which raises TypeError or ValueError naming the message and the field."""
     messages = list(messages)
-    columns = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
-    columns["application_properties"] = [encode_properties(m.application_properties) for m in messages]
-    columns["body"] = [m._body for m in messages]
-    columns["body_type"] = [m._body_type for m in messages]
-    columns["time_to_live_ms"] = [None if m.time_to_live is None else m.time_to_live // timedelta(milliseconds=1)
-                                  for m in messages]
-    columns["scheduled_enqueue_time_utc"] = [m.scheduled_enqueue_time_utc for m in messages]
-    return pa.table(columns, schema=OUTGOING)
+    try:
+        columns = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
+        properties = [m.application_properties for m in messages]
+        "".join(chain.from_iterable(filter(None, properties)))  # TypeError unless every key is a str
+        columns["application_properties"] = [encode_properties(p) for p in properties]
+        columns["body"] = [m._body for m in messages]
+        columns["body_type"] = [m._body_type for m in messages]
+        columns["time_to_live_ms"] = [None if m.time_to_live is None else m.time_to_live // timedelta(milliseconds=1)
+                                      for m in messages]
+        columns["scheduled_enqueue_time_utc"] = [m.scheduled_enqueue_time_utc for m in messages]
+        rows = pa.table(columns, schema=OUTGOING)
+    except (TypeError, ValueError, AttributeError):  # a value of the wrong type or without a wire form
+        _check_each(messages, range(len(messages)))
+        raise
+    _check_each(messages, suspect_rows(rows))
+    return rows
+
+
+def _check_each(messages: list[ServiceBusMessage], indices: Iterable[int]) -> None:
+    """The exact check of the messages at indices: what the constructor checks, of their current values."""
+    for i in indices:
+        m = messages[i]
+        try:
+            for name in STRING_PROPERTIES:
+                check_string_property(name, getattr(m, name))
+            check_properties(m.application_properties, "application_properties")
+            check_time_to_live(m.time_to_live)
+            to_utc(m.scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
+        except (TypeError, ValueError) as error:
+            if len(messages) == 1:
+                raise
+            raise type(error)(f"message {i} of {len(messages)}: {error}") from None
+
+
+def _from_epoch_ms(value: int, name: str) -> datetime:
+    """A UTC datetime of an AMQP timestamp (milliseconds since the epoch); ValueError beyond years 1-9999."""
+    try:
+        return datetime.fromtimestamp(value / 1000, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"{name} = {value} ms since the epoch is out of range: it must fall within years 1 to "
+                         "9999") from None
 
 
 def message_size(message: ServiceBusMessage) -> int:

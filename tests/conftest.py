@@ -32,7 +32,7 @@ AZURITE = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 CONTAINER = "sparkbus"
-BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_object_store", "test_dataframe_send", "test_topics",
+BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_stale_handles", "test_object_store", "test_dataframe_send", "test_topics",
                "test_forwarding", "test_concurrency", "test_send_concurrency", "test_receive_concurrency"}
 
 
@@ -136,6 +136,33 @@ def spark(azurite):
 def spawn():
     """A 'spawn' multiprocessing context: forking after deltalake started its runtime hangs."""
     return multiprocessing.get_context("spawn")
+
+
+# per-process state sparkbus keeps beside a local namespace's tables: not namespace data
+NOT_DATA = (".throttle-ledger", ".throttle-slots", "machine-id")
+
+
+def files_under(top: str, *, metrics: bool = True) -> dict[str, tuple]:
+    """Every file (object) below a local directory or an object-store namespace, with its size and
+    modification time (object: ETag), once the background maintenance of earlier commits has finished:
+    what a refused call must leave as it was. metrics=False leaves out the _metrics table, which counts
+    refused requests too."""
+    from sparkbus.storage import location, maintenance
+
+    assert maintenance.wait_idle(60)
+    if not location.is_local(top):
+        store, prefix = location.store_of(top)
+        return {entry["path"][len(prefix):]: (entry["size"], entry["e_tag"])
+                for batch in store.list(prefix + "/") for entry in batch
+                if metrics or not entry["path"][len(prefix):].startswith("/_metrics/")}
+    found = {}
+    for folder, folders, names in os.walk(top):
+        folders[:] = [f for f in folders if metrics or f != "_metrics"]
+        for name in names:
+            if name not in NOT_DATA:
+                stat = os.stat(os.path.join(folder, name))
+                found[os.path.relpath(os.path.join(folder, name), top)] = (stat.st_size, stat.st_mtime_ns)
+    return found
 
 
 def stored_messages(admin, entity_path: str):

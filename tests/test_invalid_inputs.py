@@ -17,11 +17,10 @@ from sparkbus import ServiceBusMessage
 from sparkbus.definitions import apply_definition
 from sparkbus.management import SqlRuleFilter
 from sparkbus.storage import maintenance
+from conftest import files_under
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 ROW = re.compile(r"^\| `(?P<call>.+)` \| (?P<error>\w+) \| (?P<says>.*?) ?\|$")
-# per-process state sparkbus keeps beside a local namespace's tables: not namespace data
-NOT_DATA = (".throttle-ledger", ".throttle-slots", "machine-id")
 
 
 def documented_calls() -> list[tuple[str, str, str]]:
@@ -34,18 +33,6 @@ def documented_calls() -> list[tuple[str, str, str]]:
 
 
 CALLS = documented_calls()
-
-
-def files_under(top: str) -> dict[str, tuple[int, int]]:
-    """Every file below top with its size and modification time (ns), per-process state left out."""
-    found = {}
-    for folder, _, names in os.walk(top):
-        for name in names:
-            if name not in NOT_DATA:
-                path = os.path.join(folder, name)
-                stat = os.stat(path)
-                found[os.path.relpath(path, top)] = (stat.st_size, stat.st_mtime_ns)
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,11 @@ The same codec reads whole AMQP messages (ServiceBusReceivedMessage.from_bytes).
 
 Decoding follows what azure-servicebus returns after a trip over the wire: strings and symbols come back as
 bytes and timestamps as integer milliseconds since the epoch; `wire_form` gives that form of a value.
+
+Both directions keep to sparkbus.core.wire: values nested deeper than MAX_DEPTH levels are a ValueError
+(counted as they are met, so hostile input never exhausts the stack), and so is a str holding a lone
+surrogate (AMQP strings are UTF-8) or an int beyond 64 bits. An array whose count of zero-width elements
+exceeds the bytes left is refused before a list of billions is built.
 """
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional
+
+from . import wire
 
 DATA, SEQUENCE, VALUE = "data", "sequence", "value"
 BODY_TYPES = (DATA, SEQUENCE, VALUE)
@@ -54,8 +61,26 @@ def _sized(small: int, large: int, payload: bytes, count: Optional[int] = None) 
     return bytes((large,)) + struct.pack(">II", len(payload) + 4, count) + payload
 
 
-def encode(value: Any) -> bytes:
-    """The AMQP encoding of one value; TypeError for a type AMQP cannot carry, ValueError for an int beyond 64 bits."""
+class _Unencodable(Exception):
+    """A value without an AMQP encoding, found `path` deep inside the value being encoded."""
+
+    def __init__(self, error: type, message: str) -> None:
+        super().__init__(message)
+        self.error, self.message, self.path = error, message, ""
+
+
+def encode(value: Any, what: str = "the value") -> bytes:
+    """The AMQP encoding of one value. TypeError for a type AMQP cannot carry; ValueError for an int beyond
+    64 bits, a str holding a lone surrogate or lists and maps nested deeper than MAX_DEPTH; each error
+    names `what` and where inside it the value is (e.g. "value_body[2]['k']")."""
+    try:
+        return _encode(value, 0)
+    except _Unencodable as refused:
+        path = refused.path if len(refused.path) <= 60 else refused.path[:60] + "..."
+        raise refused.error(f"{what}{path} {refused.message}") from None
+
+
+def _encode(value: Any, depth: int) -> bytes:
     if value is None:
         return b"\x40"
     if isinstance(value, bool):
@@ -69,10 +94,15 @@ def encode(value: Any) -> bytes:
             return b"\x81" + struct.pack(">q", value)
         if 0 <= value < 2**64:
             return b"\x80" + struct.pack(">Q", value)
-        raise ValueError(f"the int {value} does not fit in 64 bits, the largest AMQP integer")
+        raise _Unencodable(ValueError, f"holds the int {wire.show_int(value)}, which does not fit in 64 bits, the "
+                           f"largest AMQP integer (-2**63..2**64-1)")
     if isinstance(value, float):
         return b"\x82" + struct.pack(">d", value)
     if isinstance(value, str):
+        index = wire.lone_surrogate(value)
+        if index >= 0:
+            raise _Unencodable(ValueError, f"holds a lone surrogate {value[index]!r} at index {index} of a string; "
+                               "text must be valid Unicode (encodable as UTF-8)")
         return _sized(0xA1, 0xB1, value.encode("utf-8"))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _sized(0xA0, 0xB0, bytes(value))
@@ -81,18 +111,40 @@ def encode(value: Any) -> bytes:
     if isinstance(value, datetime):
         aware = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
         return b"\x83" + struct.pack(">q", round((aware - _EPOCH).total_seconds() * 1000))
+    if isinstance(value, (list, tuple, dict)) and depth >= wire.MAX_DEPTH:
+        raise _Unencodable(ValueError, f"is nested deeper than {wire.MAX_DEPTH} levels of lists and maps")
     if isinstance(value, (list, tuple)):
         if not value:
             return b"\x45"
-        return _sized(0xC0, 0xD0, b"".join(encode(v) for v in value), len(value))
+        parts = []
+        for i, item in enumerate(value):
+            try:
+                parts.append(_encode(item, depth + 1))
+            except _Unencodable as refused:
+                refused.path = f"[{i}]{refused.path}"
+                raise
+        return _sized(0xC0, 0xD0, b"".join(parts), len(value))
     if isinstance(value, dict):
-        return _sized(0xC1, 0xD1, b"".join(encode(k) + encode(v) for k, v in value.items()), 2 * len(value))
-    raise TypeError(f"AMQP cannot carry a value of type {type(value).__name__}; allowed: {ENCODABLE}")
+        parts = []
+        for key, item in value.items():
+            try:
+                parts.append(_encode(key, depth + 1))
+            except _Unencodable as refused:
+                refused.path = f" key {key!r}{refused.path}"
+                raise
+            try:
+                parts.append(_encode(item, depth + 1))
+            except _Unencodable as refused:
+                refused.path = f"[{key!r}]{refused.path}"
+                raise
+        return _sized(0xC1, 0xD1, b"".join(parts), 2 * len(value))
+    raise _Unencodable(TypeError, f"holds a {type(value).__name__}: AMQP cannot carry a value of type "
+                       f"{type(value).__name__}; allowed: {ENCODABLE}")
 
 
-def section(code: int, value: Any) -> bytes:
+def section(code: int, value: Any, what: str = "the section") -> bytes:
     """One message section: the descriptor (a small ulong) and its value."""
-    return b"\x00\x53" + bytes((code,)) + encode(value)
+    return b"\x00\x53" + bytes((code,)) + encode(value, what)
 
 
 _FIXED = {0x50: ">B", 0x51: ">b", 0x60: ">H", 0x61: ">h", 0x70: ">I", 0x71: ">i", 0x52: ">B", 0x54: ">b",
@@ -101,10 +153,17 @@ _CONSTANTS = {0x40: None, 0x41: True, 0x42: False, 0x43: 0, 0x44: 0}
 
 
 class _Reader:
-    """Decodes values from a buffer, front to back; ValueError on anything malformed."""
+    """Decodes values from a buffer, front to back; ValueError on anything malformed, and on values nested
+    deeper than `limit` levels (lists, maps, arrays and described values each count one)."""
 
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
+    def __init__(self, data: bytes, limit: int = wire.MAX_DEPTH) -> None:
+        self.data, self.pos, self.depth, self.limit = data, 0, 0, limit
+
+    def enter(self) -> None:
+        """One level deeper (a compound or described value); ValueError past the limit."""
+        self.depth += 1
+        if self.depth > self.limit:
+            raise wire.depth_error("the AMQP data", f" (at offset {self.pos})")
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):
@@ -119,7 +178,10 @@ class _Reader:
     def value(self) -> Any:
         code = self.take(1)[0]
         if code == 0x00:
-            return Described(self.value(), self.value())
+            self.enter()
+            described = Described(self.value(), self.value())
+            self.depth -= 1
+            return described
         return self.body(code)
 
     def body(self, code: int) -> Any:
@@ -146,7 +208,9 @@ class _Reader:
             wide = code >= 0xD0
             self.unpack(">I" if wide else ">B")  # size
             count = self.unpack(">I" if wide else ">B")
+            self.enter()
             items = [self.value() for _ in range(count)]
+            self.depth -= 1
             if code in (0xC0, 0xD0):
                 return items
             if count % 2:
@@ -157,7 +221,15 @@ class _Reader:
             self.unpack(">I" if wide else ">B")
             count = self.unpack(">I" if wide else ">B")
             element = self.take(1)[0]
-            return [self.body(element) for _ in range(count)]
+            if count > len(self.data) - self.pos and (element in _CONSTANTS or element == 0x45):
+                # zero-width elements; each element of the other types takes at least a byte, so truncation
+                # ends those early
+                raise ValueError(f"an AMQP array of {count} elements cannot fit in the {len(self.data) - self.pos} "
+                                 f"bytes left at offset {self.pos}")
+            self.enter()
+            items = [self.body(element) for _ in range(count)]
+            self.depth -= 1
+            return items
         raise ValueError(f"unsupported AMQP type constructor 0x{code:02x} at offset {self.pos - 1}")
 
 
@@ -167,7 +239,8 @@ def _key(key: Any) -> Any:
 
 
 def decode(data: bytes) -> Any:
-    """The one value encoded in data (ValueError if data holds anything else)."""
+    """The one value encoded in data (ValueError if data holds anything else, or values nested deeper
+    than MAX_DEPTH levels)."""
     reader = _Reader(bytes(data))
     value = reader.value()
     if reader.pos != len(reader.data):
@@ -229,7 +302,8 @@ def decode_message(data: bytes) -> Sections:
     mixed body kinds, no body, or malformed values)."""
     if not data:
         raise ValueError("an AMQP message payload cannot be empty")
-    reader, out, last, kinds = _Reader(bytes(data)), Sections(), -1, set()
+    # one level more than a value may have: the section's descriptor around it
+    reader, out, last, kinds = _Reader(bytes(data), wire.MAX_DEPTH + 1), Sections(), -1, set()
     while reader.pos < len(reader.data):
         described = reader.value()
         if not isinstance(described, Described):
@@ -273,14 +347,15 @@ def _fields_list(value: Any) -> list:
     return value
 
 
-def encode_body(body_type: str, body: Any) -> bytes:
-    """The body sections' encoding: data is a list of bytes sections, sequence a list of lists, value any value."""
+def encode_body(body_type: str, body: Any, what: str = "the body") -> bytes:
+    """The body sections' encoding: data is a list of bytes sections, sequence a list of lists, value any
+    value. Errors as encode's, naming `what` (e.g. "value_body")."""
     if body_type == DATA:
-        return b"".join(section(DATA_SECTION, bytes(s)) for s in body)
+        return b"".join(section(DATA_SECTION, bytes(s), what) for s in body)
     if body_type == SEQUENCE:
-        return b"".join(section(SEQUENCE_SECTION, list(s)) for s in body)
+        return b"".join(section(SEQUENCE_SECTION, list(s), f"{what}[{i}]") for i, s in enumerate(body))
     if body_type == VALUE:
-        return section(VALUE_SECTION, body)
+        return section(VALUE_SECTION, body, what)
     raise ValueError(f"body_type must be one of {', '.join(BODY_TYPES)}, got {body_type!r}")
 
 
@@ -303,12 +378,12 @@ def encode_message(sections: Sections) -> bytes:
     return b"".join(out)
 
 
-def stored_body(body_type: str, body: Any) -> tuple[Optional[str], bytes]:
+def stored_body(body_type: str, body: Any, what: str = "the body") -> tuple[Optional[str], bytes]:
     """The messages table's (body_type, body) for a body: one data section is stored as its bytes with a
     null body_type, so SQL and DataFrames see ordinary bodies as they are; anything else as its sections."""
     if body_type == DATA and len(body) == 1:
         return None, bytes(body[0])
-    return body_type, encode_body(body_type, body)
+    return body_type, encode_body(body_type, body, what)
 
 
 def loaded_body(body_type: Optional[str], stored: bytes) -> tuple[str, Any]:

@@ -3,17 +3,27 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
 
-# .NET TimeSpan.MaxValue, Service Bus' "never" for time-to-live and idle deletion.
+# .NET TimeSpan.MaxValue, Service Bus' "never" for time-to-live and idle deletion: 2**63-1 ticks of 100 ns,
+# which a timedelta holds to the microsecond (MAX_DURATION) and ISO 8601 text exactly (MAX_DURATION_TEXT).
+MAX_TICKS = 2**63 - 1
 MAX_DURATION = timedelta(days=10675199, hours=2, minutes=48, seconds=5, microseconds=477580)
+MAX_DURATION_TEXT = "P10675199DT2H48M5.4775807S"
+_TICKS_PER = {"days": 864_000_000_000, "hours": 36_000_000_000, "minutes": 600_000_000, "seconds": 10_000_000}
 _ISO = re.compile(
     r"^P(?:(?P<days>\d+(?:\.\d+)?)D)?"
     r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
 )
 
 
-def parse_duration(value: object, name: str) -> timedelta:
-    """A timedelta from a timedelta or ISO 8601 string such as 'PT1M'; TypeError/ValueError otherwise."""
+def parse_duration(value: object, name: str, *, clamp: bool = False) -> timedelta:
+    """A timedelta from a timedelta or ISO 8601 string such as 'PT1M'; TypeError/ValueError otherwise.
+
+    A string longer than TimeSpan.MaxValue (MAX_DURATION_TEXT) is a ValueError naming the field, or, with
+    clamp (stored text, which older versions wrote unchecked), MAX_DURATION. Up to it, the text is read
+    exactly and rounded to the microsecond, so MAX_DURATION_TEXT itself (which rounds up past
+    MAX_DURATION) is MAX_DURATION."""
     if isinstance(value, timedelta):
         return value
     if not isinstance(value, str):
@@ -21,8 +31,14 @@ def parse_duration(value: object, name: str) -> timedelta:
     match = _ISO.match(value.strip())
     if not match or value.strip() in ("P", "PT") or value.strip().endswith("T"):
         raise ValueError(f"{name}={value!r} is not an ISO 8601 duration such as 'PT30S', 'PT5M' or 'P1DT2H'")
-    parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
-    return min(timedelta(**parts), MAX_DURATION)
+    ticks = sum(Decimal(v) * _TICKS_PER[k] for k, v in match.groupdict().items() if v is not None)
+    if ticks > MAX_TICKS and clamp:
+        return MAX_DURATION
+    if ticks > MAX_TICKS:
+        raise ValueError(f"{name}={value[:40]!r} is longer than the longest duration, {MAX_DURATION_TEXT} "
+                         "(TimeSpan.MaxValue, about 29,227 years)")
+    micros = int((ticks / 10).to_integral_value(ROUND_HALF_EVEN))
+    return min(timedelta(microseconds=micros), MAX_DURATION)
 
 
 def format_duration(value: timedelta) -> str:

@@ -12,22 +12,37 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..storage.schemas import MESSAGES
+from .wire import MAX_ID_LENGTH
 
-MAX_ID_LENGTH = 128
 STRING_PROPERTIES = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject",
                      "to", "reply_to", "reply_to_session_id")
-LENGTH_LIMITED = ("message_id", "session_id", "partition_key")
+LENGTH_LIMITED = ("message_id", "session_id", "partition_key", "reply_to_session_id")  # 1 to MAX_ID_LENGTH
 # Columns a sender provides; partition_id, sequence_number and the times are set when the send commits.
 OUTGOING = pa.schema([MESSAGES.field(name) for name in (*STRING_PROPERTIES, "application_properties", "body",
                                                          "body_type", "time_to_live_ms",
                                                          "scheduled_enqueue_time_utc")])
 
 
-def check_id(name: str, value: str) -> str:
-    """A message_id, session_id or partition_key: 1 to MAX_ID_LENGTH characters (ValueError otherwise)."""
-    if not 0 < len(value) <= MAX_ID_LENGTH:
-        raise ValueError(f"{name} must be 1 to {MAX_ID_LENGTH} characters, got {len(value)}")
-    return value
+# What may hide a value without a wire form in a stored application-properties text (JSON, ASCII-escaped):
+# a \uD800-\uDFFF escape (a lone surrogate, or half of a valid pair) or a run of 19 digits (an int that
+# may be outside the signed 64-bit range). Rows without either are fine; the others are checked exactly.
+_SUSPECT_PROPERTIES = r"\\u[dD][89abcdefABCDEF]|[0-9]{19}"
+
+
+def suspect_rows(rows: pa.Table) -> np.ndarray:
+    """Indices of OUTGOING rows that may break a wire-form limit and need the exact (slow) check: an id
+    column outside 1..MAX_ID_LENGTH characters, or application properties that may hold a lone surrogate
+    or an int beyond 64 bits (see _SUSPECT_PROPERTIES). One vectorised pass over the batch."""
+    suspect = np.zeros(rows.num_rows, dtype=bool)
+    properties = rows["application_properties"]
+    if properties.null_count < len(properties):
+        found = pc.match_substring_regex(properties, _SUSPECT_PROPERTIES)
+        suspect |= pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+    for name in LENGTH_LIMITED:
+        if rows[name].null_count < rows.num_rows:
+            length = pc.utf8_length(rows[name]).to_numpy(zero_copy_only=False)  # NaN where null: compares false
+            suspect |= (length < 1) | (length > MAX_ID_LENGTH)
+    return np.flatnonzero(suspect)
 
 
 FIXED_WIDTH_BYTES = 8  # a time-to-live or scheduled time, when set, counts as 8 header bytes

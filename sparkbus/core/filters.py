@@ -3,7 +3,9 @@
 Filters decide which topic messages a subscription receives; an action rewrites a copy's properties.
 Rules are stored and returned faithfully here; check_filter/check_action (create_rule, update_rule and
 namespace definitions) also parse SQL text with sparkbus.core.language, so a syntax error is a ValueError
-naming the position and nothing is stored. Evaluation lives in sparkbus.core.language and sparkbus.engine.fanout.
+naming the position and nothing is stored. Every value a rule holds must have a wire form
+(sparkbus.core.wire): a rule holding one a message could not carry would fail for every message of the
+topic, so it is refused here. Evaluation lives in sparkbus.core.language and sparkbus.engine.fanout.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from datetime import datetime
 from typing import Callable, Optional, TypeVar, Union
 
 from .language import check_action_text, check_filter_text
+from .language.syntax import ID_PROPERTIES, Parameter, SetStatement
 from .values import check_properties, decode_properties, encode_properties
+from .wire import MAX_ID_LENGTH, check_text
 
 T = TypeVar("T")
 
@@ -101,6 +105,8 @@ class CorrelationRuleFilter:
         for name, value in values.items():
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"CorrelationRuleFilter {name} must be a str, got {type(value).__name__}")
+            if value is not None:
+                check_text(value, f"CorrelationRuleFilter {name}")
             setattr(self, name, value)
         self.properties = check_properties(properties, "CorrelationRuleFilter properties")
         if all(v is None for v in values.values()) and not self.properties:
@@ -154,12 +160,13 @@ def check_filter(value: object) -> RuleFilter:
     return value
 
 
-def _with_text(check: Callable[[str, dict], object], expression: str, parameters: dict) -> None:
+def _with_text(check: Callable[[str, dict], T], expression: str, parameters: dict) -> T:
     """check(expression, parameters), its ValueError naming the expression."""
     try:
-        check(expression, parameters)
+        return check(expression, parameters)
     except ValueError as error:
-        raise ValueError(f"{expression!r}: {error}") from None
+        shown = repr(expression) if len(expression) <= 80 else f"{expression[:60]!r}... ({len(expression)} characters)"
+        raise ValueError(f"{shown}: {error}") from None
 
 
 def check_action(value: object) -> Optional[SqlRuleAction]:
@@ -169,8 +176,23 @@ def check_action(value: object) -> Optional[SqlRuleAction]:
     if value is not None:
         _check_sql(value.sql_expression, "SqlRuleAction")
         _check_parameters(value.parameters, "SqlRuleAction")
-        _with_text(check_action_text, value.sql_expression, value.parameters)
+        statements = _with_text(check_action_text, value.sql_expression, value.parameters)
+        _check_id_parameters(statements, value.parameters)
     return value
+
+
+def _check_id_parameters(statements: tuple, parameters: dict) -> None:
+    """An action that sets an id system property to a @parameter: the parameter, when a str, has 1 to
+    MAX_ID_LENGTH characters (the parser checks string constants)."""
+    lowered = {k.lower(): v for k, v in parameters.items()}
+    for statement in statements:
+        if isinstance(statement, SetStatement) and statement.target.scope == "sys" \
+                and statement.target.name in ID_PROPERTIES and isinstance(statement.value, Parameter):
+            value = lowered.get(statement.value.name.lower())
+            if isinstance(value, str) and not 0 < len(value) <= MAX_ID_LENGTH:
+                raise ValueError(f"SqlRuleAction sets sys.{statement.target.name} to {statement.value.name}, which "
+                                 f"has {len(value)} characters; sys.{statement.target.name} is 1 to "
+                                 f"{MAX_ID_LENGTH} characters")
 
 
 def filter_quota_kind(rule_filter: RuleFilter) -> Optional[str]:
@@ -193,8 +215,8 @@ def filter_to_json(rule_filter: RuleFilter) -> str:
 def _as_stored(cls: type, make: Callable[[], T], **attributes: object) -> T:
     """make(), or, when the stored values no longer pass its checks (written by an older version, or by
     hand), the object with those values unchecked: reading must show a bad rule, not fail the listing it
-    is in. Such a rule fails when a message is evaluated against it (see sparkbus.engine.fanout), and
-    update_rule replaces it."""
+    is in. Fan-out reports and skips such a rule when it cannot be evaluated (see
+    sparkbus.engine.fanout), and update_rule replaces it."""
     try:
         return make()
     except (ValueError, TypeError):

@@ -10,14 +10,18 @@ import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from .durations import format_duration, parse_duration
+from .durations import MAX_DURATION, MAX_DURATION_TEXT, format_duration, parse_duration
+from .wire import check_long, check_text
 
 PROPERTY_TYPES = (str, int, float, bool, bytes, datetime, uuid.UUID, type(None))
 _NAMES = "str, int, float, bool, bytes, datetime, UUID or None"
 
 
 def check_properties(props: object, name: str, *, allow_timedelta: bool = False) -> dict:
-    """Validate a property mapping: str keys, values of the supported types; returns a plain dict."""
+    """Validate a property mapping: str keys, values of the supported types, each with a wire form
+    (sparkbus.core.wire: text without lone surrogates, ints in the signed 64-bit range; durations, where
+    allowed, from zero to TimeSpan.MaxValue); returns a plain dict. TypeError for a type, ValueError for a
+    value, naming the key."""
     if props is None:
         return {}
     if not isinstance(props, dict):
@@ -26,9 +30,17 @@ def check_properties(props: object, name: str, *, allow_timedelta: bool = False)
     for k, v in props.items():
         if not isinstance(k, str):
             raise TypeError(f"{name} keys must be str, got {type(k).__name__} for {k!r}")
+        check_text(k, f"the {name} key {k!r}")
         if not isinstance(v, allowed):
             extra = ", timedelta" if allow_timedelta else ""
             raise TypeError(f"{name}[{k!r}] has type {type(v).__name__}; allowed: {_NAMES}{extra}")
+        if isinstance(v, str):
+            check_text(v, f"{name}[{k!r}]")
+        elif isinstance(v, int) and not isinstance(v, bool):
+            check_long(v, f"{name}[{k!r}]")
+        elif isinstance(v, timedelta) and not timedelta(0) <= v <= MAX_DURATION:
+            raise ValueError(f"{name}[{k!r}] = {v} is outside the durations a rule parameter holds, PT0S to "
+                             f"{MAX_DURATION_TEXT}")
     return dict(props)
 
 
@@ -64,7 +76,7 @@ def _decode(tagged: list) -> object:
     if tag == "uuid":
         return uuid.UUID(v)
     if tag == "timedelta":
-        return parse_duration(v, "value")
+        return parse_duration(v, "value", clamp=True)
     return v
 
 

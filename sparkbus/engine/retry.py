@@ -45,12 +45,16 @@ class RetryPolicy:
     deadline: Optional[float] = None  # time.monotonic() after which no attempt starts (see bounded)
 
     def __post_init__(self) -> None:
-        for name in ("total", "backoff_factor", "backoff_max"):
+        if isinstance(self.total, bool) or not isinstance(self.total, int):
+            raise TypeError(f"retry_total must be an int (a number of retries), got {type(self.total).__name__}")
+        if self.total < 0:
+            raise ValueError(f"retry_total must be an int >= 0, got {self.total}")
+        for name in ("backoff_factor", "backoff_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"retry_{name} must be a number, got {type(value).__name__}")
-            if value < 0:
-                raise ValueError(f"retry_{name} must be >= 0, got {value}")
+                raise TypeError(f"retry_{name} must be a number of seconds, got {type(value).__name__}")
+            if not 0 <= value < math.inf:  # nan compares false too
+                raise ValueError(f"retry_{name} must be a finite number of seconds >= 0, got {value}")
         if self.mode not in MODES:
             raise ValueError(f"retry_mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
@@ -80,7 +84,9 @@ class RetryPolicy:
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based), jitter included."""
-        base = self.backoff_factor if self.mode == "fixed" else self.backoff_factor * 2 ** (retry - 1)
+        # the exponent stops at 1000 (any factor of practical size has reached backoff_max by then): a
+        # power of 2 beyond about 1023 does not convert to a float
+        base = self.backoff_factor if self.mode == "fixed" else self.backoff_factor * 2 ** min(retry - 1, 1000)
         return min(base, self.backoff_max) * random.uniform(0.8, 1.2)
 
 

@@ -20,12 +20,22 @@ Grammar (Service Bus "SQL filter syntax" and "SQL rule action syntax"):
     action     := statement ((',' | ';') statement)* [';']
     statement  := SET property '=' sum | REMOVE property
 A 'SET a = 1, b = 2' continues the SET after a comma.
+
+Limits (each a ValueError with the position): text of valid Unicode (no lone surrogate, which no message
+could carry or compare); trees at most MAX_DEPTH levels deep, and as deep in parentheses, NOT, signs and
+function calls, so neither this parser nor the tree walkers that evaluate a rule exhaust Python's stack.
+AND and OR chains are built as balanced trees (both are associative in three-valued logic, and every
+operand is evaluated either way), so a long list of ORed conditions stays shallow; arithmetic chains
+keep their left-to-right shape. An action may set a system property that is an id (sys.MessageId,
+sys.ReplyToSessionId) to a string constant of 1 to MAX_ID_LENGTH characters only.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
+
+from ..wire import MAX_DEPTH, MAX_ID_LENGTH, lone_surrogate
 
 MAX_TEXT_LENGTH = 1024
 MAX_ACTION_STATEMENTS = 32
@@ -38,6 +48,8 @@ SYSTEM_PROPERTIES = {name.lower(): name for name in (
 # System properties an action may SET or REMOVE (the others identify, place or describe the stored message).
 SETTABLE_SYSTEM_PROPERTIES = {"CorrelationId", "To", "ReplyTo", "Label", "Subject", "ReplyToSessionId", "ContentType",
                               "MessageId"}
+# System properties that are ids: 1 to MAX_ID_LENGTH characters.
+ID_PROPERTIES = {"MessageId", "SessionId", "PartitionKey", "ReplyToSessionId"}
 KEYWORDS = {"and", "or", "not", "is", "null", "in", "like", "escape", "exists", "true", "false", "set", "remove"}
 FUNCTIONS = {"newid": 0, "property": 1, "p": 1}
 
@@ -217,6 +229,19 @@ def tokenize(text: str) -> list[Token]:
 
 # ---- parser -----------------------------------------------------------------------------------------------
 
+def _pairwise(items: list, combine: Callable) -> object:
+    """items combined neighbour with neighbour, round after round, in order: a balanced reduction."""
+    while len(items) > 1:
+        items = [combine(items[i], items[i + 1]) if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
+    return items[0]
+
+
+def balanced(op: str, nodes: list[Node]) -> Node:
+    """nodes joined by "and" or "or", in order, as a balanced tree: its depth grows with the log of their
+    count, so a long chain never nests deep (both operators are associative in three-valued logic)."""
+    return _pairwise(nodes, lambda left, right: Binary(op, left, right))
+
+
 _COMPARISONS = {"=", "<>", "!=", ">", ">=", "<", "<="}
 
 
@@ -228,9 +253,35 @@ class _Parser:
             raise ValueError("a rule expression must not be empty")
         if len(text) > MAX_TEXT_LENGTH:
             raise ValueError(f"a rule expression is at most {MAX_TEXT_LENGTH} characters, got {len(text)}")
+        surrogate = lone_surrogate(text)
+        if surrogate >= 0:
+            raise _error(text, surrogate, f"lone surrogate {text[surrogate]!r}: a rule's text must be valid Unicode "
+                         "(encodable as UTF-8)")
         self.text = text
         self.tokens = tokenize(text)
         self.i = 0
+        self.nesting = 0  # parentheses, NOT, signs and function calls around the current token
+        self.depth = 0    # tree depth of the node the last parse method returned
+
+    def nest(self, token: Token) -> None:
+        """One construct deeper; ValueError past MAX_DEPTH (each costs this parser stack frames)."""
+        self.nesting += 1
+        if self.nesting > MAX_DEPTH:
+            raise _error(self.text, token.pos, f"the expression is nested deeper than {MAX_DEPTH} levels of "
+                         "parentheses, NOT, signs and function calls")
+
+    def deeper(self, depth: int, token: Token) -> int:
+        """depth, the tree depth of a node built at token; ValueError past MAX_DEPTH."""
+        if depth > MAX_DEPTH:
+            raise _error(self.text, token.pos, f"the expression is nested deeper than {MAX_DEPTH} levels of "
+                         "operators")
+        self.depth = depth
+        return depth
+
+    def joined(self, op: str, terms: list[tuple[Node, int]], token: Token) -> Node:
+        """(node, depth) terms joined by AND or OR as a balanced tree (see balanced)."""
+        self.deeper(_pairwise([depth for _, depth in terms], lambda a, b: max(a, b) + 1), token)
+        return balanced(op, [node for node, _ in terms])
 
     @property
     def token(self) -> Token:
@@ -259,45 +310,61 @@ class _Parser:
 
     # predicates
     def predicate(self) -> Node:
-        node = self.conjunction()
+        start = self.token
+        terms = [(self.conjunction(), self.depth)]
         while self.take("keyword", "or"):
-            node = Binary("or", node, self.conjunction())
-        return node
+            terms.append((self.conjunction(), self.depth))
+        return self.joined("or", terms, start)
 
     def conjunction(self) -> Node:
-        node = self.negation()
+        start = self.token
+        terms = [(self.negation(), self.depth)]
         while self.take("keyword", "and"):
-            node = Binary("and", node, self.negation())
-        return node
+            terms.append((self.negation(), self.depth))
+        return self.joined("and", terms, start)
 
     def negation(self) -> Node:
+        t = self.token
         if self.take("keyword", "not"):
-            return Unary("not", self.negation())
+            self.nest(t)
+            node = Unary("not", self.negation())
+            self.nesting -= 1
+            self.deeper(self.depth + 1, t)
+            return node
         return self.test()
 
     def test(self) -> Node:
+        start = self.token
         if self.take("keyword", "exists"):
             self.expect("op", "(", "'(' after EXISTS")
             prop = self.property_reference("a property name inside EXISTS( )")
             self.expect("op", ")", "')' closing EXISTS(")
+            self.deeper(2, start)
             return Exists(prop)
         left = self.sum()
+        depth = self.depth
         t = self.token
         if t.kind == "op" and t.text in _COMPARISONS:
             self.i += 1
             op = "<>" if t.text == "!=" else t.text
-            return Binary(op, left, self.sum())
+            right = self.sum()
+            self.deeper(max(depth, self.depth) + 1, t)
+            return Binary(op, left, right)
         if self.take("keyword", "is"):
             negated = bool(self.take("keyword", "not"))
             self.expect("keyword", "null", "NULL after IS [NOT]")
+            self.deeper(depth + 1, t)
             return IsNull(left, negated)
         negated = bool(self.take("keyword", "not"))
         if self.take("keyword", "in"):
             self.expect("op", "(", "'(' after IN")
             values = [self.sum()]
+            depth = max(depth, self.depth)
             while self.take("op", ","):
                 values.append(self.sum())
+                depth = max(depth, self.depth)
             self.expect("op", ")", "',' or ')' in the IN list")
+            self.deeper(depth + 1, t)
             return In(left, tuple(values), negated)
         if self.take("keyword", "like"):
             pattern = self.take("string")
@@ -309,41 +376,54 @@ class _Parser:
                 if e is None or len(e.value) != 1:
                     raise self.fail("a one-character 'c' string after ESCAPE", e)
                 escape = e.value
+            self.deeper(depth + 1, t)
             return Like(left, pattern.value, escape, negated)
         if negated:
             raise self.fail("IN or LIKE after NOT")
+        self.depth = depth
         return left
 
     # expressions
     def sum(self) -> Node:
         node = self.product()
+        depth = self.depth
         while self.token.kind == "op" and self.token.text in "+-":
-            op = self.token.text
+            t = self.token
             self.i += 1
-            node = Binary(op, node, self.product())
+            node = Binary(t.text, node, self.product())
+            depth = self.deeper(max(depth, self.depth) + 1, t)
+        self.depth = depth
         return node
 
     def product(self) -> Node:
         node = self.unary()
+        depth = self.depth
         while self.token.kind == "op" and self.token.text in ("*", "/", "%"):
-            op = self.token.text
+            t = self.token
             self.i += 1
-            node = Binary(op, node, self.unary())
+            node = Binary(t.text, node, self.unary())
+            depth = self.deeper(max(depth, self.depth) + 1, t)
+        self.depth = depth
         return node
 
     def unary(self) -> Node:
         t = self.token
         if t.kind == "op" and t.text in "+-":
             self.i += 1
+            self.nest(t)
             operand = self.unary()
+            self.nesting -= 1
             if t.text == "-" and isinstance(operand, Constant) and isinstance(operand.value, (int, float)) \
                     and not isinstance(operand.value, bool):
+                self.depth = 1
                 return Constant(-operand.value)
+            self.deeper(self.depth + 1, t)
             return Unary(t.text, operand)
         return self.primary()
 
     def primary(self) -> Node:
         t = self.token
+        self.depth = 1
         if t.kind == "number" or t.kind == "string":
             self.i += 1
             return Constant(t.value)
@@ -354,7 +434,9 @@ class _Parser:
             self.i += 1
             return Parameter(t.text)
         if self.take("op", "("):
+            self.nest(t)
             node = self.predicate()
+            self.nesting -= 1
             self.expect("op", ")", "')'")
             return node
         if t.kind == "ident" and t.value == "regular" and t.text.lower() in FUNCTIONS \
@@ -365,17 +447,23 @@ class _Parser:
         raise self.fail("a constant, property, parameter, function or '('")
 
     def call(self) -> Node:
-        name = self.token.text.lower()
+        start = self.token
+        name = start.text.lower()
         self.i += 2
-        args = []
+        self.nest(start)
+        args, depth = [], 0
         if not self.take("op", ")"):
             args.append(self.sum())
+            depth = self.depth
             while self.take("op", ","):
                 args.append(self.sum())
+                depth = max(depth, self.depth)
             self.expect("op", ")", "',' or ')' closing the function's arguments")
+        self.nesting -= 1
         if len(args) != FUNCTIONS[name]:
             raise _error(self.text, self.tokens[self.i - 1].pos,
                          f"{name}() takes {FUNCTIONS[name]} argument(s), got {len(args)}")
+        self.deeper(depth + 1, start)
         return Call("property" if name == "p" else name, tuple(args))
 
     def property_reference(self, expected: str) -> Property:
@@ -397,7 +485,9 @@ class _Parser:
             if canonical is None:
                 raise _error(self.text, name_token.pos, f"unknown system property {name_token.text!r}; system "
                              f"properties are {', '.join(sorted(set(SYSTEM_PROPERTIES.values())))}")
+            self.depth = 1
             return Property("sys", canonical)
+        self.depth = 1
         return Property("user", name_token.text)
 
 
@@ -451,7 +541,13 @@ def _assignment(parser: _Parser) -> SetStatement:
     target = parser.property_reference("a property name to SET")
     _check_settable(parser, target, start)
     parser.expect("op", "=", "'=' after the property to SET")
-    return SetStatement(target, parser.sum())
+    value_token = parser.token
+    value = parser.sum()
+    if target.scope == "sys" and target.name in ID_PROPERTIES and isinstance(value, Constant) \
+            and isinstance(value.value, str) and not 0 < len(value.value) <= MAX_ID_LENGTH:
+        raise _error(parser.text, value_token.pos, f"sys.{target.name} is 1 to {MAX_ID_LENGTH} characters; this "
+                     f"string has {len(value.value)}")
+    return SetStatement(target, value)
 
 
 def _check_settable(parser: _Parser, target: Property, token: Token) -> None:
