@@ -22,8 +22,8 @@ from .core.entities import (QueueProperties, QueueRuntimeProperties, Subscriptio
 from .core.filters import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
                            TrueRuleFilter, action_from_json, action_to_json, check_action, check_filter,
                            filter_from_json, filter_quota_kind, filter_to_json)
-from .core.names import (DEFAULT_RULE_NAME, key, rule_path, split_subscription_path, subscription_path,
-                         validate_child_name, validate_entity_name)
+from .core.names import (DEFAULT_RULE_NAME, checked_name, key, rule_path, split_subscription_path,
+                         subscription_path, validate_child_name, validate_entity_name)
 from .core.vocabulary import (AccessRights, ApiVersion, EntityAvailabilityStatus, EntityStatus, MessagingSku,
                               NamespaceType)
 from .engine import fanout
@@ -146,12 +146,12 @@ class ServiceBusAdministrationClient:
     @_management
     def get_queue(self, queue_name: str) -> entities.QueueProperties:
         snap = self._catalog.snapshot()
-        return self._properties(snap, self._find(snap, "queue", _name_of(queue_name)))
+        return self._properties(snap, self._find(snap, "queue", _name_of(queue_name, "queue")))
 
     @_management
     def get_topic(self, topic_name: str) -> entities.TopicProperties:
         snap = self._catalog.snapshot()
-        return self._properties(snap, self._find(snap, "topic", _name_of(topic_name)))
+        return self._properties(snap, self._find(snap, "topic", _name_of(topic_name, "topic")))
 
     @_management
     def list_queues(self) -> list[entities.QueueProperties]:
@@ -165,30 +165,30 @@ class ServiceBusAdministrationClient:
 
     @_management
     def update_queue(self, queue: Union[entities.QueueProperties, dict], **kwargs: object) -> None:
-        self._update("queue", _name_of(queue), entities.settable_values("queue", queue, kwargs))
+        self._update("queue", _name_of(queue, "queue"), entities.settable_values("queue", queue, kwargs))
 
     @_management
     def update_topic(self, topic: Union[entities.TopicProperties, dict], **kwargs: object) -> None:
-        self._update("topic", _name_of(topic), entities.settable_values("topic", topic, kwargs))
+        self._update("topic", _name_of(topic, "topic"), entities.settable_values("topic", topic, kwargs))
 
     @_management
     def delete_queue(self, queue: Union[str, entities.QueueProperties]) -> None:
-        self._delete("queue", _name_of(queue))
+        self._delete("queue", _name_of(queue, "queue"))
 
     @_management
     def delete_topic(self, topic: Union[str, entities.TopicProperties]) -> None:
         """Deletes the topic with its subscriptions, their rules, and all their data."""
-        self._delete("topic", _name_of(topic))
+        self._delete("topic", _name_of(topic, "topic"))
 
     @_management
     def get_queue_runtime_properties(self, queue_name: str) -> entities.QueueRuntimeProperties:
         snap = self._catalog.snapshot()
-        return self._runtime(snap, self._find(snap, "queue", _name_of(queue_name)))
+        return self._runtime(snap, self._find(snap, "queue", _name_of(queue_name, "queue")))
 
     @_management
     def get_topic_runtime_properties(self, topic_name: str) -> entities.TopicRuntimeProperties:
         snap = self._catalog.snapshot()
-        return self._runtime(snap, self._find(snap, "topic", _name_of(topic_name)))
+        return self._runtime(snap, self._find(snap, "topic", _name_of(topic_name, "topic")))
 
     @_management
     def list_queues_runtime_properties(self) -> list[entities.QueueRuntimeProperties]:
@@ -206,7 +206,7 @@ class ServiceBusAdministrationClient:
     def create_subscription(self, topic_name: str, subscription_name: str,
                             **kwargs: object) -> entities.SubscriptionProperties:
         """Creates the subscription with the rule '$Default' (TrueRuleFilter); it has its topic's partitions."""
-        topic_name = _name_of(topic_name)
+        topic_name = _name_of(topic_name, "topic")
         validate_child_name(subscription_name, "subscription")
         options = {**entities.defaults("subscription"), **entities.check_options("subscription", kwargs)}
         path = subscription_path(topic_name, subscription_name)
@@ -233,34 +233,37 @@ class ServiceBusAdministrationClient:
     @_management
     def get_subscription(self, topic_name: str, subscription_name: str) -> entities.SubscriptionProperties:
         snap = self._catalog.snapshot()
-        return self._properties(snap, self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name)))
+        row = self._find_subscription(snap, _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription"))
+        return self._properties(snap, row)
 
     @_management
     def list_subscriptions(self, topic_name: str) -> list[entities.SubscriptionProperties]:
         snap = self._catalog.snapshot()
-        topic = self._find(snap, "topic", _name_of(topic_name))
+        topic = self._find(snap, "topic", _name_of(topic_name, "topic"))
         return [self._properties(snap, row) for row in snap.children(topic.key, "subscription")]
 
     @_management
     def update_subscription(self, topic_name: str, subscription: Union[entities.SubscriptionProperties, dict],
                             **kwargs: object) -> None:
-        path = subscription_path(_name_of(topic_name), _name_of(subscription))
+        path = subscription_path(_name_of(topic_name, "topic"), _name_of(subscription, "subscription"))
         self._update("subscription", path, entities.settable_values("subscription", subscription, kwargs))
 
     @_management
     def delete_subscription(self, topic_name: str, subscription: Union[str, entities.SubscriptionProperties]) -> None:
-        self._delete("subscription", subscription_path(_name_of(topic_name), _name_of(subscription)))
+        path = subscription_path(_name_of(topic_name, "topic"), _name_of(subscription, "subscription"))
+        self._delete("subscription", path)
 
     @_management
     def get_subscription_runtime_properties(self, topic_name: str,
                                             subscription_name: str) -> entities.SubscriptionRuntimeProperties:
         snap = self._catalog.snapshot()
-        return self._runtime(snap, self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name)))
+        row = self._find_subscription(snap, _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription"))
+        return self._runtime(snap, row)
 
     @_management
     def list_subscriptions_runtime_properties(self, topic_name: str) -> list[entities.SubscriptionRuntimeProperties]:
         snap = self._catalog.snapshot()
-        topic = self._find(snap, "topic", _name_of(topic_name))
+        topic = self._find(snap, "topic", _name_of(topic_name, "topic"))
         return [self._runtime(snap, row) for row in snap.children(topic.key, "subscription")]
 
     # ---- rules -----------------------------------------------------------------------------------------
@@ -272,7 +275,7 @@ class ServiceBusAdministrationClient:
             raise TypeError(f"unknown rule option(s) {sorted(kwargs)}; allowed: filter, action")
         validate_child_name(rule_name, "rule")
         rule_filter, rule_action = check_filter(filter), check_action(action)
-        topic_name, subscription_name = _name_of(topic_name), _name_of(subscription_name)
+        topic_name, subscription_name = _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription")
 
         def decide(snap: Snapshot) -> Change:
             sub = self._find_subscription(snap, topic_name, subscription_name)
@@ -288,12 +291,13 @@ class ServiceBusAdministrationClient:
     @_management
     def get_rule(self, topic_name: str, subscription_name: str, rule_name: str) -> RuleProperties:
         snap = self._catalog.snapshot()
-        return _rule_properties(self._find_rule(snap, _name_of(topic_name), _name_of(subscription_name), rule_name))
+        return _rule_properties(self._find_rule(snap, _name_of(topic_name, "topic"),
+                                                _name_of(subscription_name, "subscription"), rule_name))
 
     @_management
     def list_rules(self, topic_name: str, subscription_name: str) -> list[RuleProperties]:
         snap = self._catalog.snapshot()
-        sub = self._find_subscription(snap, _name_of(topic_name), _name_of(subscription_name))
+        sub = self._find_subscription(snap, _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription"))
         return [_rule_properties(row) for row in snap.children(sub.key, "rule")]
 
     @_management
@@ -310,8 +314,8 @@ class ServiceBusAdministrationClient:
         unknown = sorted(set(given) - {"filter", "action"})
         if unknown:
             raise TypeError(f"unknown rule option(s) {unknown}; allowed: filter, action")
-        rule_name = _name_of(rule)
-        topic_name, subscription_name = _name_of(topic_name), _name_of(subscription_name)
+        rule_name = _name_of(rule, "rule")
+        topic_name, subscription_name = _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription")
         if "filter" in given:
             check_filter(given["filter"])
         if "action" in given:
@@ -332,7 +336,8 @@ class ServiceBusAdministrationClient:
 
     @_management
     def delete_rule(self, topic_name: str, subscription_name: str, rule: Union[str, RuleProperties]) -> None:
-        topic_name, subscription_name, rule_name = _name_of(topic_name), _name_of(subscription_name), _name_of(rule)
+        topic_name, subscription_name = _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription")
+        rule_name = _name_of(rule, "rule")
 
         def decide(snap: Snapshot) -> Change:
             row = self._find_rule(snap, topic_name, subscription_name, rule_name)
@@ -434,7 +439,7 @@ class ServiceBusAdministrationClient:
     def _find(self, snap: Snapshot, kind: Optional[str], path: str) -> Row:
         """The entity at path ('<topic>/Subscriptions/<name>' for a subscription), of `kind` unless None."""
         kinds = (kind,) if kind else ("queue", "topic", "subscription")
-        row = snap.get(key(path)) if isinstance(path, str) else None
+        row = snap.get(key(path, kind or "entity"))
         if row is None or row.kind not in kinds:
             what = f"{kind} {path!r} does not exist" if kind else f"no queue, topic or subscription {path!r}"
             raise MessagingEntityNotFoundError(f"{what} in namespace {self._catalog.root}")
@@ -442,14 +447,14 @@ class ServiceBusAdministrationClient:
 
     def _find_subscription(self, snap: Snapshot, topic_name: str, subscription_name: str) -> Row:
         topic = self._find(snap, "topic", topic_name)
-        row = snap.get(key(subscription_path(topic.path, subscription_name)))
+        row = snap.get(key(subscription_path(topic.path, checked_name(subscription_name, "subscription"))))
         if row is None:
             raise MessagingEntityNotFoundError(f"subscription {subscription_name!r} of topic {topic.path!r} does not exist")
         return row
 
     def _find_rule(self, snap: Snapshot, topic_name: str, subscription_name: str, rule_name: str) -> Row:
         sub = self._find_subscription(snap, topic_name, subscription_name)
-        row = snap.get(key(rule_path(topic_name, subscription_name, rule_name))) if isinstance(rule_name, str) else None
+        row = snap.get(key(rule_path(topic_name, subscription_name, checked_name(rule_name, "rule"))))
         if row is None:
             raise MessagingEntityNotFoundError(f"rule {rule_name!r} of {sub.path!r} does not exist")
         return row
@@ -461,9 +466,9 @@ class ServiceBusAdministrationClient:
             target = options.get(option)
             if target is None:
                 continue
-            if key(target) == key(path):
+            if key(target, option) == key(path):
                 raise InvalidOperationError(f"{option} of {path!r} cannot point at the entity itself")
-            row = snap.get(key(target))
+            row = snap.get(key(target, option))
             if row is None or row.kind not in TOP_LEVEL:
                 raise MessagingEntityNotFoundError(f"{option} target {target!r} is not a queue or topic in this namespace")
         if options.get("forward_to") is None:
@@ -557,16 +562,16 @@ def _filter_counts(snap: Snapshot, subscriptions: list[Row]) -> dict[str, int]:
     return {"sql_filter_count": kinds.count("SQL"), "correlation_filter_count": kinds.count("correlation")}
 
 
-def _name_of(entity: object) -> str:
-    """Entity name from a str or a properties object, as azure-servicebus accepts both."""
-    if isinstance(entity, str):
-        return entity
+def _name_of(entity: object, what: str) -> str:
+    """The name of a `what` (queue, topic, subscription, rule) from a str or a properties object, as
+    azure-servicebus accepts both, checked as written (names.checked_name: ValueError "invalid <what> name")."""
     if isinstance(entity, dict) and isinstance(entity.get("name"), str):
-        return entity["name"]
-    name = getattr(entity, "name", None)
-    if isinstance(name, str):
-        return name
-    raise TypeError(f"expected a name (str) or a properties object with a name, got {type(entity).__name__}")
+        entity = entity["name"]
+    elif not isinstance(entity, str) and isinstance(getattr(entity, "name", None), str):
+        entity = entity.name
+    if not isinstance(entity, str):
+        raise TypeError(f"expected a {what} name (str) or a properties object with a name, got {type(entity).__name__}")
+    return checked_name(entity, what)
 
 
 def _display_name(row: Row) -> str:

@@ -2,7 +2,9 @@
 
 Messages sent with transaction=txn are held until the `with client.transaction()` block exits normally,
 then committed to their entity in one Delta commit; if the block raises, nothing is written. A
-transaction spans one entity (Service Bus' send-via across entities is not offered). On a partitioned
+transaction belongs to the namespace of the client that started it (Service Bus: to one connection) and
+spans one entity of it (Service Bus' send-via across entities is not offered): a sender of another
+namespace, even to an entity of the same name, is refused before anything is held. On a partitioned
 entity every message needs a partition key (session id, partition key, or message id with duplicate
 detection) and all keys must be equal, so messages of different sessions cannot share a transaction.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .core import partitioning
+from .core import names, partitioning
 from .engine.enqueue import check_rows
 from .engine.registry import EntityInfo
 from .exceptions import InvalidOperationError
@@ -20,9 +22,11 @@ _NO_KEY = object()
 
 
 class ServiceBusTransaction:
-    """Collects messages for one entity; commit() writes them atomically, discard() drops them."""
+    """Collects messages for one entity of one namespace; commit() writes them atomically, discard() drops
+    them. namespace: the location of the client's namespace (None: the namespace of the first send)."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: Optional[str] = None) -> None:
+        self._namespace = namespace
         self._entity: Optional[EntityInfo] = None
         self._send: Optional[Callable[[list[ServiceBusMessage]], object]] = None
         self._messages: list[ServiceBusMessage] = []
@@ -35,7 +39,12 @@ class ServiceBusTransaction:
         violation raises here and holds nothing."""
         if not self._open:
             raise InvalidOperationError("the transaction has ended; start a new `with client.transaction()` block")
-        if self._entity is not None and info.path.lower() != self._entity.path.lower():
+        namespace = self._namespace if self._namespace is not None else info.namespace.path
+        if info.namespace.path != namespace:
+            raise InvalidOperationError(
+                f"a transaction belongs to one namespace: it was started for {namespace!r}, not "
+                f"{info.namespace.path!r}; use a transaction of a client of that namespace")
+        if self._entity is not None and names.key(info.path) != names.key(self._entity.path):
             raise InvalidOperationError(
                 f"a transaction spans one entity: it already sends to {self._entity.path!r}, not {info.path!r}")
         check_rows(info, to_outgoing(messages), batch_limit=True)
@@ -53,7 +62,7 @@ class ServiceBusTransaction:
                         f"all messages of a transaction on a partitioned entity need the same partition key "
                         f"(or session); got {this!r} after {key!r}")
                 key = this
-        self._entity, self._send, self._key = info, send, key
+        self._namespace, self._entity, self._send, self._key = namespace, info, send, key
         self._messages.extend(messages)
 
     def commit(self) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .names import checked_name
+
 SCHEME = "sparkbus://"
 PLUS = "sparkbus+"
 EXPECTED = "'Endpoint=sparkbus://<namespace path or URI>[;SharedAccessKeyName=...;SharedAccessKey=...][;EntityPath=<entity>]'"
@@ -30,7 +32,8 @@ class ServiceBusConnectionStringProperties:
 
 
 def parse_connection_string(conn_str: object) -> ServiceBusConnectionStringProperties:
-    """Split a sparkbus connection string; ValueError saying the expected form when malformed."""
+    """Split a sparkbus connection string; ValueError saying the expected form when malformed, or when the
+    EntityPath holds characters no entity name has (names.checked_name)."""
     if not isinstance(conn_str, str):
         raise TypeError(f"connection string must be a str, got {type(conn_str).__name__}")
     values: dict[str, str] = {}
@@ -54,8 +57,11 @@ def parse_connection_string(conn_str: object) -> ServiceBusConnectionStringPrope
         location = location.rstrip("/")
     if not location:
         raise ValueError(f"Endpoint {endpoint!r} names no namespace; expected {EXPECTED}")
+    entity_path = values.get("EntityPath") or None
+    if entity_path is not None:
+        checked_name(entity_path, "EntityPath")
     return ServiceBusConnectionStringProperties(
-        fully_qualified_namespace=location, endpoint=endpoint, entity_path=values.get("EntityPath") or None,
+        fully_qualified_namespace=location, endpoint=endpoint, entity_path=entity_path,
         shared_access_key_name=values.get("SharedAccessKeyName"), shared_access_key=values.get("SharedAccessKey"),
         shared_access_signature=values.get("SharedAccessSignature"))
 

@@ -1,4 +1,10 @@
-"""Entity and rule name rules (Service Bus naming, case-insensitive) and entity paths."""
+"""Entity and rule name rules (Service Bus naming, case-insensitive) and entity paths.
+
+Service Bus names are case-insensitive over the characters they allow: ASCII letters, digits, '.', '-', '_'
+and '/'. Catalog keys are the lowercased name (key), and a name is checked as written before it is folded
+(checked_name): str.lower maps some other characters to ASCII ones (KELVIN SIGN to 'k'), so a name create
+refuses would otherwise reach an entity on every path that looks one up.
+"""
 from __future__ import annotations
 
 import re
@@ -11,6 +17,7 @@ DEFAULT_RULE_NAME = "$Default"
 _RESERVED_SEGMENTS = {SUBSCRIPTIONS_SEGMENT.lower(), RULES_SEGMENT.lower()}
 _SEGMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")  # whole segment: fullmatch
 _CHILD = _SEGMENT
+_CHARACTERS = re.compile(r"[A-Za-z0-9._-]*")  # what one '/'-separated segment of any name may hold
 
 
 def validate_entity_name(name: object, what: str = "queue") -> str:
@@ -41,7 +48,7 @@ def validate_child_name(name: object, what: str = "subscription") -> str:
     """A subscription or rule name: 1-50 letters, digits, '.', '-', '_', starting and ending alphanumeric."""
     if not isinstance(name, str):
         raise TypeError(f"{what} name must be a str, got {type(name).__name__}")
-    if what == "rule" and name.lower() == DEFAULT_RULE_NAME.lower():
+    if what == "rule" and _is_default_rule(name):
         return name
     if not 1 <= len(name) <= MAX_CHILD_NAME or not _CHILD.fullmatch(name):
         raise ValueError(
@@ -61,9 +68,26 @@ def rule_path(topic_name: str, subscription_name: str, rule_name: str) -> str:
     return f"{subscription_path(topic_name, subscription_name)}/{RULES_SEGMENT}/{rule_name}"
 
 
-def key(path: str) -> str:
-    """Catalog key of a path: Service Bus names are case-insensitive."""
-    return path.lower()
+def checked_name(name: object, what: str = "entity") -> str:
+    """name as given to look an entity, subscription or rule up, checked as written: TypeError unless a str,
+    ValueError ("invalid <what> name") unless it is made of the characters Service Bus names use (ASCII
+    letters, digits, '.', '-', '_', '/'; a rule's '$Default'). A name that passes may still name nothing."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what} name must be a str, got {type(name).__name__}")
+    if not name or not all(_CHARACTERS.fullmatch(s) or _is_default_rule(s) for s in name.split("/")):
+        raise ValueError(f"invalid {what} name {name!r}: names are made of ASCII letters, digits, '.', '-', '_' "
+                         "and '/', compared case-insensitively")
+    return name
+
+
+def key(path: object, what: str = "entity") -> str:
+    """Catalog key of a name or path: Service Bus names are case-insensitive. The name is checked as written
+    first (checked_name: TypeError, ValueError), so only ASCII letters are ever folded."""
+    return checked_name(path, what).lower()
+
+
+def _is_default_rule(name: str) -> bool:
+    return name.isascii() and name.lower() == DEFAULT_RULE_NAME.lower()
 
 
 def split_subscription_path(entity_path: str) -> tuple[str, str] | None:

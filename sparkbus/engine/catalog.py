@@ -4,28 +4,37 @@ Every management change is one MERGE on this unpartitioned table. delta-rs rejec
 other commit added or removed data after the snapshot it read, so catalog changes are serializable:
 quota checks, "already exists" checks and the write they guard happen as one atomic step, and a
 conflicting change is re-run against the new snapshot. Readers always see a whole committed version.
+
+Creation is the claim of a namespace: version 0, holding the namespace row, is created by exactly one
+creator (Catalog.create). delta-rs' write_deltalake(mode="error") is no such claim: of two creators
+racing, the second found version 0 taken and committed its row as version 1, so both succeeded and the
+catalog held two namespace rows.
 """
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Optional, TypeVar
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError
 
 from ..storage import location
 from .. import storage
-from ..storage import maintenance
+from ..storage import commits, maintenance
 from ..storage.schemas import TS
 from . import retry
 
 T = TypeVar("T")
 CATALOG_DIR = "_catalog"
 NAMESPACE_KEY = "$namespace"
+CONFIGURATION = {"delta.checkpointInterval": "10", "delta.logRetentionDuration": "interval 1 day"}
 
 SCHEMA = pa.schema([
     pa.field("key", pa.string(), nullable=False),
@@ -131,17 +140,40 @@ class Catalog:
         return storage.table_exists(self.uri)
 
     def create(self, namespace_row: Row) -> None:
-        """Commit version 0 holding the namespace row; raises FileExistsError if a catalog exists."""
-        try:
-            write_deltalake(self.uri, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]), mode="error",
-                            storage_options=location.options_for(self.uri) or None,
-                            configuration={"delta.checkpointInterval": "10",
-                                           "delta.logRetentionDuration": "interval 1 day"})
-        except DeltaError as exc:  # an existing table, or a racing creator that committed version 0 first
-            if self.exists():
-                raise FileExistsError(self.uri) from exc
-            raise
-        storage.sync_version(storage.open_table(self.uri))
+        """Commit version 0 holding the namespace row, durable on return; FileExistsError when version 0
+        exists (another creator claimed it, even at the same moment), and then this call has left nothing.
+
+        delta-rs writes the table into a local temporary directory; its data file is copied beside the
+        catalog under its own unique name, then its log entry is created as version 0 with put-if-absent
+        (storage.commits.create_entry: a hard link on local disk, If-None-Match on an object store), so
+        exactly one creator wins. A loser deletes the data file it copied (only a crash in between leaves
+        it, unreferenced: no reader ever sees it).
+        """
+        log_dir = location.join(self.uri, "_delta_log")
+        with tempfile.TemporaryDirectory(prefix="sparkbus-catalog-") as staging:
+            write_deltalake(staging, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]),
+                            configuration=CONFIGURATION)
+            with open(os.path.join(staging, "_delta_log", f"{0:020d}.json"), "rb") as staged:
+                entry = staged.read()
+            actions = [json.loads(line) for line in entry.splitlines() if line.strip()]
+            names = [unquote(action["add"]["path"]) for action in actions if "add" in action]
+            if location.is_local(log_dir):
+                os.makedirs(log_dir, exist_ok=True)
+            copied: list[str] = []
+            claimed = False
+            try:
+                for name in names:
+                    copied.append(location.join(self.uri, name))
+                    _copy(os.path.join(staging, name), copied[-1])
+                if location.is_local(log_dir) and storage.durable():
+                    storage.fsync_directories((log_dir, self.uri))  # the data file's name before the entry
+                claimed = commits.create_entry(location.join(log_dir, f"{0:020d}.json"), entry)
+            finally:
+                if not claimed:
+                    for target in copied:
+                        location.remove(target)
+        if not claimed:
+            raise FileExistsError(self.uri)
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -186,3 +218,12 @@ class Catalog:
                 .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")
                 .execute())
             maintenance.after_commit(table)
+
+
+def _copy(source: str, target: str) -> None:
+    """Copy a local file to target (a local path or an object-store URI), durable on return."""
+    with open(source, "rb") as f:
+        data = f.read()
+    location.put(target, data)
+    if location.is_local(target) and storage.durable():
+        storage.fsync_file(target)

@@ -1,4 +1,11 @@
-"""Namespaces: a directory holding the catalog table and one directory of Delta tables per entity."""
+"""Namespaces: a directory holding the catalog table and one directory of Delta tables per entity.
+
+Creating a namespace is claiming version 0 of its catalog (Catalog.create, put-if-absent): of processes or
+threads creating the same path at once exactly one succeeds, and the others get
+MessagingEntityAlreadyExistsError, whatever tier each asked for. A creator writes nothing outside the
+catalog directory before its claim succeeded, so another creator that finds files there knows a namespace
+was claimed.
+"""
 from __future__ import annotations
 
 import os
@@ -12,7 +19,7 @@ from ..exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFo
 from .. import storage
 from ..storage import location
 from ..storage.schemas import ENTITY_TABLES
-from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
+from .catalog import CATALOG_DIR, NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .throttle import Governor, governor, set_budget
 
 # 2: messages tables carry the forwarding columns (storage.schemas.TRANSFER_COLUMNS); 3: and body_type
@@ -43,13 +50,21 @@ class NamespaceProperties:
         return throttling.budget(self.tier, self.credits_per_second, self.messaging_units)
 
 
+# The largest credit budget: far above what any machine serves (a credit is one message), and within the
+# signed 64-bit fields of the throttle ledger (sparkbus.engine.throttle) with room for its balance.
+MAX_CREDITS_PER_SECOND = 1_000_000_000
+
+
 def _check_credits(credits_per_second: object, tier: str) -> Optional[int]:
+    """credits_per_second as stored: None (no credit throttling) or an int in 1..MAX_CREDITS_PER_SECOND;
+    TypeError or ValueError otherwise, raised before anything is written."""
     if credits_per_second is None:
         return None
     if isinstance(credits_per_second, bool) or not isinstance(credits_per_second, int):
         raise TypeError(f"credits_per_second must be an int or None, got {type(credits_per_second).__name__}")
-    if credits_per_second < 1:
-        raise ValueError(f"credits_per_second must be at least 1 (or None to switch credit throttling off), got {credits_per_second}")
+    if not 1 <= credits_per_second <= MAX_CREDITS_PER_SECOND:
+        raise ValueError(f"credits_per_second must be between 1 and {MAX_CREDITS_PER_SECOND} (or None to switch "
+                         f"credit throttling off), got {credits_per_second}")
     return credits_per_second if tier != "premium" else None
 
 
@@ -62,7 +77,8 @@ def create_namespace(path: str, *, tier: str = "standard", partition_count: Opti
     tier: "basic", "standard" or "premium". premium fixes partition_count (1, 2 or 4) for every entity;
     basic/standard choose partitioning per entity. credits_per_second is the standard-tier throttling
     budget (None turns credit throttling off; premium is not credit-throttled). overrides lower quotas
-    (see tiers.NamespaceLimits) for tests. An existing namespace -> MessagingEntityAlreadyExistsError.
+    (see tiers.NamespaceLimits) for tests. An existing namespace, or one another caller created first
+    while this call ran -> MessagingEntityAlreadyExistsError, and nothing of this call stays behind.
     """
     root = namespace_root(path, storage_options)
     count = tiers.validate_tier(tier, partition_count, messaging_units)
@@ -72,7 +88,9 @@ def create_namespace(path: str, *, tier: str = "standard", partition_count: Opti
     catalog = Catalog(root)
     if catalog.exists():
         raise MessagingEntityAlreadyExistsError(f"a namespace already exists at {root}")
-    if not location.is_empty(root):
+    if _holds_more_than_a_catalog(root):
+        if catalog.exists():  # claimed meanwhile: its creator writes beside the catalog after its claim
+            raise MessagingEntityAlreadyExistsError(f"a namespace already exists at {root}")
         raise ValueError(f"{root} exists and is not an empty directory; a namespace needs a new or empty directory")
     if location.is_local(root):
         os.makedirs(root, exist_ok=True)
@@ -87,6 +105,17 @@ def create_namespace(path: str, *, tier: str = "standard", partition_count: Opti
     props = namespace_properties(row, root)
     set_budget(root, props.budget)
     return props
+
+
+def _holds_more_than_a_catalog(root: str) -> bool:
+    """Whether anything but the catalog directory is at root: that directory may hold the files of a
+    creator racing this one (or of one that died before its claim), which do not make root taken."""
+    if location.is_empty(root):
+        return False
+    if location.is_local(root):
+        return not os.path.isdir(root) or any(name != CATALOG_DIR for name in os.listdir(root))
+    inside = location.join(root, CATALOG_DIR) + "/"
+    return any(not uri.startswith(inside) for uri in location.listing(root))
 
 
 def update_namespace(catalog: Catalog, *, messaging_units: Optional[int] = None,

@@ -30,6 +30,12 @@ the table. Without that, an entry that existed and was cleaned up would be creat
 
 Durability (local files): the data files are fsynced before the log entry names them, the entry before
 it is linked, the directories after; a PUT to an object store is durable when it returns.
+
+A removed table (its entity deleted) is never created again by a commit: on local disk a data file's
+partition directory is made only inside the existing table directory, and a missing log directory fails
+the commit with TableRemovedError, which no retry mends (a missing log *entry* is an expired-version race,
+retried). An object store has no directories, so there a commit to a removed table succeeds; the layer
+that knows which tables are current checks afterwards and removes what was written (sparkbus.engine.registry).
 """
 from __future__ import annotations
 
@@ -144,7 +150,27 @@ class TableLog:
         return location.join(self.uri, "_delta_log")
 
     def entry_uri(self, version: int) -> str:
-        return location.join(self.log_dir, f"{version:020d}.json")
+        return entry_uri(self.uri, version)
+
+
+def entry_uri(table_uri: str, version: int) -> str:
+    """Where version's log entry of the table at table_uri is (whether or not it exists)."""
+    return location.join(table_uri, "_delta_log", f"{version:020d}.json")
+
+
+def has_version(table_uri: str, version: int) -> bool:
+    """Whether the table at table_uri has a log entry for version: one read, no listing. Log cleanup
+    removes entries older than the table's log retention, so ask about the version after one read recently
+    (then it exists once the table reached it)."""
+    try:
+        location.get(entry_uri(table_uri, version))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class TableRemovedError(OSError):
+    """The table's directory or log directory does not exist: the table was removed (its entity deleted)."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +271,7 @@ def write_file(log: TableLog, partition: int, data: pa.Table) -> AddedFile:
     relative = f"{PARTITION_COLUMN}={partition}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     target = location.join(log.uri, relative)
     if location.is_local(target):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _partition_directory(os.path.dirname(target))
         with pa.OSFile(target, "wb") as sink:  # native writes (a Python file object costs 2x on 1 GB)
             pq.write_table(data, sink, compression="snappy")
             size = sink.tell()
@@ -259,6 +285,17 @@ def write_file(log: TableLog, partition: int, data: pa.Table) -> AddedFile:
         size = len(payload)
     low, high, stats = _statistics(data, log.stats_columns)
     return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats)
+
+
+def _partition_directory(directory: str) -> None:
+    """Make a partition's directory inside its table's, which must exist (TableRemovedError otherwise: a
+    write must not create the directory of a removed table again)."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        pass
+    except FileNotFoundError as error:
+        raise TableRemovedError(f"{os.path.dirname(directory)}: the table's directory does not exist") from error
 
 
 def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], pa.Table]) -> list[AddedFile]:
@@ -317,7 +354,7 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
             raise CommitFailedError(f"{log.uri}: stale snapshot: version {base.version} was read more than "
                                     f"{log.safe_seconds:.0f} s ago and later log entries may be cleaned up")
         payload = _entry_payload(added, paths, app_transactions or {}, operation)
-        if _create(log, version, payload):
+        if create_entry(log.entry_uri(version), payload):
             return Committed(version, skipped, Position(version, started))
         entry = read_entry(log, version)
         if entry is None:  # taken and then cleaned up: this position is older than it looked
@@ -351,9 +388,9 @@ def read_entry(log: TableLog, version: int) -> Optional[Entry]:
     return entry
 
 
-def _create(log: TableLog, version: int, payload: bytes) -> bool:
-    """Create the log entry of version unless it exists: whether this call created it."""
-    target = log.entry_uri(version)
+def create_entry(target: str, payload: bytes) -> bool:
+    """Create the log entry at target (<table>/_delta_log/<version>.json, the directory existing) unless it
+    exists: whether this call created it."""
     if not location.is_local(target):
         from obstore.exceptions import AlreadyExistsError
 
@@ -363,8 +400,12 @@ def _create(log: TableLog, version: int, payload: bytes) -> bool:
         except AlreadyExistsError:
             return False
         return True
-    temporary = os.path.join(os.path.dirname(target), f".{version:020d}.json.{uuid.uuid4().hex}.tmp")
-    with open(temporary, "wb") as f:
+    temporary = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    try:
+        f = open(temporary, "wb")
+    except FileNotFoundError as error:  # not an expired version (which retries): the table is gone
+        raise TableRemovedError(f"{os.path.dirname(target)}: the table's log directory does not exist") from error
+    with f:
         f.write(payload)
         if durable():
             f.flush()

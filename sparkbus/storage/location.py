@@ -195,7 +195,14 @@ def remove_tree(uri: str) -> None:
     for batch in store.list(prefix + "/"):
         paths = [entry["path"] for entry in batch]
         if paths:
-            store.delete(paths)
+            try:
+                store.delete(paths)
+            except FileNotFoundError:  # one was deleted since the listing (another remover): the others one by one
+                for path in paths:
+                    try:
+                        store.delete(path)
+                    except FileNotFoundError:
+                        pass
 
 
 def listing(uri: str) -> list[str]:
