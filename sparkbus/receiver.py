@@ -3,9 +3,19 @@
 A receiving client is not aware of partitioning (seed): receive_messages visits every available
 partition and locks the oldest available messages of each, partition by partition. This module checks
 arguments and shapes results; sparkbus.engine.delivery does the work and sparkbus.core.transitions decides it.
+
+A receiver is connected to one incarnation of its entity (sparkbus.engine.registry). When the entity is
+deleted, its locks end with it: settling or renewing a message received before raises
+MessageLockLostError, a session receiver's operations raise SessionLockLostError, and once the entity is
+gone receiving raises MessagingEntityNotFoundError. When it was created again, the receiver reconnects at
+its next use, as an SDK receiver's link does: receive_messages, peek_messages and delete_messages serve
+the new entity (prefetched messages and the peek cursor of the old one are dropped), while
+receive_deferred_messages raises MessageNotFoundError once (its sequence numbers were the deleted
+entity's, and numbers start again in the new one) and serves the new entity from then on.
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 from datetime import datetime, timedelta, timezone
@@ -14,22 +24,24 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
 from .core import amqp, transitions
-from .core.encoding import check_id
+from .core.wire import (MAX_MESSAGE_COUNT, MAX_SEQUENCE_NUMBER, check_amqp_ttl, check_dead_letter_text, check_id,
+                        check_sequence_numbers, check_text)
 from .core.throttling import data_cost
 from .core.values import check_properties, decode_properties, encode_properties
 from .engine.catalog import Catalog
-from .engine.delivery import (NEXT_AVAILABLE, Change, Delivery, Held, SessionLock, available_partitions,
-                              policy, poll)
+from .engine.delivery import (DECODE_ERRORS, NEXT_AVAILABLE, Change, Delivery, Held, SessionLock,
+                              available_partitions, policy, poll, session_lost)
 from .core.names import key, subscription_path
 from .engine.namespace import governor_of, open_connection
-from .engine.registry import EntityInfo
+from .engine.registry import EntityDeleted, EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
-from .exceptions import InvalidOperationError, MessageAlreadySettled, MessagingEntityDisabledError, SessionLockLostError
+from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
+                         MessagingEntityDisabledError, MessagingEntityNotFoundError, SessionLockLostError)
 from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
 from .handler import requires_open
 from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text,
-                      body_text, public_body, str_keys, to_utc)
+                      amqp_ttl, body_text, public_body, str_keys, to_utc)
 from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
 
 RECEIVER_KINDS = ("queue", "subscription")
@@ -99,6 +111,7 @@ class ServiceBusReceivedMessage:
         self._settled = False
         self._sections: Optional[amqp.Sections] = None  # as decoded by from_bytes
         self._source: Optional[tuple[str, str]] = None  # (namespace, entity path) of the receiver that locked it
+        self._incarnation: Optional[str] = None  # of the entity it was locked in (sparkbus.engine.registry)
 
     @classmethod
     def from_bytes(cls, message: bytes) -> "ServiceBusReceivedMessage":
@@ -113,13 +126,13 @@ class ServiceBusReceivedMessage:
         try:
             sections = amqp.decode_message(message)
             row = _row_of(sections)
-        except (ValueError, TypeError) as e:
+            delivery = {**sections.delivery_annotations, **sections.annotations}
+            lock_token = delivery.get(LOCK_TOKEN_ANNOTATION)
+            state_row = {"delivery_count": sections.header.get("delivery_count", 0),
+                         "lock_token": None if lock_token is None else str(lock_token),
+                         "locked_until_utc": _time(delivery.get(LOCKED_UNTIL_ANNOTATION))}
+        except (ValueError, TypeError, OverflowError) as e:  # OverflowError: a time beyond datetime's range
             raise ValueError(f"message is not a valid AMQP 1.0 message payload: {e}") from e
-        delivery = {**sections.delivery_annotations, **sections.annotations}
-        lock_token = delivery.get(LOCK_TOKEN_ANNOTATION)
-        state_row = {"delivery_count": sections.header.get("delivery_count", 0),
-                     "lock_token": None if lock_token is None else str(lock_token),
-                     "locked_until_utc": _time(delivery.get(LOCKED_UNTIL_ANNOTATION))}
         received = cls(row, state_row, ServiceBusMessageState.ACTIVE)
         received.application_properties = sections.application_properties
         received._state_row = None  # no receiver: nothing to settle with
@@ -168,7 +181,7 @@ class ServiceBusReceivedMessage:
                        LOCKED_UNTIL_ANNOTATION: amqp.wire_form(self.locked_until_utc),
                        DEAD_LETTER_SOURCE_ANNOTATION: self.dead_letter_source}
         properties = {a: amqp.wire_form(getattr(self, n)) for n, a in AMQP_PROPERTY_FIELDS.items()}
-        ttl = None if self.time_to_live is None else self.time_to_live // timedelta(milliseconds=1)
+        ttl = amqp_ttl(self.time_to_live)
         return AmqpAnnotatedMessage._from_sections(amqp.Sections(
             body_type=kind, body=body, header={"delivery_count": self.delivery_count, "time_to_live": ttl},
             annotations={k: amqp.wire_form(v) for k, v in annotations.items() if v is not None},
@@ -204,7 +217,7 @@ def _row_of(sections: amqp.Sections) -> dict:
     annotations = {**sections.delivery_annotations, **sections.annotations}
     body_type, body = amqp.stored_body(sections.body_type, sections.body)
     props = {name: amqp_text(sections.properties.get(a), a) for name, a in AMQP_PROPERTY_FIELDS.items()}
-    ttl = sections.header.get("time_to_live")
+    ttl = check_amqp_ttl(sections.header.get("time_to_live"), "header time_to_live")
     enqueued = _time(annotations.get(ENQUEUED_TIME_ANNOTATION))
     app = str_keys(sections.application_properties)
     check_properties(app, "application_properties")
@@ -238,7 +251,7 @@ class ServiceBusSession:
     def set_state(self, state: Union[str, bytes, bytearray, None]) -> None:
         """Replace the session state (durable before this returns); at most the entity's max message size."""
         if isinstance(state, str):
-            state = state.encode("utf-8")
+            state = check_text(state, "session state").encode("utf-8")
         if state is not None and not isinstance(state, (bytes, bytearray)):
             raise TypeError(f"session state must be bytes, str or None, got {type(state).__name__}")
 
@@ -254,14 +267,12 @@ class ServiceBusSession:
         def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
             return {**row, "locked_until_utc": now + info.options.lock_duration}
         self._lock.locked_until_utc = self._delivery.update_session(self._lock, renewed)["locked_until_utc"]
-        self._delivery.extend_locks(self._delivery.entity.get(), self._lock.partition, dict(self._held),
-                                    self._lock.locked_until_utc)
+        self._delivery.extend_locks(self._lock, dict(self._held), self._lock.locked_until_utc)
         return self._lock.locked_until_utc
 
     def _release(self) -> None:
         """End the locks of its unsettled messages now (they are delivered again first), then its own."""
-        self._delivery.extend_locks(self._delivery.entity.get(), self._lock.partition, dict(self._held),
-                                    datetime.now(timezone.utc))
+        self._delivery.extend_locks(self._lock, dict(self._held), datetime.now(timezone.utc))
         self._delivery.update_session(self._lock, lambda row, info, now: {**row, "lock_token": None,
                                                                            "locked_until_utc": None})
         self._lock.locked_until_utc = datetime.now(timezone.utc)  # settling now reads the session row back
@@ -304,6 +315,7 @@ class ServiceBusReceiver:
         self._session_held: dict[int, str] = {}  # unsettled messages received under the session: seq -> token
         self._session_closed = False
         info = self._delivery.entity.get()
+        self._incarnation = info.incarnation  # the incarnation this receiver is connected to (see above)
         self._check_receivable(info, receiving=False)
         if session_id is not None:
             requested = NEXT_AVAILABLE if isinstance(session_id, ServiceBusSessionFilter) else session_id
@@ -375,33 +387,80 @@ class ServiceBusReceiver:
         """Lock and return deferred messages by sequence number (they keep their numbers). All or none: a
         number that is not a deferred, unlocked message of this entity raises MessageNotFoundError and
         nothing is locked."""
-        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
-        for n in numbers:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
-        info = self._delivery.entity.get()
+        numbers = check_sequence_numbers(sequence_numbers)
+        info = self._entity_info()
         self._check_receivable(info)
 
         if not numbers:
             return []
-        found = self._charged(info, lambda: self._delivered(DEFERRED, self._delivery.lock_exactly(
-            info, DEFERRED, sorted(set(numbers)), delete=self._deletes, session=self._session_lock)))
+        try:
+            if self._follow(info):
+                raise _renumbered(info)
+            found = self._charged(info, lambda: self._delivered(self._delivery.lock_exactly(
+                info, DEFERRED, sorted(set(numbers)), delete=self._deletes, session=self._session_lock,
+                decode=_decoder(DEFERRED))))
+        except EntityDeleted as gone:  # deleted while this ran (the cached settings still named it)
+            self._reconnect(gone)  # raises unless it was created again
+            raise _renumbered(gone.current) from gone
         return sorted(found, key=lambda m: numbers.index(m.sequence_number))
 
+    def _follow(self, info: EntityInfo) -> bool:
+        """Reconnect to info's incarnation if it is not the one this receiver is connected to (the entity
+        was deleted and created again): prefetched messages and the peek cursor of the deleted one are
+        dropped; a session receiver's session ended with it (SessionLockLostError). Whether it changed."""
+        if info.incarnation == self._incarnation:
+            return False
+        if self.session is not None:
+            raise session_lost(self.session._lock, f"{info.kind} {info.path!r} was deleted and created again")
+        self._incarnation, self._prefetched, self._peek_cursor = info.incarnation, [], None
+        return True
+
+    def _connected(self) -> EntityInfo:
+        """The entity's settings, the receiver reconnected to its current incarnation (_follow)."""
+        info = self._entity_info()
+        self._follow(info)
+        return info
+
+    def _entity_info(self) -> EntityInfo:
+        """The entity's settings; for a session receiver, SessionLockLostError once the entity it locked
+        its session in was deleted (MessagingEntityNotFoundError for others once it is gone)."""
+        if self.session is not None:
+            return self._delivery.lock_info(self.session._lock)
+        return self._delivery.entity.get()
+
+    def _reconnect(self, gone: EntityDeleted) -> None:
+        """After an operation found the incarnation it used deleted: reconnect to the new one (_follow) if
+        the entity was created again; raise what the caller sees otherwise (a session receiver's session
+        ended with it: SessionLockLostError; the entity is gone: MessagingEntityNotFoundError)."""
+        if self.session is not None:
+            raise session_lost(self.session._lock, str(gone)) from gone
+        if gone.current is None:
+            raise MessagingEntityNotFoundError(str(gone)) from gone
+        self._follow(gone.current)
+
     def _receive(self, count: int) -> list[ServiceBusReceivedMessage]:
+        """_receive_once; if the entity was deleted while it ran and created again, once more from the new
+        incarnation (the messages locked in the deleted one went with it)."""
+        try:
+            return self._receive_once(count)
+        except EntityDeleted as gone:
+            self._reconnect(gone)
+            return self._receive_once(count)
+
+    def _receive_once(self, count: int) -> list[ServiceBusReceivedMessage]:
         """Serve from the prefetch cache (dropping messages whose lock lapsed), then lock more, caching
         up to prefetch_count extra messages for later calls."""
+        info = self._connected()
         now = datetime.now(timezone.utc)
         self._prefetched = [m for m in self._prefetched if m.locked_until_utc is None or m.locked_until_utc > now]
         got, self._prefetched = self._prefetched[:count], self._prefetched[count:]
         if len(got) < count:
-            info = self._delivery.entity.get()
             self._check_receivable(info)
             queue = SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else ACTIVE
             self._next_partition += 1
-            fetched = self._charged(info, lambda: self._delivered(queue, self._delivery.lock_any(
+            fetched = self._charged(info, lambda: self._delivered(self._delivery.lock_any(
                 info, queue, count - len(got) + self.prefetch_count, delete=self._deletes,
-                start=self._next_partition - 1, session=self._session_lock)))
+                start=self._next_partition - 1, session=self._session_lock, decode=_decoder(queue))))
             wanted = count - len(got)
             got, self._prefetched = got + fetched[:wanted], self._prefetched + fetched[wanted:]
         return got
@@ -414,11 +473,10 @@ class ServiceBusReceiver:
             return Usage(data_cost(len(messages)), outgoing_messages=0 if peeking else len(messages))
         return self._governor.call(info.path, operation, usage, self._retry)
 
-    def _delivered(self, queue: str, locked: list[tuple[dict, dict]]) -> list[ServiceBusReceivedMessage]:
-        kind = ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
-        messages = [ServiceBusReceivedMessage(row, state, kind) for row, state in locked]
+    def _delivered(self, messages: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
         for message in messages:
             message._source = self._source
+            message._incarnation = self._incarnation  # connected to before locking (_connected, _follow)
         if self.session is not None and not self._deletes:
             self._session_held.update((m.sequence_number, m.lock_token) for m in messages)
         return messages
@@ -477,7 +535,7 @@ class ServiceBusReceiver:
     @requires_open
     def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
         """Release the lock; at max_delivery_count the message is dead-lettered (MaxDeliveryCountExceeded)."""
-        rules = policy(self._delivery.entity.get())
+        rules = policy(self._delivery.lock_info(self._session_lock))
         self._settle([message], lambda row, now: transitions.abandoned(row, now, rules))
 
     @requires_open
@@ -488,10 +546,10 @@ class ServiceBusReceiver:
     @requires_open
     def dead_letter_message(self, message: ServiceBusReceivedMessage, reason: Optional[str] = None,
                             error_description: Optional[str] = None) -> None:
-        """Move the message to the dead-letter sub-queue with a reason."""
-        for name, value in (("reason", reason), ("error_description", error_description)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        """Move the message to the dead-letter sub-queue with a reason. reason and error_description: at
+        most 4096 characters of valid Unicode each, as Service Bus allows (ValueError otherwise)."""
+        check_dead_letter_text(reason, "reason")
+        check_dead_letter_text(error_description, "error_description")
         if self.sub_queue is not None:
             raise InvalidOperationError(f"a message in the {self.sub_queue.name.lower()} sub-queue cannot be dead-lettered again")
         self._settle([message], lambda row, now: transitions.dead_lettered(row, now, reason, error_description))
@@ -503,7 +561,7 @@ class ServiceBusReceiver:
             raise TypeError("renewing a message lock is not possible with sessions: renew the session lock "
                             "(receiver.session.renew_lock()) instead")
         self._check_settleable(message)
-        info = self._delivery.entity.get()
+        info = self._delivery.lock_info()
         rules = policy(info)
         written = self._governor.count(info.path, lambda: self._delivery.settle(
             info, _held([message]), lambda row, now: transitions.renewed(row, now, rules)))
@@ -520,8 +578,9 @@ class ServiceBusReceiver:
 
     def _settle_held(self, held: dict[int, Held], change: Change) -> None:
         """Settlement is counted as a request but neither throttled nor charged: the receive paid, and
-        refusing the settlement would only let the lock lapse and deliver the message again."""
-        info = self._delivery.entity.get()
+        refusing the settlement would only let the lock lapse and deliver the message again. A lock of a
+        deleted entity is lost (sparkbus.engine.delivery: MessageLockLostError, SessionLockLostError)."""
+        info = self._delivery.lock_info(self._session_lock)
         self._governor.count(info.path, lambda: self._delivery.settle(info, held, change, self._session_lock))
         for seq in held:
             self._session_held.pop(seq, None)
@@ -557,7 +616,14 @@ class ServiceBusReceiver:
                 not 1 <= max_message_count <= MAX_DELETE_COUNT:
             raise ValueError(f"max_message_count must be an int from 1 to {MAX_DELETE_COUNT}, got {max_message_count!r}")
         before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or datetime.now(timezone.utc)
-        info = self._delivery.entity.get()
+        try:
+            return self._delete(max_message_count, before)
+        except EntityDeleted as gone:  # deleted while this ran: the new incarnation's, if created again
+            self._reconnect(gone)
+            return self._delete(max_message_count, before)
+
+    def _delete(self, max_message_count: int, before: datetime) -> int:
+        info = self._connected()
         self._check_receivable(info)
         queue = SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else ACTIVE
 
@@ -594,11 +660,20 @@ class ServiceBusReceiver:
         Repeated calls continue where the last ended, partition by partition, until every message was
         seen once; a call may return fewer messages than asked (seed, "Browse/Peek messages").
         """
-        if isinstance(max_message_count, bool) or not isinstance(max_message_count, int) or max_message_count < 1:
-            raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
-        if isinstance(sequence_number, bool) or not isinstance(sequence_number, int) or sequence_number < 0:
-            raise ValueError(f"sequence_number must be an int >= 0, got {sequence_number!r}")
-        info = self._delivery.entity.get()
+        if isinstance(max_message_count, bool) or not isinstance(max_message_count, int) \
+                or not 1 <= max_message_count <= MAX_MESSAGE_COUNT:
+            raise ValueError(f"max_message_count must be an int in 1..{MAX_MESSAGE_COUNT}, got {max_message_count!r}")
+        if isinstance(sequence_number, bool) or not isinstance(sequence_number, int) \
+                or not 0 <= sequence_number <= MAX_SEQUENCE_NUMBER:
+            raise ValueError(f"sequence_number must be an int in 0..{MAX_SEQUENCE_NUMBER}, got {sequence_number!r}")
+        try:
+            return self._peek(max_message_count, sequence_number)
+        except EntityDeleted as gone:  # deleted while this ran: the new incarnation's, if created again
+            self._reconnect(gone)
+            return self._peek(max_message_count, sequence_number)
+
+    def _peek(self, max_message_count: int, sequence_number: int) -> list[ServiceBusReceivedMessage]:
+        info = self._connected()
         cursor = sequence_number if sequence_number or self._peek_cursor is None else self._peek_cursor
 
         def peek() -> list[ServiceBusReceivedMessage]:
@@ -607,7 +682,7 @@ class ServiceBusReceiver:
                 sub_queue=SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else None,
                 session_id=None if self.session is None else self.session.session_id)
             now = datetime.now(timezone.utc)
-            return [ServiceBusReceivedMessage(r, _peeked_state(r), _peek_state(r, now)) for r in found]
+            return [m for m in (_peeked(r, now) for r in found) if m is not None]
         return self._charged(info, peek, peeking=True)
 
     def _check_receivable(self, info: EntityInfo, receiving: bool = True) -> None:
@@ -637,7 +712,15 @@ _RECEIVER_KEYWORDS = ("receive_mode", "sub_queue", "prefetch_count", "max_wait_t
 
 
 def _held(messages: list[ServiceBusReceivedMessage]) -> dict[int, Held]:
-    return {m.sequence_number: Held(m.lock_token, m._state_row) for m in messages}
+    return {m.sequence_number: Held(m.lock_token, m._state_row, m._incarnation) for m in messages}
+
+
+def _renumbered(info: EntityInfo) -> MessageNotFoundError:
+    """receive_deferred_messages' answer when the entity it was connected to was deleted and created again."""
+    return MessageNotFoundError(
+        f"{info.kind} {info.path!r} was deleted and created again since this receiver last used it: the sequence "
+        "numbers of the deleted one's deferred messages name nothing in the new one (numbering starts again); "
+        "nothing was received")
 
 
 def _received_schema():
@@ -652,6 +735,90 @@ def _check_wait(value: object) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"max_wait_time must be a finite number of seconds >= 0 or None, got {value!r}")
     return float(value)
+
+
+def _decoder(queue: str) -> Callable[[dict, dict], ServiceBusReceivedMessage]:
+    """How a receive from `queue` turns a locked (message row, state row) into a message: as received
+    (what cannot be decoded raises, and the receive dead-letters it), or in the dead-letter sub-queues,
+    where nothing can be dead-lettered again, as presented."""
+    kind = ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
+    if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED):
+        return lambda row, state_row: _presented(row, state_row, kind)
+    return lambda row, state_row: _received(row, state_row, kind)
+
+
+def _received(row: dict, state_row: dict, kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
+    """A stored row as a received message. ValueError saying what cannot be decoded (a row written by an
+    older version or another tool: properties that do not decode or have no wire form, such as a lone
+    surrogate or an int beyond 64 bits, or an AMQP body that does not decode); the receive dead-letters
+    such a message (sparkbus.engine.delivery.decoded). Checks beyond the constructor's cost only a
+    look at each property, and a decode of a body that is not a plain data section."""
+    try:
+        message = ServiceBusReceivedMessage(row, state_row, kind)
+    except DECODE_ERRORS as error:
+        raise ValueError(_undecodable(row, error)) from error
+    check_properties(message.str_application_properties, "application_properties")
+    if message._body_type is not None:
+        try:
+            amqp.loaded_body(message._body_type, message._stored_body)
+        except DECODE_ERRORS as error:
+            raise ValueError(f"the {message._body_type} body does not decode: {error}") from error
+    return message
+
+
+def _undecodable(row: dict, error: BaseException) -> str:
+    """What of a stored row a message cannot be made of (error: what making it raised)."""
+    try:
+        properties = decode_properties(row["application_properties"])
+    except DECODE_ERRORS as found:
+        return f"application_properties do not decode: {found}"
+    try:
+        check_properties(properties, "application_properties")
+    except DECODE_ERRORS as found:
+        return str(found)
+    return f"{type(error).__name__}: {error}"
+
+
+def _presented(row: dict, state_row: dict, kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
+    """A stored row as peek and the dead-letter sub-queues show it: as received when it decodes, else with
+    what does not decode left out: the application properties that do not decode or have no wire form
+    are dropped (the others kept), a time-to-live beyond timedelta's range or a missing size reads as
+    none. A body that does not decode raises only when .body is read (body_bytes has it as stored).
+    Raises DECODE_ERRORS only for a row even that cannot show."""
+    try:
+        return ServiceBusReceivedMessage(row, state_row, kind)
+    except DECODE_ERRORS:
+        ttl = row["time_to_live_ms"]
+        shown = {**row, "application_properties": _decodable_properties(row["application_properties"]),
+                 "time_to_live_ms": ttl if ttl is None or abs(ttl) < _LONGEST_TTL_MS else None,
+                 "body_size": row["body_size"] or 0, "header_size": row["header_size"] or 0}
+        return ServiceBusReceivedMessage(shown, state_row, kind)
+
+
+_LONGEST_TTL_MS = timedelta.max // timedelta(milliseconds=1)
+
+
+def _decodable_properties(text: Optional[str]) -> Optional[str]:
+    """Stored application properties without the entries that do not decode or have no wire form."""
+    try:
+        stored = json.loads(text) if text else {}
+    except ValueError:
+        return None
+    kept: dict = {}
+    for name, tagged in (stored.items() if isinstance(stored, dict) else ()):
+        try:
+            kept.update(check_properties(decode_properties(json.dumps({name: tagged})), "application_properties"))
+        except DECODE_ERRORS:
+            continue
+    return encode_properties(kept)
+
+
+def _peeked(row: dict, now: datetime) -> Optional[ServiceBusReceivedMessage]:
+    """A peeked row as presented; None for a row that cannot even be presented (peek leaves it out)."""
+    try:
+        return _presented(row, _peeked_state(row), _peek_state(row, now))
+    except DECODE_ERRORS:
+        return None
 
 
 def _peeked_state(row: dict) -> dict:

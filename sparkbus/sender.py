@@ -1,4 +1,12 @@
-"""ServiceBusSender: send, schedule and cancel messages on a queue or topic (azure-servicebus shape)."""
+"""ServiceBusSender: send, schedule and cancel messages on a queue or topic (azure-servicebus shape).
+
+A sender follows its entity across a delete (sparkbus.engine.registry, sparkbus.engine.enqueue): once the
+entity is gone a send raises MessagingEntityNotFoundError, and after it was created again sends go to the
+new one, as a reconnecting SDK sender's do; nothing is ever written into a deleted entity's storage to
+stay. Sequence numbers schedule_messages returned belong to the entity they were assigned in: cancelling
+them after it was deleted and created again raises MessageNotFoundError (numbering starts again in the
+new one) and cancels nothing.
+"""
 from __future__ import annotations
 
 from datetime import datetime
@@ -6,12 +14,14 @@ from typing import Callable, Iterable, Optional, TypeVar, Union
 
 from .engine.catalog import Catalog
 from .core.throttling import data_cost
+from .core.wire import check_sequence_numbers
 from .engine.enqueue import EnqueueResult, EntityWriter, cancel_scheduled
 from .engine.namespace import governor_of, open_connection
-from .engine.registry import CachedEntity, EntityInfo
+from .engine.registry import CachedEntity, EntityDeleted, EntityInfo
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
 from .amqp import AmqpAnnotatedMessage
+from .exceptions import MessageNotFoundError, MessagingEntityNotFoundError
 from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing, to_utc
 from .handler import requires_open
 from .transactions import ServiceBusTransaction
@@ -39,6 +49,15 @@ def as_messages(message: Sendable) -> list[ServiceBusMessage]:
     return messages
 
 
+def _renumbered(info: EntityInfo) -> MessageNotFoundError:
+    """cancel_scheduled_messages' answer when the entity was deleted and created again since this sender
+    scheduled messages in it."""
+    return MessageNotFoundError(
+        f"{info.kind} {info.path!r} was deleted and created again since this sender scheduled messages in it: "
+        "the sequence numbers it returned name nothing in the new one (numbering starts again); nothing was "
+        "cancelled")
+
+
 def sent(count: int) -> Usage:
     """A send of `count` messages: 1 credit each."""
     return Usage(data_cost(count), incoming_messages=count)
@@ -61,7 +80,8 @@ class ServiceBusSender:
         self._spark = spark
         self._retry = retry
         self._entity = CachedEntity(catalog, entity_name, SENDER_KINDS)
-        self._writer = EntityWriter(self._entity.get, retry=retry)
+        self._writer = EntityWriter(self._entity.get, retry=retry, confirm=self._entity.confirm)
+        self._scheduled_in: Optional[str] = None  # the incarnation the last schedule_messages numbered in
         self._governor = governor_of(catalog)
         self._closed = False
 
@@ -100,8 +120,13 @@ class ServiceBusSender:
 
     def _charged(self, count: int, operation: Callable[[], T], timeout: object = None) -> T:
         """operation, admitted and charged as a send of `count` messages, retried within timeout."""
-        return self._governor.call(self.entity_info().path, operation, lambda _: sent(count),
-                                   self._retry.bounded(timeout))
+        try:
+            return self._governor.call(self.entity_info().path, operation, lambda _: sent(count),
+                                       self._retry.bounded(timeout))
+        except EntityDeleted as gone:
+            if gone.current is not None:  # created again: the caller decides (cancel_scheduled_messages)
+                raise
+            raise MessagingEntityNotFoundError(str(gone)) from gone
 
     @requires_open
     def send_messages(self, message: Sendable, *, timeout: Optional[float] = None,
@@ -143,6 +168,7 @@ class ServiceBusSender:
             return []
         rows = to_outgoing(messages)
         result = self._charged(len(messages), lambda: self._writer.send(rows), timeout)
+        self._scheduled_in = self.entity_info().incarnation  # the one the send went to (it follows a new one)
         return [s for s in result.sequence_numbers if s is not None]
 
     @requires_open
@@ -150,13 +176,20 @@ class ServiceBusSender:
                                   timeout: Optional[float] = None) -> None:
         """Cancel scheduled messages so they are never delivered; unknown or already delivered -> MessageNotFoundError."""
         self._retry.bounded(timeout)
-        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
-        for n in numbers:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise TypeError(f"sequence numbers must be non-negative ints, got {n!r}")
-        if numbers:
-            self._charged(len(numbers), lambda: cancel_scheduled(self.entity_info(), sorted(set(numbers)), self._retry),
-                          timeout)
+        numbers = check_sequence_numbers(sequence_numbers)
+        if not numbers:
+            return
+        info = self.entity_info()
+        if self._scheduled_in not in (None, info.incarnation):
+            self._scheduled_in = info.incarnation  # reported once: numbers scheduled from now are the new one's
+            raise _renumbered(info)
+        try:
+            self._charged(len(numbers), lambda: self._entity.confirmed(info, lambda: cancel_scheduled(
+                info, sorted(set(numbers)), self._retry, confirm=lambda: self._entity.confirm(info))), timeout)
+        except EntityDeleted as gone:  # deleted while this ran and created again (the cached settings named it)
+            if self._scheduled_in is not None:
+                self._scheduled_in = gone.current.incarnation
+            raise _renumbered(gone.current) from gone
 
     @requires_open
     def create_message_batch(self, max_size_in_bytes: Optional[int] = None) -> ServiceBusMessageBatch:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from ..storage import from_rows, micros
 from ..storage.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TRANSFER_DEAD_LETTERED, TS
+from .wire import MAX_DEAD_LETTER_TEXT
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 EXPIRED_REASON = "TTLExpiredException"
@@ -29,6 +30,16 @@ EXPIRED_REASON = "TTLExpiredException"
 # copy for a subscription, or a forwarded message).
 SESSION_ID_NULL_REASON = "Session id is null."
 SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
+# A stored message a receiver cannot decode (a row written by an older version or by another tool, e.g. a
+# property with a lone surrogate): dead-lettered instead of delivered (sparkbus.engine.delivery).
+UNDECODABLE_REASON = "MessageDecodeError"
+
+
+def dead_letter_text(text: str) -> str:
+    """text as a dead-letter reason or description can hold it, whatever error message it came from:
+    lone surrogates escaped (stored text is UTF-8) and at most MAX_DEAD_LETTER_TEXT characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= MAX_DEAD_LETTER_TEXT else text[:MAX_DEAD_LETTER_TEXT - 3] + "..."
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,17 @@ Concurrency: each operation is planned on one table version and committed condit
 (sparkbus.engine.locks); losing to another writer means planning again on the newer version. Settling reads
 nothing first when the receiver's locks are fresh (sparkbus.core.transitions.is_fresh): nobody else can have
 changed those rows, and a retry after a lost commit always reads. Calls from several threads of one
-receiver (AutoLockRenewer renews from its own) are serialised by one re-entrant lock.
+receiver (AutoLockRenewer renews from its own) are serialised by one re-entrant lock. Received messages are
+decoded before the commit that locks them, so one that cannot be decoded is dead-lettered by that same
+commit instead of failing the receive for everyone (decoded).
+
+Entity identity (sparkbus.engine.registry): message locks (Held) and session locks (SessionLock) carry the
+incarnation of the entity they were taken in, and are refused in any other (MessageLockLostError,
+SessionLockLostError) before anything is read or written; a fresh lock's kept state row is trusted only in
+its own incarnation. Every operation runs through `retrying`, which confirms the incarnation it used after
+a failure and after a write: an operation that met or wrote into a deleted incarnation (the info cached
+for up to a second still named it) raises EntityDeleted, which settling and session operations turn into
+their lock's error, and the receiver follows to the new incarnation where it may (receive, peek).
 """
 from __future__ import annotations
 
@@ -26,18 +36,22 @@ from deltalake import DeltaTable
 from .. import storage
 from ..core import partitioning, sequencing, transitions
 from ..core.transitions import Policy
-from ..exceptions import (MessageLockLostError, MessageNotFoundError, OperationTimeoutError, PartitionUnavailableError,
-                          SessionCannotBeLockedError)
+from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNotFoundError,
+                          MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
+                          SessionCannotBeLockedError, SessionLockLostError)
 from ..storage import commits, maintenance
-from ..storage.schemas import ACTIVE, DEFERRED, LOCKS, MESSAGES
+from ..storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES, TRANSFER_DEAD_LETTERED
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
-from .registry import CachedEntity, EntityInfo
+from .registry import CachedEntity, EntityDeleted, EntityInfo
 from .retry import RetryPolicy
 
 T = TypeVar("T")
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
 NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session with available messages
+# What a receiver's decode of a stored row written by an older version or another tool can raise: such a
+# message is dead-lettered instead of delivered (decoded).
+DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError)
 Change = Callable[[dict, datetime], dict]
 
 
@@ -49,14 +63,17 @@ class SessionLock:
     partition: int
     lock_token: str
     locked_until_utc: datetime
+    incarnation: str  # of the entity it was taken in (sparkbus.engine.registry)
 
 
 @dataclass(frozen=True)
 class Held:
-    """A message lock this receiver holds: its token and, when known, the state row as written then."""
+    """A message lock this receiver holds: its token and, when known, the state row as written then and
+    the incarnation of the entity it was taken in (a lock known by its token only is always read back)."""
 
     token: str
     row: Optional[dict] = None
+    incarnation: Optional[str] = None
 
 
 def policy(info: EntityInfo) -> Policy:
@@ -78,6 +95,11 @@ def poll(attempt: Callable[[], Optional[T]], wait: Optional[float]) -> Optional[
         pause = min(pause * 2, POLL_MAX)
 
 
+def as_pair(row: dict, state_row: dict) -> tuple[dict, dict]:
+    """A delivered message as (message row, state row written): lock's decode when none is given."""
+    return row, state_row
+
+
 class Delivery:
     """Receive-side operations on one queue or subscription."""
 
@@ -88,6 +110,7 @@ class Delivery:
         self._views: dict[str, commits.LogView] = {}
         self._readers = {"messages": storage.PartitionReader(MESSAGES), "locks": storage.PartitionReader(LOCKS)}
         self._guard = threading.RLock()
+        self._wrote = False  # whether the operation `retrying` runs committed something
 
     # ---- tables and retries ----------------------------------------------------------------------------
 
@@ -95,6 +118,8 @@ class Delivery:
         """The entity table at its latest version (kept open between calls)."""
         uri = info.tables[role]
         table = self._tables.get(uri)
+        if table is None:
+            _keep_only(self._tables, info)
         self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
         return self._tables[uri]
 
@@ -103,6 +128,7 @@ class Delivery:
         uri = info.tables[role]
         view = self._views.get(uri)
         if view is None:
+            _keep_only(self._views, info)
             view = self._views[uri] = commits.LogView(storage.open_table(uri))
         return view.advance()
 
@@ -119,28 +145,57 @@ class Delivery:
         return self.table(info, "messages"), state
 
     def retrying(self, info: EntityInfo, attempt: Callable[[int], T]) -> T:
-        """attempt(try_number), which re-reads what it decides on, under the client's retry policy."""
+        """attempt(try_number), which re-reads what it decides on, under the client's retry policy, on info's
+        incarnation: confirmed after each failure and after a write (EntityDeleted when it is gone; see the
+        module docstring), so a deleted table's missing files are never retried or taken for faults."""
         tries = iter(range(1 << 30))
         with self._guard:
-            return retry.run(lambda: attempt(next(tries)), self._retry, what=f"receiving from {info.path!r}")
+            self._wrote = False
+            result = self._reading(info, lambda: retry.run(
+                lambda: attempt(next(tries)), self._retry, what=f"receiving from {info.path!r}",
+                on_transient=lambda: self.entity.confirm(info)))
+            if self._wrote:
+                self.entity.confirm(info)
+            return result
+
+    def _reading(self, info: EntityInfo, operation: Callable[[], T]) -> T:
+        """operation() on info's incarnation; its failure is confirmed first (EntityDeleted, chained to the
+        failure, when that incarnation is gone)."""
+        try:
+            return operation()
+        except EntityDeleted:
+            raise
+        except Exception as error:
+            self.entity.confirm(info, error)
+            raise
+
+    def _commit(self, state: commits.LogView, partition: int, rows: pa.Table) -> None:
+        """locks.commit, noted for `retrying` to confirm the incarnation afterwards."""
+        locks.commit(state, partition, rows)
+        self._wrote = self._wrote or rows.num_rows > 0
 
     def retain(self, info: EntityInfo, partition: int) -> None:
         """Now and then, let completed messages of the partition leave the tables (sparkbus.engine.retention),
         on the maintenance thread: inline, a run put 60-100 ms on every 25th receive+complete."""
         if retention.due(self._views[info.tables["locks"]].version):
-            maintenance.run_later(f"retention {info.tables['locks']} {partition}", lambda: retention.run(
-                info, storage.open_table(info.tables["messages"]), storage.open_table(info.tables["locks"]), partition))
+            maintenance.run_later(f"retention {info.tables['locks']} {partition}", lambda: self.entity.confirmed(
+                info, lambda: retention.run(info, storage.open_table(info.tables["messages"]),
+                                            storage.open_table(info.tables["locks"]), partition)))
 
     # ---- locking -----------------------------------------------------------------------------------------
 
     def lock(self, info: EntityInfo, partition: int, queue: str, count: int, *, delete: bool,
-             sequence_numbers: Optional[list[int]] = None,
-             session: Optional[SessionLock] = None) -> list[tuple[dict, dict]]:
+             sequence_numbers: Optional[list[int]] = None, session: Optional[SessionLock] = None,
+             decode: Callable[[dict, dict], T] = as_pair) -> list[T]:
         """Lock (delete: remove) up to count deliverable messages of one partition's `queue` (ACTIVE,
-        DEFERRED or DEAD_LETTERED), oldest first; returns (message row, state row written) pairs."""
+        DEFERRED or DEAD_LETTERED), oldest first; returns decode(message row, state row written) of each
+        (by default the pair). A message decode fails for is not delivered (see decoded)."""
         rules = policy(info)
+        moved = [0]  # undecodable messages the last attempt dead-lettered
+        delivered: list[T] = []
 
-        def attempt(_: int) -> list[tuple[dict, dict]]:
+        def attempt(_: int) -> list[T]:
+            wanted = count - len(delivered)
             messages, state = self.snapshot(info)
             now = datetime.now(timezone.utc)
             taking = rules
@@ -149,46 +204,64 @@ class Delivery:
                 taking = replace(rules, lock_duration=session.locked_until_utc - now)
             found = transitions.candidates(
                 self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
-                queue, now, count + 16, sequence_numbers, session.session_id if session else None)
-            rows, deliver = transitions.plan(found, taking, now, queue, delete, count)
-            locks.commit(state, partition, rows)
-            return list(zip(storage.as_rows(found.take(pa.array(deliver, pa.int64()))),
-                            storage.as_rows(rows.slice(0, len(deliver)))))
+                queue, now, wanted + 16, sequence_numbers, session.session_id if session else None)
+            rows, deliver = transitions.plan(found, taking, now, queue, delete, wanted)
+            got, rows, moved[0] = decoded(found.take(pa.array(deliver, pa.int64())), rows, decode, queue, now)
+            self._commit(state, partition, rows)
+            return got
 
-        delivered = self.retrying(info, attempt)
+        while True:  # again, for others in the place of undecodable messages it dead-lettered
+            delivered += self.retrying(info, attempt)
+            if not moved[0] or len(delivered) >= count or sequence_numbers is not None:
+                break
         self.retain(info, partition)
         return delivered
 
     def lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
-                     session: Optional[SessionLock] = None) -> list[tuple[dict, dict]]:
+                     session: Optional[SessionLock] = None, decode: Callable[[dict, dict], T] = as_pair) -> list[T]:
         """Lock (delete: remove) exactly these messages of `queue` (receive_deferred_messages), or none:
         MessageNotFoundError names the numbers that are not deliverable now, before anything is written.
         Partitions commit one by one, so a number taken by another receiver between the check and its
         partition's commit releases the locks already taken here, delivery counts as they were (in
-        RECEIVE_AND_DELETE mode, what an earlier partition removed in that race stays removed)."""
+        RECEIVE_AND_DELETE mode, what an earlier partition removed in that race stays removed). Returns
+        decode(message row, state row) of each; one decode fails for is dead-lettered and left out (decoded)."""
         wanted = deferred_partitions(sequence_numbers)
-        messages, state = self.snapshot(info)
-        now = datetime.now(timezone.utc)
-        present = {n for partition, numbers in wanted.items() for n in transitions.candidates(
-            self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
-            queue, now, len(numbers), numbers, session.session_id if session else None)["sequence_number"].to_pylist()}
+        if session is not None:
+            self.check_session(info, session, datetime.now(timezone.utc))
+
+        def deliverable() -> set[int]:
+            messages, state = self.snapshot(info)
+            now = datetime.now(timezone.utc)
+            return {n for partition, numbers in wanted.items() for n in transitions.candidates(
+                self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+                queue, now, len(numbers), numbers, session.session_id if session else None)["sequence_number"].to_pylist()}
+        present = self._reading(info, deliverable)
         missing = sorted(set(sequence_numbers) - present)
         if missing:
             raise MessageNotFoundError(f"no {queue.lower()}, unlocked message with sequence number(s) {missing[:10]}; "
                                        "nothing was received")
-        taken: list[tuple[dict, dict]] = []
+        taken: list[tuple[dict, dict, T]] = []
+        undecodable: set[int] = set()
+
+        def tracked(row: dict, state_row: dict) -> tuple[dict, dict, T]:
+            try:
+                return row, state_row, decode(row, state_row)
+            except DECODE_ERRORS:
+                undecodable.add(row["sequence_number"])
+                raise
+
         for partition, numbers in wanted.items():
             got = self.lock(info, partition, queue, len(numbers), delete=delete, sequence_numbers=numbers,
-                            session=session)
+                            session=session, decode=tracked)
             taken += got
-            if len(got) < len(numbers):  # lost a race for one of them
+            lost = sorted(set(numbers) - undecodable - {row["sequence_number"] for row, _, _ in got})
+            if lost:  # lost a race for one of them
                 if not delete:
                     self.settle(info, {state_row["sequence_number"]: Held(state_row["lock_token"], state_row)
-                                       for _, state_row in taken}, transitions.returned, session)
-                lost = sorted(set(numbers) - {row["sequence_number"] for row, _ in got})
+                                       for _, state_row, _ in taken}, transitions.returned, session)
                 raise MessageNotFoundError(f"message(s) {lost[:10]} were taken by another receiver; nothing was "
                                            "received")
-        return taken
+        return [message for _, _, message in taken]
 
     def delete(self, info: EntityInfo, partition: int, queue: str, count: int, before: datetime,
                session: Optional[SessionLock] = None) -> int:
@@ -203,7 +276,7 @@ class Delivery:
                 self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
                 queue, now, count, session_id=session.session_id if session else None, enqueued_before=before)
             if found.num_rows:
-                locks.commit(state, partition, transitions.deleted(found, now))
+                self._commit(state, partition, transitions.deleted(found, now))
             return found.num_rows
 
         removed = self.retrying(info, attempt)
@@ -211,19 +284,20 @@ class Delivery:
         return removed
 
     def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int,
-                 session: Optional[SessionLock] = None) -> list[tuple[dict, dict]]:
+                 session: Optional[SessionLock] = None, decode: Callable[[dict, dict], T] = as_pair) -> list[T]:
         """Up to count messages from the available partitions, visited from the start-th on (a session
-        receiver visits its session's partition only)."""
+        receiver visits its session's partition only), each as decode(message row, state row)."""
         available = available_partitions(info)
         if session is not None:
             available = [p for p in available if p == session.partition]
         if not available:
             return []
         start %= len(available)
-        got: list[tuple[dict, dict]] = []
+        got: list[T] = []
         for partition in available[start:] + available[:start]:
             try:
-                got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session)
+                got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session,
+                                 decode=decode)
             except PartitionUnavailableError as fault:  # its files cannot be read: serve the others
                 if info.fault_in(fault) != partition or session is not None:
                     raise
@@ -237,26 +311,55 @@ class Delivery:
     def settle(self, info: EntityInfo, held: dict[int, Held], change: Change,
                session: Optional[SessionLock] = None) -> dict[int, dict]:
         """Apply change(row as locked, now) to held messages: one conditional commit per partition.
-        MessageLockLostError if any lock was lost; with several partitions, all locks are checked before
-        the first commit, so either all are settled or none. Returns the rows written by sequence number."""
+        MessageLockLostError if any lock was lost (SessionLockLostError if the session's was); with several
+        partitions, all locks are checked before the first commit, so either all are settled or none.
+        Locks of another incarnation of the entity are lost, refused before anything is read or written.
+        Returns the rows written by sequence number."""
+        if session is not None and session.incarnation != info.incarnation:
+            raise session_lost(session, f"{info.kind} {info.path!r} was deleted and created again")
+        stale = sorted(seq for seq, lock in held.items() if lock.incarnation not in (None, info.incarnation))
+        if stale:
+            raise MessageLockLostError(
+                f"the locks of messages {stale[:10]} were taken in {info.kind} {info.path!r} before it was deleted "
+                "and created again; they ended with it, and nothing was settled")
         by_partition: dict[int, dict[int, Held]] = {}
         for seq, lock in held.items():
             by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = lock
-        if len(by_partition) > 1 and not self._all_fresh(held, datetime.now(timezone.utc)):
-            with self._guard:
-                state, now = self.view(info, "locks"), datetime.now(timezone.utc)
-                lost = [seq for partition, mine in by_partition.items()
-                        for seq in transitions.not_held(locks.lock_rows(state, partition, list(mine)), _tokens(mine),
-                                                        now)]
-            if lost:
-                raise MessageLockLostError(
-                    f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
-        written: dict[int, dict] = {}
-        for partition, mine in by_partition.items():
-            written.update(self.retrying(info, lambda attempt, p=partition, m=mine:
-                                         self._settle_partition(info, p, m, change, session, attempt)))
-            self.retain(info, partition)
-        return written
+        try:
+            if len(by_partition) > 1 and not self._all_fresh(held, datetime.now(timezone.utc)):
+                with self._guard:
+                    lost = self._reading(info, lambda: [
+                        seq for partition, mine in by_partition.items() for seq in transitions.not_held(
+                            locks.lock_rows(self.view(info, "locks"), partition, list(mine)), _tokens(mine),
+                            datetime.now(timezone.utc))])
+                if lost:
+                    raise MessageLockLostError(
+                        f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
+            written: dict[int, dict] = {}
+            for partition, mine in by_partition.items():
+                written.update(self.retrying(info, lambda attempt, p=partition, m=mine:
+                                             self._settle_partition(info, p, m, change, session, attempt)))
+                self.retain(info, partition)
+            return written
+        except EntityDeleted as gone:
+            if session is not None:
+                raise session_lost(session, str(gone)) from gone
+            raise MessageLockLostError(f"the message locks ended with their entity: {gone}") from gone
+
+    def lock_info(self, session: Optional[SessionLock] = None) -> EntityInfo:
+        """The entity's info for settling or renewing locks it gave (under session, when given): the lock's
+        error (MessageLockLostError, SessionLockLostError) when the entity no longer exists, and, for a
+        session, when it is another incarnation than the session's."""
+        try:
+            info = self.entity.get()
+        except (MessagingEntityNotFoundError, InvalidOperationError) as gone:  # deleted (maybe of another kind now)
+            why = f"{self.entity.path!r} was deleted ({gone})"
+            if session is not None:
+                raise session_lost(session, why) from gone
+            raise MessageLockLostError(f"the message locks ended with their entity: {why}") from gone
+        if session is not None and session.incarnation != info.incarnation:
+            raise session_lost(session, f"{info.kind} {info.path!r} was deleted and created again")
+        return info
 
     def _settle_partition(self, info: EntityInfo, partition: int, held: dict[int, Held], change: Change,
                           session: Optional[SessionLock], attempt: int) -> dict[int, dict]:
@@ -274,7 +377,7 @@ class Delivery:
                     "receiver; they will be redelivered")
             rows = storage.as_rows(current)
         written = [change(row, now) for row in rows]
-        locks.commit(state, partition, storage.from_rows(written, LOCKS))
+        self._commit(state, partition, storage.from_rows(written, LOCKS))
         return {row["sequence_number"]: row for row in written}
 
     @staticmethod
@@ -282,20 +385,24 @@ class Delivery:
         return all(lock.row is not None and lock.row["lock_token"] == lock.token
                    and transitions.is_fresh(lock.row["locked_until_utc"], now) for lock in held.values())
 
-    def extend_locks(self, info: EntityInfo, partition: int, held: dict[int, str], until: datetime) -> None:
-        """Set the message locks still held (seq -> token) to end at `until` (a renewed or released session)."""
+    def extend_locks(self, session: SessionLock, held: dict[int, str], until: datetime) -> None:
+        """Set the message locks still held (seq -> token) under session to end at `until` (a renewed or
+        released session); SessionLockLostError when the entity was deleted since the session was locked."""
         if not held:
             return
+        info = self.lock_info(session)
 
         def attempt(_: int) -> None:
             state = self.view(info, "locks")
-            current = locks.lock_rows(state, partition, list(held))
+            current = locks.lock_rows(state, session.partition, list(held))
             lost = transitions.not_held(current, held, datetime.now(timezone.utc))
             mine = current.filter(pc.invert(pc.is_in(current["sequence_number"], value_set=pa.array(lost, pa.int64()))))
-            if mine.num_rows:
-                locks.commit(state, partition, transitions.locked_until(mine, until))
+            self._commit(state, session.partition, transitions.locked_until(mine, until))
 
-        self.retrying(info, attempt)
+        try:
+            self.retrying(info, attempt)
+        except EntityDeleted as gone:
+            raise session_lost(session, str(gone)) from gone
 
     # ---- peeking -----------------------------------------------------------------------------------------
 
@@ -303,7 +410,12 @@ class Delivery:
              session_id: Optional[str]) -> tuple[list[dict], int]:
         """Up to count messages of one partition from sequence number `cursor` on, without locking, with
         their state columns; and the cursor to continue from (past the last partition: nothing left).
-        sub_queue: the state of a sub-queue's messages (DEAD_LETTERED, TRANSFER_DEAD_LETTERED), or None."""
+        sub_queue: the state of a sub-queue's messages (DEAD_LETTERED, TRANSFER_DEAD_LETTERED), or None.
+        Confirmed afterwards: EntityDeleted rather than a deleted incarnation's messages."""
+        return self.entity.confirmed(info, lambda: self._peek(info, cursor, count, sub_queue, session_id))
+
+    def _peek(self, info: EntityInfo, cursor: int, count: int, sub_queue: Optional[str],
+              session_id: Optional[str]) -> tuple[list[dict], int]:
         messages, state = self.tables(info)
         queue = f"l.state = {storage.quoted(sub_queue)}" if sub_queue else (
             f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
@@ -321,6 +433,7 @@ class Delivery:
                     WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
                     ORDER BY m.sequence_number LIMIT {count}""", messages=messages, locks=state))
             except Exception as error:  # DataFusion's errors are plain Exceptions naming the file
+                self.entity.confirm(info, error)  # a deleted table's files are no fault
                 if info.fault_in(error) != partition:
                     raise
                 found = []  # a partition whose files cannot be read is skipped, as an unavailable one
@@ -341,7 +454,7 @@ class Delivery:
 
         def attempt() -> Optional[SessionLock]:
             try:
-                return self._try_lock_session(info, requested)
+                return self._reading(info, lambda: self._try_lock_session(info, requested))
             except SessionCannotBeLockedError as error:
                 refused[:] = [error]
                 return None
@@ -358,9 +471,13 @@ class Delivery:
         duration = info.options.lock_duration
 
         def take(partition: int, session_id: str) -> SessionLock:
-            row = self.retrying(info, lambda _: sessions.lock(
-                self.table(info, "sessions"), partition, session_id, duration, datetime.now(timezone.utc)))
-            return SessionLock(session_id, partition, row["lock_token"], row["locked_until_utc"])
+            def attempt(_: int) -> dict:
+                row = sessions.lock(self.table(info, "sessions"), partition, session_id, duration,
+                                    datetime.now(timezone.utc))
+                self._wrote = True
+                return row
+            row = self.retrying(info, attempt)
+            return SessionLock(session_id, partition, row["lock_token"], row["locked_until_utc"], info.incarnation)
 
         if requested is not None:
             return take(partitioning.partition_of(requested, info.partition_count), requested)
@@ -371,6 +488,7 @@ class Delivery:
             try:
                 waiting = sessions.available(messages, state, table, available, datetime.now(timezone.utc))
             except Exception as error:  # a partition whose files cannot be read is left out
+                self.entity.confirm(info, error)  # a deleted table's files are no fault
                 faulty = info.fault_in(error)
                 if faulty not in available:
                     raise
@@ -386,7 +504,10 @@ class Delivery:
 
     def check_session(self, info: EntityInfo, session: SessionLock, now: datetime, read: bool = False) -> None:
         """SessionLockLostError unless the session lock is still held: known without reading while it is
-        fresh (nobody can take an unexpired session lock), read back otherwise or when `read`."""
+        fresh (nobody can take an unexpired session lock) and info is the incarnation it was taken in, read
+        back otherwise or when `read`."""
+        if session.incarnation != info.incarnation:
+            raise session_lost(session, f"{info.kind} {info.path!r} was deleted and created again")
         if read or not transitions.is_fresh(session.locked_until_utc, now):
             self.session_row(info, session, now)
 
@@ -396,8 +517,10 @@ class Delivery:
                              session.lock_token, now)
 
     def update_session(self, session: SessionLock, change: Callable[[dict, EntityInfo, datetime], Optional[dict]]) -> dict:
-        """Apply change(row, info, now) to the held session's row (None: read only); returns the row."""
-        info = self.entity.get()
+        """Apply change(row, info, now) to the held session's row (None: read only); returns the row.
+        SessionLockLostError when the lock expired or was taken, or the entity was deleted since it was
+        taken (then nothing is read or written in a new incarnation)."""
+        info = self.lock_info(session)
 
         def attempt(_: int) -> dict:
             now = datetime.now(timezone.utc)
@@ -407,9 +530,52 @@ class Delivery:
                 return row
             written["updated_at_utc"] = now
             sessions.write(self._tables[info.tables["sessions"]], written)
+            self._wrote = True
             return written
 
-        return self.retrying(info, attempt)
+        try:
+            return self.retrying(info, attempt)
+        except EntityDeleted as gone:
+            raise session_lost(session, str(gone)) from gone
+
+
+def decoded(taken: pa.Table, rows: pa.Table, decode: Callable[[dict, dict], T], queue: str,
+            now: datetime) -> tuple[list[T], pa.Table, int]:
+    """(decode(message row, state row) of the messages a receive delivers, the state rows to commit, how
+    many messages were dead-lettered). taken: the delivered messages, whose state rows are the first rows
+    of `rows` (transitions.plan). Decoding runs before the commit, so a message decode raises one of
+    DECODE_ERRORS for (a row written by an older version or another tool: a property with a lone
+    surrogate, an AMQP body that does not decode) is not delivered and never locked: the same commit
+    dead-letters it (reason transitions.UNDECODABLE_REASON, the error as description, its delivery count
+    unchanged), and the other messages are delivered. In a dead-letter sub-queue, where it cannot be
+    dead-lettered again, it is left as it was (still visible to peek)."""
+    messages, states = storage.as_rows(taken), storage.as_rows(rows.slice(0, taken.num_rows))
+    delivered, set_aside = [], {}
+    for i, (row, state_row) in enumerate(zip(messages, states)):
+        try:
+            delivered.append(decode(row, state_row))
+        except DECODE_ERRORS as error:
+            set_aside[i] = None if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED) else transitions.new_state(
+                row["partition_id"], row["sequence_number"], DEAD_LETTERED, row["prior_deliveries"] or 0, now,
+                reason=transitions.UNDECODABLE_REASON,
+                description=transitions.dead_letter_text(f"the stored message cannot be decoded: {error}"))
+    if not set_aside:
+        return delivered, rows, 0
+    kept = [set_aside.get(i, state_row) for i, state_row in enumerate(states)]
+    written = pa.concat_tables([storage.from_rows([r for r in kept if r is not None], LOCKS),
+                                rows.slice(len(states)).cast(LOCKS)])
+    return delivered, written, sum(r is not None for r in set_aside.values())
+
+
+def session_lost(session: SessionLock, why: str) -> SessionLockLostError:
+    """The error of a session lock that ended with its entity's incarnation (why: what happened to it)."""
+    return SessionLockLostError(f"the lock on session {session.session_id!r} ended with its entity: {why}")
+
+
+def _keep_only(cache: dict, info: EntityInfo) -> None:
+    """Drop the tables of other incarnations (a deleted entity's) from a cache keyed by table uri."""
+    for uri in [known for known in cache if known not in info.tables.values()]:
+        del cache[uri]
 
 
 def available_partitions(info: EntityInfo) -> list[int]:

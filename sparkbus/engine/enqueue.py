@@ -11,6 +11,14 @@ after the other) and hands each caller its own result. Every caller still return
 messages committed, so acknowledgement means the same. If the entity refuses the group (a quota, a
 disabled entity: raised before anything is written), each caller's messages are committed on their own,
 so one caller's refusal never becomes another's.
+
+Entity identity (sparkbus.engine.registry): a writer given a `confirm` (a sender's) confirms the
+incarnation it wrote to after each commit and after each failure. A send that met or wrote into a deleted
+incarnation (the settings cached for up to a second still named it) is not acknowledged there: its
+writes are removed with the incarnation's directory, and it is sent again to the entity's new
+incarnation when it was created again (as a reconnecting SDK sender's next attempt would), or raises
+MessagingEntityNotFoundError. A commit to a removed table never retries (TableRemovedError), so no
+deleted queue ends a send in CommitConflictError.
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSi
 from ..storage import commits, maintenance
 from ..storage.schemas import CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
-from .registry import EntityInfo
+from .registry import EntityDeleted, EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .runtime import partition_sizes
 
@@ -122,9 +130,13 @@ def _split(result: EnqueueResult, sizes: list[int]) -> list[EnqueueResult]:
 class EntityWriter:
     """Appends to one entity's messages table, keeping its table handle and high-water marks between sends."""
 
-    def __init__(self, info_source: Callable[[], EntityInfo], *, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(self, info_source: Callable[[], EntityInfo], *, retry: RetryPolicy = DEFAULT_RETRY,
+                 confirm: Optional[Callable[[EntityInfo, Optional[BaseException]], None]] = None) -> None:
+        """confirm(info, error): raises EntityDeleted when info's incarnation is no longer the entity's
+        (CachedEntity.confirm); given, sends follow the entity across a delete (see the module docstring)."""
         self._info_source = info_source
         self._retry = retry
+        self._confirm = confirm
         self._round_robin: Optional[partitioning.RoundRobin] = None
         self._table: Optional[DeltaTable] = None
         self._table_uri: Optional[str] = None
@@ -222,6 +234,16 @@ class EntityWriter:
         concurrent commits of one app id, and the check is made at the version the commit is based on.
         """
         info = info or self.info()
+        try:
+            return self._append(info, rows, codes, batch_limit, with_sequence_numbers, app_transaction)
+        except EntityDeleted as gone:  # (only with confirm) created again: send there, placed for it
+            if gone.current is None or codes is not None or app_transaction is not None:
+                raise
+            return self._append(gone.current, rows, codes, batch_limit, with_sequence_numbers, app_transaction)
+
+    def _append(self, info: EntityInfo, rows: pa.Table, codes: Optional[np.ndarray], batch_limit: bool,
+                with_sequence_numbers: bool, app_transaction: Optional[tuple[str, int]]) -> EnqueueResult:
+        """append() on info's incarnation: confirmed after its commit and after a failure (EntityDeleted)."""
         schema = pa.schema([*OUTGOING, *(MESSAGES.field(n) for n in TRANSFER_COLUMNS if n in rows.column_names)])
         rows = rows.select(schema.names).cast(schema)
         body, header = check_rows(info, rows, batch_limit=batch_limit)
@@ -244,11 +266,17 @@ class EntityWriter:
 
         def refresh() -> None:  # the conflict or the cleaned-up log says the table moved on
             self._position = None
+            if self._confirm is not None:  # or the table was deleted: no retry mends that
+                self._confirm(info, None)
 
         try:
-            return retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
+            result = retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
+        except EntityDeleted:
+            raise
         except Exception as error:  # not transient (retry.run raised it): a partition's fault? (DataFusion
             # and object_store errors are plain Exceptions naming the file, OSErrors the path)
+            if self._confirm is not None:  # a deleted table's missing files are no fault
+                self._confirm(info, error)
             if isinstance(error, ServiceBusError):  # refused by a rule or a conflict: not the storage's fault
                 raise
             partition = info.fault_in(error)
@@ -258,13 +286,15 @@ class EntityWriter:
             # was committed: place again without it (keyless messages go elsewhere; keyed ones
             # raise PartitionUnavailableError). Each failure removes one partition, so this ends.
             try:
-                return self.append(rows, codes=codes, batch_limit=batch_limit, info=info,
-                                   with_sequence_numbers=with_sequence_numbers, app_transaction=app_transaction)
+                return self._append(info, rows, codes, batch_limit, with_sequence_numbers, app_transaction)
             except PartitionUnavailableError as unavailable:
                 if "could not be written" in str(unavailable):  # a later partition's failure says it already
                     raise
                 raise PartitionUnavailableError(f"{unavailable}; partition {partition} could not be written: "
                                                 f"{error}") from error
+        if self._confirm is not None:
+            self._confirm(info, None)
+        return result
 
     def _view(self, info: EntityInfo, reads: bool) -> DeltaTable:
         """The messages table with marks and bounds at a position commits may be based on. reads: the
@@ -404,8 +434,10 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
     return pa.table([columns[f.name] for f in MESSAGES], schema=MESSAGES)
 
 
-def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions."""
+def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy = DEFAULT_RETRY,
+                     confirm: Optional[Callable[[], None]] = None) -> None:
+    """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions.
+    confirm: run after a lost commit before planning again (it raises when the entity was deleted)."""
     now = datetime.now(timezone.utc)
     now_us = storage.micros(now)
     wanted = ", ".join(str(n) for n in numbers)
@@ -434,4 +466,4 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy =
             .when_not_matched_insert_all().execute())
         maintenance.after_commit(locks)
 
-    retry.run(merge, policy, what=f"cancelling scheduled messages of {info.path!r}")
+    retry.run(merge, policy, what=f"cancelling scheduled messages of {info.path!r}", on_transient=confirm)

@@ -30,13 +30,23 @@ one by one under app ids "sparkbus.fanout.s<sequence number>" and then marked co
 
 Throttling: each batch waits until the namespace's credits admit it and is charged one credit per filter
 evaluated (sparkbus.engine.throttle), as the seeds charge a topic's filter evaluations.
+
+What no batch stops on. Stored messages and rules can hold what this version's checks refuse (written by
+an older version or by another tool). A message a rule cannot evaluate, or whose copy an action would
+give a value Service Bus refuses, becomes a dead-letter copy (reason FilterEvaluationException, the rule
+and the error as description) in that subscription, numbered and committed with the batch's other copies,
+so the exactly-once reasoning above covers it; a rule that cannot be evaluated at all is logged (a
+warning naming topic, subscription, rule and error) and skipped (sparkbus.core.language.select). A topic
+deleted during fan-out ends it with MessagingEntityNotFoundError; a subscription deleted meanwhile is
+skipped; what either had written into the deleted directories is removed (registry.CachedEntity.confirm).
 """
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -50,7 +60,7 @@ from ..core.durations import MAX_DURATION
 from ..core.encoding import header_sizes
 from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter, action_from_json, filter_from_json
 from ..core.language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
-from ..core.names import key
+from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
 from ..storage import commits, maintenance
@@ -58,9 +68,11 @@ from ..storage.schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
 from .namespace import governor_of
-from .registry import EntityInfo, resolve
+from .registry import CachedEntity, EntityDeleted, EntityInfo, resolve
 from .throttle import Usage
 
+LOG = logging.getLogger("sparkbus.fanout")
+T = TypeVar("T")
 FILTER_EVALUATION_REASON = "FilterEvaluationException"
 NO_RETRY = retry.NO_RETRY  # the cursor: one round of re-plans, then left to the next batch
 BATCH_ROWS = 200_000  # topic messages fanned out at once (1 KiB bodies: about 200 MB in memory)
@@ -127,8 +139,12 @@ def compile_rule(row: Row) -> CompiledRule:
 
 
 def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
-    """The topic's subscriptions with their compiled rules, as of one catalog snapshot."""
+    """The topic's subscriptions with their compiled rules, as of one catalog snapshot; EntityDeleted when
+    the snapshot no longer has the topic's incarnation."""
     topic_row = snap.get(key(topic.path))
+    if topic_row is None or topic_row.kind != "topic" or topic_row.storage != topic.incarnation:
+        again = topic_row is not None and topic_row.kind == "topic"
+        raise EntityDeleted(topic, resolve(root, snap, topic.path, ("topic",)) if again else None)
     found = []
     for sub in snap.children(topic_row.key, "subscription"):
         info = resolve(root, snap, sub.path, ("subscription",))
@@ -155,6 +171,27 @@ def deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table, *, advance: boo
     """
     if rows.num_rows == 0:
         return FanoutResult()
+    return _on_topic(catalog, topic, lambda: _deliver_batch(catalog, topic, rows, advance))
+
+
+def _on_topic(catalog: Catalog, topic: EntityInfo, work: Callable[[], T]) -> T:
+    """work(), which writes to the topic and its subscriptions, confirmed afterwards: MessagingEntityNotFoundError
+    (EntityDeleted) instead of a storage error, or of success in a deleted incarnation, when the topic was
+    deleted meanwhile."""
+    return CachedEntity(catalog, topic.path, ("topic",)).confirmed(topic, work)
+
+
+def _reading_topic(catalog: Catalog, topic: EntityInfo, read: Callable[[], T]) -> T:
+    """read(), which only reads the topic's tables: EntityDeleted instead of its error when the topic was
+    deleted meanwhile (confirmed only after a failure)."""
+    try:
+        return read()
+    except Exception as error:
+        CachedEntity(catalog, topic.path, ("topic",)).confirm(topic, error)
+        raise
+
+
+def _deliver_batch(catalog: Catalog, topic: EntityInfo, rows: pa.Table, advance: bool) -> FanoutResult:
     return _charged(catalog, topic, lambda: _deliver(catalog, topic, rows, advance))
 
 
@@ -167,7 +204,7 @@ def _deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table, advance: bool)
     view = MessageView(rows if immediate.all() else take_rows(rows, np.flatnonzero(immediate)))
     result.messages = view.n
     with ThreadPoolExecutor(2, thread_name_prefix="sparkbus-fanout") as pool:  # Arrow and delta-rs free the GIL
-        for done in pool.map(lambda target: _deliver_to(target, view, _batch_plan(ends)),
+        for done in pool.map(lambda target: _unless_deleted(catalog, target, view, _batch_plan(ends)),
                              targets(catalog.root, snap, topic)):
             result.add(done)
     if advance:
@@ -182,6 +219,17 @@ def batch_ends(rows: pa.Table) -> dict[int, int]:
     return {int(p): int(low[partitions == p].max()) for p in np.unique(partitions)}
 
 
+def _unless_deleted(catalog: Catalog, target: Target, view: MessageView, plan: "Plan", *,
+                    scheduled: bool = False) -> FanoutResult:
+    """_deliver_to, or nothing when the subscription was deleted meanwhile (what it wrote there removed)."""
+    try:
+        return CachedEntity(catalog, target.info.path, ("subscription",)).confirmed(
+            target.info, lambda: _deliver_to(target, view, plan, scheduled=scheduled))
+    except EntityDeleted:
+        LOG.info("subscription %r was deleted during fan-out: skipped", target.info.path)
+        return FanoutResult()
+
+
 def _deliver_to(target: Target, view: MessageView, plan: "Plan", *, scheduled: bool = False) -> FanoutResult:
     """Copies of the view's rows selected by the target's rules, committed as `plan` says (retried on
     conflicts, re-planned each time). scheduled: the rows are due scheduled messages, enqueued now."""
@@ -189,6 +237,10 @@ def _deliver_to(target: Target, view: MessageView, plan: "Plan", *, scheduled: b
     enqueued = np.asarray(view.rows["enqueued_time_utc"].cast(pa.int64()).to_numpy(zero_copy_only=False))
     eligible = (enqueued >= target.created_us) if target.enabled else np.zeros(view.n, dtype=bool)
     copies = select(list(target.rules), view, eligible)
+    for rule, error in copies.skipped:
+        topic, subscription = split_subscription_path(target.info.path) or (target.info.path, "")
+        LOG.warning("fan-out of topic %r: rule %r of subscription %r cannot be evaluated and is skipped: %s",
+                    topic, rule, subscription, error)
     result.evaluations = copies.evaluations
     built = _copies_table(target, view, copies)
     if scheduled:
@@ -232,8 +284,8 @@ def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
             continue
         parts.append(source)
         order.append(np.stack([rows, np.full(len(rows), rank)], axis=1))
-        descriptions.append(pa.array([copies.reasons[i] for i in rows.tolist()], pa.string()) if rank == 0
-                            else pa.nulls(len(rows), pa.string()))
+        descriptions.append(pa.array([transitions.dead_letter_text(copies.reasons[i]) for i in rows.tolist()],
+                                     pa.string()) if rank == 0 else pa.nulls(len(rows), pa.string()))
     if not parts:
         none = pa.array([], pa.string())
         return _Built(MESSAGES.empty_table(), np.zeros(0, dtype=np.int64), none, none)
@@ -426,7 +478,16 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
 # ---- scheduled topic messages ---------------------------------------------------------------------------
 
 def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetime] = None) -> FanoutResult:
-    """Fan out scheduled topic messages whose time has come and that were not cancelled or fanned out."""
+    """Fan out scheduled topic messages whose time has come and that were not cancelled or fanned out.
+    MessagingEntityNotFoundError when the topic was deleted."""
+    due = _reading_topic(catalog, topic, lambda: _due(topic, now))
+    if due.num_rows == 0:
+        return FanoutResult()
+    return _on_topic(catalog, topic, lambda: _charged(catalog, topic, lambda: _deliver_due(catalog, topic, due)))
+
+
+def _due(topic: EntityInfo, now: Optional[datetime]) -> pa.Table:
+    """The topic's scheduled messages due at `now` that were neither cancelled nor fanned out."""
     now_us = storage.micros(now or datetime.now(timezone.utc))
     topic_locks = storage.open_table(topic.tables["locks"])
     topic_messages = storage.open_table(topic.tables["messages"])
@@ -436,9 +497,7 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
         WHERE m.scheduled_enqueue_time_utc IS NOT NULL AND CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us}
           AND l.sequence_number IS NULL
         ORDER BY m.partition_id, m.sequence_number""", messages=topic_messages, locks=topic_locks)
-    if due.num_rows == 0:
-        return FanoutResult()
-    return _charged(catalog, topic, lambda: _deliver_due(catalog, topic, due))
+    return due
 
 
 def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutResult:
@@ -449,7 +508,7 @@ def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutRe
     numbers = due["sequence_number"].to_pylist()
     result.messages = view.n
     for target in targets(catalog.root, snap, topic):
-        result.add(_deliver_to(target, view, _scheduled_plan(numbers), scheduled=True))
+        result.add(_unless_deleted(catalog, target, view, _scheduled_plan(numbers), scheduled=True))
     states = [transitions.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
               for n in numbers]
     table = storage.from_rows(states, LOCKS)
@@ -486,7 +545,12 @@ def deliver_ranges(catalog: Catalog, topic: EntityInfo, ranges: dict[int, tuple[
     about batch_rows messages (memory stays bounded by a round), each round a complete batch except that
     the topic's cursor and retention move once, after the last (deleting part of a file rewrites the rest:
     doing it per round copied the topic's bodies once per round). A crash in between re-reads the rounds
-    done; the subscriptions' versions skip them."""
+    done; the subscriptions' versions skip them. MessagingEntityNotFoundError when the topic was deleted."""
+    return _on_topic(catalog, topic, lambda: _deliver_ranges(catalog, topic, ranges, batch_rows))
+
+
+def _deliver_ranges(catalog: Catalog, topic: EntityInfo, ranges: dict[int, tuple[int, int]],
+                    batch_rows: int) -> FanoutResult:
     total, ends = FanoutResult(), {}
     sizes = {p: high - low + 1 for p, (low, high) in ranges.items() if high >= low}
     rounds = max(1, -(-sum(sizes.values()) // batch_rows)) if sizes else 0
@@ -498,7 +562,8 @@ def deliver_ranges(catalog: Catalog, topic: EntityInfo, ranges: dict[int, tuple[
         for r in range(rounds):  # the next round is read while this one is evaluated and committed
             rows = ahead.result()
             ahead = reader.submit(read_ranges, topic, pieces[r + 1]) if r + 1 < rounds else None
-            total.add(deliver(catalog, topic, rows, advance=False))
+            if rows.num_rows:
+                total.add(_deliver_batch(catalog, topic, rows, advance=False))
             ends.update(batch_ends(rows) if rows.num_rows else {})
     if ends:
         advance_topic(topic, ends)
@@ -506,11 +571,12 @@ def deliver_ranges(catalog: Catalog, topic: EntityInfo, ranges: dict[int, tuple[
 
 
 def drain(catalog: Catalog, topic_path: str, *, batch_size: int = 100_000) -> FanoutResult:
-    """Fan out everything pending on one topic now, in batches, without Spark (tests, small jobs)."""
+    """Fan out everything pending on one topic now, in batches, without Spark (tests, small jobs).
+    MessagingEntityNotFoundError when the topic does not exist or is deleted meanwhile."""
     total = FanoutResult()
     while True:
         topic = resolve(catalog.root, catalog.snapshot(), topic_path, ("topic",))
-        rows = pending(topic, batch_size)
+        rows = _reading_topic(catalog, topic, lambda: pending(topic, batch_size))
         if rows.num_rows == 0:
             break
         total.add(deliver(catalog, topic, rows))

@@ -1,11 +1,44 @@
-"""Runtime view of one entity for the data plane: its settings, tables, limits and available partitions."""
+"""Runtime view of one entity for the data plane: its settings, tables, limits and available partitions.
+
+Entity identity. Deleting an entity removes its catalog row, then its storage directory (entities/<uuid>);
+creating one of the same name again gives a new row with a new directory. That directory is the entity's
+incarnation (EntityInfo.incarnation), and whatever a client holds belongs to one incarnation: a lock token
+with the state row kept from the receive, a session lock, the sequence numbers a receiver deferred or a
+sender scheduled, a sender's table handle and high-water marks. Used with another incarnation they would
+settle, renew, defer or number messages nobody received (sequence numbers start again in a new one). So:
+
+- Every handle carries its incarnation, and every use compares it with the entity's current one
+  (CachedEntity.get: re-read from the catalog at most once a second, nothing read per operation): a
+  mismatch is refused before anything is read or written.
+- Within that second the cached info may still name a deleted incarnation, whose directory may be whole,
+  being removed, or gone. An operation on it then fails (a file of the removed directory is missing; writes
+  never create a table's directory, sparkbus.storage.commits), or it succeeds in the doomed directory (an
+  object store creates any key). CachedEntity.confirm settles which: run after every write and after every
+  failure, it checks that the catalog has no version after the one the info was read from (one small read
+  of a log entry that does not exist yet: no listing, no catalog read) and reads the catalog only when it
+  has. When the incarnation is gone it removes the incarnation's directory again, taking what this writer
+  added during or after the delete's own removal, and raises EntityDeleted, which callers turn into their
+  handle's error or follow to the new incarnation (a sender's send, a receiver's receive).
+- Why that is complete: the delete removes the catalog row before the directory. A write confirmed
+  afterwards (no catalog version since) ended before the catalog changed, so before the directory's removal
+  began, and goes with the directory; a write that is not confirmed is removed by its writer, after it was
+  made. No file of a deleted incarnation remains, and none is written in another incarnation.
+- Why the cached info alone does not do: a commit to a removed table fails on local disk, but on an object
+  store it succeeds (any key can be created), so only a read after the write can tell that it went into a
+  deleted incarnation. The check costs a failed open on local disk (microseconds) and one request on an
+  object store, and only writes and failures pay it.
+- Limit: checkpoints and compaction that a commit asked the maintenance thread for before a delete
+  (sparkbus.storage.maintenance) are not confirmed (retention runs are); they find a removed table gone
+  and write nothing, unless one runs while the directory is being removed.
+"""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
-from ..storage import location
+from .. import storage
+from ..storage import commits, location
 from ..core import entities, tiers
 from ..core.entities import EntityOptions
 from ..core.names import key
@@ -16,6 +49,7 @@ from .availability import unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Row, Snapshot
 from .namespace import NamespaceProperties, namespace_properties
 
+T = TypeVar("T")
 KB = 1024
 MB = 1024 * 1024
 
@@ -36,6 +70,8 @@ class EntityInfo:
     namespace: NamespaceProperties
     unavailable: frozenset
     subscription_count: int
+    incarnation: str  # the entity's storage directory under the namespace: see the module docstring
+    catalog_version: int  # the catalog version this was read from
 
     def avoided(self) -> set[int]:
         """Partitions to avoid now: declared unavailable, or found faulty by this process (availability)."""
@@ -73,9 +109,7 @@ class EntityInfo:
 
 def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> EntityInfo:
     """The entity at `path` ('<topic>/Subscriptions/<name>' for a subscription) if its kind is in kinds."""
-    if not isinstance(path, str):
-        raise TypeError(f"entity name must be a str, got {type(path).__name__}")
-    row = snap.get(key(path))
+    row = snap.get(key(path, " or ".join(kinds)))  # checked as written first: TypeError, ValueError
     if row is None or row.kind not in ("queue", "topic", "subscription"):
         raise MessagingEntityNotFoundError(f"no queue, topic or subscription {path!r} in namespace {root}")
     if row.kind not in kinds:
@@ -85,7 +119,7 @@ def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> Ent
                       options=entities.EntityOptions.from_stored(row.properties), tables=table_uris(root, row),
                       namespace=namespace_properties(snap.rows[NAMESPACE_KEY], root),
                       unavailable=frozenset(unavailable_partitions(snap, row.key, row.partition_count)),
-                      subscription_count=subs)
+                      subscription_count=subs, incarnation=row.storage, catalog_version=snap.version)
 
 
 def resolve_current(catalog: Catalog, path: str, kinds: tuple[str, ...]) -> EntityInfo:
@@ -97,8 +131,20 @@ def resolve_current(catalog: Catalog, path: str, kinds: tuple[str, ...]) -> Enti
 SETTINGS_REFRESH_SECONDS = 1.0
 
 
+class EntityDeleted(MessagingEntityNotFoundError):
+    """The incarnation an operation used is no longer its entity's: deleted, perhaps created again since
+    (`current`: the entity's info now, or None). Callers turn it into the error of the handle they used or
+    follow the new incarnation; one that does neither reports the entity as not found."""
+
+    def __init__(self, info: EntityInfo, current: Optional[EntityInfo]) -> None:
+        again = " and created again" if current is not None else ""
+        super().__init__(f"{info.kind} {info.path!r} was deleted{again} (namespace {info.namespace.path})")
+        self.current = current
+
+
 class CachedEntity:
-    """An entity's settings for a long-lived sender or receiver, refreshed at most once a second."""
+    """An entity's settings for a long-lived sender or receiver, refreshed at most once a second, and
+    the check that the incarnation an operation used is still the entity's (see the module docstring)."""
 
     def __init__(self, catalog: Catalog, path: str, kinds: tuple[str, ...]) -> None:
         self._catalog, self.path, self._kinds = catalog, path, kinds
@@ -110,3 +156,42 @@ class CachedEntity:
             self._info = resolve_current(self._catalog, self.path, self._kinds)
             self._read_at = time.monotonic()
         return self._info
+
+    def confirm(self, info: EntityInfo, cause: Optional[BaseException] = None) -> None:
+        """Nothing if info's incarnation is still the entity's now: the catalog has no version after the
+        one known to hold it (one small read, no listing). Otherwise (the catalog is read then) its
+        directory is removed again and EntityDeleted raised, chained to cause (the operation's error)."""
+        cached = self._info
+        known = info.catalog_version
+        if cached is not None and cached.incarnation == info.incarnation:
+            known = max(known, cached.catalog_version)
+        if not commits.has_version(self._catalog.uri, known + 1):
+            return
+        snap = self._catalog.snapshot()
+        row = snap.get(key(self.path))
+        current: Optional[EntityInfo] = None
+        if row is not None and row.kind in self._kinds:
+            current = resolve(self._catalog.root, snap, self.path, self._kinds)
+        self._info, self._read_at = current, time.monotonic()
+        if current is not None and current.incarnation == info.incarnation:
+            return
+        try:
+            storage.remove_tree(location.join(self._catalog.root, info.incarnation))
+        except OSError:  # the store failed: what this writer added stays until a later removal
+            pass
+        if cause is None:
+            raise EntityDeleted(info, current)
+        raise EntityDeleted(info, current) from cause
+
+    def confirmed(self, info: EntityInfo, operation: Callable[[], T]) -> T:
+        """operation() on info's incarnation, confirmed after it returned or failed: EntityDeleted (chained
+        to the operation's error, if any) when that incarnation is gone."""
+        try:
+            result = operation()
+        except EntityDeleted:
+            raise
+        except Exception as error:
+            self.confirm(info, error)
+            raise
+        self.confirm(info)
+        return result

@@ -11,6 +11,7 @@ query on the same namespace, or a replay after a crash, copies nothing twice.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -24,8 +25,10 @@ from ..engine import fanout, forwarding
 from ..engine.catalog import Catalog
 from ..engine.namespace import namespace_root
 from ..engine.registry import resolve
+from ..exceptions import MessagingEntityNotFoundError
 from .datasource import ALL_BACKGROUND, ALL_FORWARDING, ALL_TOPICS, FORMAT, STORAGE_PREFIX, SparkbusDataSource
 
+LOG = logging.getLogger("sparkbus.service")
 DEFAULT_TRIGGER = {"processingTime": "500 milliseconds"}
 
 
@@ -77,9 +80,12 @@ def batch_function(root: str, *, fan_out: bool, forward: bool,
                 topic = resolve(root, snap, row.path, ("topic",))
                 ranges = {s.partition_id: (s.first_sequence_number, s.last_sequence_number)
                           for s in spans if s.entity == row.path}
-                if ranges:
-                    report.fanout.add(fanout.deliver_ranges(catalog, topic, ranges))
-                report.fanout.add(fanout.deliver_scheduled(catalog, topic))
+                try:
+                    if ranges:
+                        report.fanout.add(fanout.deliver_ranges(catalog, topic, ranges))
+                    report.fanout.add(fanout.deliver_scheduled(catalog, topic))
+                except MessagingEntityNotFoundError:  # deleted since the snapshot: nothing left to fan out
+                    LOG.info("topic %r was deleted during fan-out: skipped", row.path)
         if forward:
             report.forwarding.add(forwarding.forward_all(catalog))
         report.seconds = time.monotonic() - started

@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,7 @@ from ..engine.retry import NO_RETRY
 from ..engine.throttle import Usage
 from ..engine.fanout import topic_cursors
 from ..engine.forwarding import sources as forwarding_sources
-from ..engine.registry import EntityInfo, resolve
+from ..engine.registry import CachedEntity, EntityDeleted, EntityInfo, resolve
 from ..storage.schemas import GONE_SQL, MESSAGES
 from . import dataframes
 
@@ -160,10 +160,13 @@ class _Entities:
     def marks(self) -> dict[str, dict[str, int]]:
         found = {}
         for info in self.infos():
-            marks = sequencing.high_water_marks(storage.open_table(info.tables["messages"]))
-            found[info.path] = {str(p): marks.get(p, 0) for p in range(info.partition_count)}
-            if self._forwarding(info):
-                found[info.path][STATE] = storage.open_table(info.tables["locks"]).version()
+            def read(info: EntityInfo = info) -> dict[str, int]:
+                marks = sequencing.high_water_marks(storage.open_table(info.tables["messages"]))
+                read = {str(p): marks.get(p, 0) for p in range(info.partition_count)}
+                if self._forwarding(info):
+                    read[STATE] = storage.open_table(info.tables["locks"]).version()
+                return read
+            self._read_into(found, info, read)
         if self.entity in (ALL_FORWARDING, ALL_BACKGROUND):
             found[TICK] = {"0": int(time.time() // TICK_SECONDS)}
         return found
@@ -177,14 +180,31 @@ class _Entities:
             return self.marks()
         found = {}
         for info in self.infos():
-            if info.kind == "topic":
-                cursors = topic_cursors(storage.open_table(info.tables["messages"]), info.partition_count)
-            else:
-                cursors = {p: 0 for p in range(info.partition_count)}
-            found[info.path] = {str(p): n for p, n in cursors.items()}
-            if self._forwarding(info):
-                found[info.path][STATE] = 0
+            def read(info: EntityInfo = info) -> dict[str, int]:
+                if info.kind == "topic":
+                    cursors = topic_cursors(storage.open_table(info.tables["messages"]), info.partition_count)
+                else:
+                    cursors = {p: 0 for p in range(info.partition_count)}
+                read = {str(p): n for p, n in cursors.items()}
+                if self._forwarding(info):
+                    read[STATE] = 0
+                return read
+            self._read_into(found, info, read)
         return found
+
+    def _read_into(self, found: dict, info: EntityInfo, read: Callable[[], dict[str, int]]) -> None:
+        """found[info.path] = read(); an entity whose tables are gone because it was deleted meanwhile is
+        left out by a reader of a whole namespace (MessagingEntityNotFoundError for a reader of that one)."""
+        try:
+            found[info.path] = read()
+        except Exception as error:
+            try:
+                CachedEntity(Catalog(self.root), info.path, (info.kind,)).confirm(info, error)
+            except EntityDeleted:
+                if self.entity in WHOLE_NAMESPACE:
+                    return
+                raise
+            raise
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """Spark's input partitions: one per slice, or all slices in one for content "ranges"."""

@@ -4,7 +4,9 @@ A MessageView is a batch of stored message rows (the MESSAGES columns) with thei
 properties decoded once. evaluate() walks a tree once per batch, not once per message: every node
 becomes a typed vector (sparkbus.core.language.vectors). A missing user property is NULL (unknown); a
 missing or unknown system property cannot occur, the parser rejects it. Errors (type mismatches,
-division by zero) mark rows, they never raise.
+division by zero, a stored property value no vector can hold or a stored text that does not decode) mark
+rows; what raises is a rule that cannot be evaluated at all (a parameter no vector can hold) or a row
+malformed beyond that, which sparkbus.core.language.compiled.select isolates.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..encoding import LENGTH_LIMITED
+from ..wire import MAX_ID_LENGTH
 from ..values import decode_properties
 from . import vectors
 from .properties import simple_rows, user_property
@@ -63,14 +67,17 @@ class MessageView:
             if self._texts is None:
                 self._texts = self.rows["application_properties"].combine_chunks() if self.n else pa.array([], pa.string())
                 self._simple = simple_rows(self._texts)
-            self._users[low] = user_property(self._texts, name, self._simple)
-            return self._users[low]
-        if self._lowered is None:
-            self._lowered = [{k.lower(): v for k, v in p.items()} if p else {} for p in self.properties()]
-        found = [p.get(low, _MISSING) for p in self._lowered]
-        exists = np.fromiter((v is not _MISSING for v in found), dtype=bool, count=self.n)
-        self._users[low] = vectors.from_values([None if v is _MISSING else v for v in found], exists)
-        return self._users[low]
+            vec = user_property(self._texts, name, self._simple)
+        else:
+            if self._lowered is None:
+                self._lowered = [{k.lower(): v for k, v in p.items()} if p else {} for p in self.properties()]
+            found = [p.get(low, _MISSING) for p in self._lowered]
+            exists = np.fromiter((v is not _MISSING for v in found), dtype=bool, count=self.n)
+            vec = vectors.from_values([None if v is _MISSING else v for v in found], exists)
+        if vec.error is not None:
+            vec.reason = f"user property {name!r}: {vec.reason}"
+        self._users[low] = vec
+        return vec
 
     def system(self, name: str) -> Vec:
         if name in self._system:
@@ -101,9 +108,9 @@ class MessageView:
 
     def take(self, rows: np.ndarray) -> "MessageView":
         """The given rows as a new view, with copies of their properties and changed system columns."""
-        positions = rows.tolist()
-        properties = self.properties()
-        view = MessageView(self.rows_at(rows), [dict(properties[i]) for i in positions])
+        taken = self.rows_at(rows)
+        properties = None if self._properties is None else [dict(self._properties[i]) for i in rows.tolist()]
+        view = MessageView(taken, properties)  # not decoded yet: decoded from the rows taken when needed
         view._system = {name: values.take(rows) for name, values in self._system.items()}
         return view
 
@@ -149,7 +156,10 @@ def evaluate(node: Node, view: MessageView, parameters: dict) -> Vec:
     if isinstance(node, Constant):
         return vectors.constant(node.value, n)
     if isinstance(node, Parameter):
-        return vectors.constant(parameter_value(parameters, node.name), n)
+        try:
+            return vectors.constant(parameter_value(parameters, node.name), n)
+        except ValueError as error:
+            raise ValueError(f"parameter {node.name}: {error}") from None
     if isinstance(node, Property):
         return view.system(node.name) if node.scope == "sys" else view.user(node.name)
     if isinstance(node, Exists):
@@ -209,7 +219,8 @@ def _dynamic_property(names: Vec, view: MessageView) -> Vec:
             for i in np.flatnonzero(rows).tolist():
                 values[i] = found[i]
     result = vectors.from_values(values)
-    result.error, result.reason = out.error, out.reason
+    if out.error is not None:
+        result.failed(out.error, out.reason)
     return result
 
 
@@ -246,6 +257,13 @@ def run_action(statements: tuple[Statement, ...], view: MessageView, parameters:
         if bad.any():
             failed |= bad
             reason = reason or f"sys.{target.name} needs a string value"
+        if SYSTEM_COLUMNS[target.name][0] in LENGTH_LIMITED:
+            length = np.asarray(pc.fill_null(pc.utf8_length(strings), 1).to_numpy(zero_copy_only=False))
+            too_long = ~failed & ((length < 1) | (length > MAX_ID_LENGTH))
+            if too_long.any():
+                failed |= too_long
+                reason = reason or (f"the action sets sys.{target.name} to {int(length[too_long].max())} characters; "
+                                    f"Service Bus allows 1 to {MAX_ID_LENGTH}")
         view.set_system(target.name, strings, ~failed)
     return failed, reason
 

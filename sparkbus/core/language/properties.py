@@ -39,7 +39,8 @@ def simple_rows(texts: pa.Array) -> np.ndarray:
 def user_property(texts: pa.Array, name: str, simple: Optional[np.ndarray] = None) -> Vec:
     """The values of user property `name` (case-insensitive) for each stored text; absent -> NULL with
     EXISTS false. simple: simple_rows(texts), when the caller reads several properties of the same texts.
-    Raises ValueError for an integer value beyond 64 bits (as vectors.from_values)."""
+    A value no vector can hold, or a stored text that does not decode, is an evaluation error of its row
+    (as in vectors.from_values)."""
     n = len(texts)
     key = json.dumps(name.lower())
     simple = (simple_rows(texts) if simple is None else simple).copy()
@@ -80,18 +81,29 @@ def _convert(tag: str, raw: pa.Array) -> pa.Array:
 
 def _decode_rows(vec: Vec, texts: pa.Array, lowered: str, rows: np.ndarray) -> None:
     """Decode the given rows in Python and merge their values into vec's parts."""
-    values = []
-    for text in texts.take(pa.array(rows)).to_pylist():
+    values, undecodable, problem = [], np.zeros(vec.n, dtype=bool), ""
+    for row, text in zip(rows.tolist(), texts.take(pa.array(rows)).to_pylist()):
         found = _MISSING
-        for k, v in decode_properties(text).items():
+        try:
+            stored = decode_properties(text)
+        except vectors.EVALUATION_ERRORS as error:  # written by another tool: an error of its row
+            undecodable[row] = True
+            problem = problem or f"the stored application properties cannot be decoded: {error}"
+            stored = {}
+        for k, v in stored.items():
             if k.lower() == lowered:
                 found = v
         values.append(found)
+    vec.failed(undecodable, problem)
     present = np.array([v is not _MISSING for v in values], dtype=bool)
     vec.exists[rows] = present
     decoded = vectors.from_values([None if v is _MISSING else v for v in values])
     mask = np.zeros(vec.n, dtype=bool)
     mask[rows] = True
+    if decoded.error is not None:
+        failed = np.zeros(vec.n, dtype=bool)
+        failed[rows] = decoded.error
+        vec.failed(failed, decoded.reason)
     for tag, part in decoded.parts.items():
         base = vec.parts.get(tag, pa.nulls(vec.n, vectors.ARROW_TYPES[tag]))
         vec.parts[tag] = pc.replace_with_mask(base, pa.array(mask), part)

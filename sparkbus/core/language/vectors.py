@@ -4,7 +4,8 @@ A property may hold an int in one message and a string in the next, so a vector 
 per value type ("parts"); a row has its value in at most one part, and in none when it is NULL or
 unknown. Operators combine parts pairwise, so mixed types stay vectorised. Types follow the Service Bus
 (C#) rules: int and float mix (int widens to float), strings compare ordinally, and any other pairing is
-an evaluation error for the rows where both sides have values ("error" mask), never an exception.
+an evaluation error for the rows where both sides have values ("error" mask), never an exception. So is
+a stored value no vector can hold (from_values).
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ ARROW_TYPES = {
     "bytes": pa.binary(),
 }
 NUMERIC = ("int", "float")
+# What evaluating a stored row or rule that a check of this version would refuse (written by an older
+# version or by another tool) can raise: caught where one message or one rule must not stop the rest.
+EVALUATION_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError,
+                     pa.ArrowException)
 ORDERED = {"int", "float", "str", "datetime", "timespan"}
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -108,24 +113,62 @@ def _to_python(tag: str, array: pa.Array) -> list:
 
 
 def from_values(values: list, exists: Optional[np.ndarray] = None) -> Vec:
-    """A vector of Python values (one per row), grouped by type."""
+    """A vector of Python values (one per row), grouped by type. A value no vector can hold (an int beyond
+    64 bits, a str with a lone surrogate, a value of another type: only a stored row written by an older
+    version or another tool has one) is an evaluation error of its row, as a type mismatch is; the rows
+    are looked at one by one only when a column cannot be built."""
     n = len(values)
-    tags = [type_of(v) for v in values]
+    tags = [_tag_or_none(v) for v in values]
     vec = Vec(n, exists=exists)
-    for tag in set(tags) - {None}:
+    bad, problems = np.zeros(n, dtype=bool), []
+    for tag in set(tags) - {None, _UNUSABLE}:
         try:
-            column = [_storable(tag, v) if t == tag else None for v, t in zip(values, tags)]
-        except OverflowError:
-            raise ValueError("an integer property value does not fit in 64 bits") from None
-        vec.parts[tag] = pa.array(column, ARROW_TYPES[tag])
+            vec.parts[tag] = pa.array([_storable(tag, v) if t == tag else None for v, t in zip(values, tags)],
+                                      ARROW_TYPES[tag])
+        except (OverflowError, ValueError, pa.ArrowException):
+            usable = [t != tag or _fits(tag, v) for v, t in zip(values, tags)]
+            bad |= ~np.array(usable, dtype=bool)
+            problems.append(_UNFIT.get(tag, f"a {tag} value no vector can hold"))
+            vec.parts[tag] = pa.array([_storable(tag, v) if t == tag and ok else None
+                                       for v, t, ok in zip(values, tags, usable)], ARROW_TYPES[tag])
+    if _UNUSABLE in tags:
+        unusable = np.array([t == _UNUSABLE for t in tags], dtype=bool)
+        bad |= unusable
+        kind = type(values[int(np.flatnonzero(unusable)[0])]).__name__
+        problems.append(f"a value of type {kind}, which filters and actions cannot use")
+    vec.failed(bad, " or ".join(sorted(problems)))  # one reason for the vector's rows: each of them is one of these
     return vec
 
 
+_UNUSABLE = "unusable"  # the tag from_values gives a value of a type filters have no vector for
+_UNFIT = {"int": "an int beyond the signed 64-bit range", "str": "a str holding a lone surrogate (not Unicode text)"}
+
+
+def _tag_or_none(value: object) -> Optional[str]:
+    try:
+        return type_of(value)
+    except TypeError:
+        return _UNUSABLE
+
+
+def _fits(tag: str, value: object) -> bool:
+    """Whether a value of the tag's type can be put in a vector (pa.array refused a column holding it)."""
+    try:
+        pa.array([_storable(tag, value)], ARROW_TYPES[tag])
+    except (OverflowError, ValueError, pa.ArrowException):
+        return False
+    return True
+
+
 def constant(value: object, n: int) -> Vec:
+    """value in every row; ValueError for a value no vector can hold (a rule stored before it was checked)."""
     tag = type_of(value)
     if tag is None:
         return Vec(n)
-    return Vec(n, {tag: pa.repeat(pa.scalar(_storable(tag, value), ARROW_TYPES[tag]), n)})
+    try:
+        return Vec(n, {tag: pa.repeat(pa.scalar(_storable(tag, value), ARROW_TYPES[tag]), n)})
+    except (OverflowError, ValueError, pa.ArrowException):
+        raise ValueError(f"the value is {_UNFIT.get(tag, f'a {tag} value no vector can hold')}") from None
 
 
 def column(tag: str, array: pa.Array) -> Vec:
