@@ -2,24 +2,30 @@
 it (update-namespace), manage namespaces, entities and rules and run maintenance (sparkbus.cli_entities),
 send, peek, receive and resubmit messages (sparkbus.cli_messages), mark partitions (operators), plan
 capacity, and run background work: fan-out, forwarding, or all of it as the namespace service (`serve`).
-`--json` gives scripts JSON instead of tables. Exit codes: 0 done, 1 refused (the error on one stderr
-line), 2 bad usage."""
+`--json` gives scripts JSON instead of tables.
+
+Every error is one line on stderr, never a traceback. Exit codes: 0 done; 2 a command line wrong in itself
+(argparse's errors, an option's value malformed or out of range, options missing or excluding each other),
+found before anything is opened: `sparkbus <command>: error: <message> (see sparkbus <command> --help)`;
+1 refused or failed (sparkbus's errors, including the ValueErrors of its checks of names and settings;
+unreadable files; storage): `sparkbus: <ErrorType>: <message>`; 130 interrupted (Ctrl-C); 141 stdout
+closed by its reader (e.g. `| head`), quietly."""
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from . import cli_entities, cli_messages, storage
 from .capacity import format_plan, format_seed_table, plan, seed_table
-from .cli_entities import record
+from .cli_entities import UsageError, credits_argument, pair, record, seconds, whole
 from .definitions import apply_definition, load_definition
 from .engine.availability import set_partition_availability
-from .exceptions import ServiceBusError
 from .engine.namespace import NamespaceProperties
 from .management import ServiceBusAdministrationClient
 from .metrics import format_metrics, plot_metrics
@@ -84,13 +90,9 @@ def _metrics(args: argparse.Namespace) -> None:
 
 def _update_namespace(args: argparse.Namespace) -> None:
     """Scale a premium namespace or change a basic/standard namespace's credits per second."""
-    changes: dict = {}
-    if args.messaging_units is not None:
-        changes["messaging_units"] = args.messaging_units
-    if args.credits_per_second is not None:
-        changes["credits_per_second"] = cli_entities.credits_argument(args.credits_per_second)
+    changes = {name: vars(args)[name] for name in ("messaging_units", "credits_per_second") if name in vars(args)}
     if not changes:
-        raise ValueError("update-namespace needs --messaging-units N (premium) or --credits-per-second N|off")
+        raise UsageError("update-namespace needs --messaging-units N (premium) or --credits-per-second N|off")
     ns = ServiceBusAdministrationClient(args.namespace).update_namespace(**changes)
     _out(args, _namespace_line(ns), record(ns))
 
@@ -112,12 +114,12 @@ def _capacity(args: argparse.Namespace) -> None:
     """A plan for --body-size, or Service Bus's measured table next to sparkbus's plans (--table)."""
     if args.table:
         if args.body_size is not None:
-            raise ValueError("--table takes no --body-size")
+            raise UsageError("--table takes no --body-size")
         _out(args, format_seed_table(), {"rows": [record(row) for row in seed_table()]})
         return
     if args.body_size is None:
-        raise ValueError("capacity needs --body-size BYTES (or --table)")
-    properties = cli_entities.pairs(args.property, "--property") if args.property else None
+        raise UsageError("capacity needs --body-size BYTES (or --table)")
+    properties = dict(args.property) if args.property else None
     result = plan(args.body_size, header_size=args.header_size, application_properties=properties,
                   max_size_in_megabytes=args.max_size_mb, tier=args.tier, enable_partitioning=args.partitioned,
                   subscriptions=args.subscriptions, partition_count=args.partition_count)
@@ -166,8 +168,6 @@ def _send_batch(args: argparse.Namespace) -> None:
     from .spark import get_spark
     from .spark.dataframes import messages_from_dataset
 
-    if args.batch_rows < 0:
-        raise ValueError(f"--batch-rows must be 0 (one commit) or positive, got {args.batch_rows}")
     spark = get_spark("sparkbus-send-batch")
     reader = spark.read.option("header", "true") if args.format == "csv" else spark.read
     messages = messages_from_dataset(reader.format(args.format).load(args.input), args.body_column)
@@ -217,8 +217,79 @@ def _serve(args: argparse.Namespace) -> None:
     service.stop()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors raise UsageError (main prints one line and returns 2) instead of printing the
+    usage and exiting; every parser records its prog, so the errors of a command name it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.set_defaults(command_prog=self.prog)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.prog)
+
+
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def _error_line(text: str) -> None:
+    """text on stderr as one line: line breaks and lone surrogates (which can come with the values an error
+    quotes, e.g. arguments that were not UTF-8) escaped."""
+    line = text.translate(_LINE_BREAKS).encode("utf-8", "backslashreplace").decode("utf-8")
+    print(line, file=sys.stderr)
+
+
+def _quiet_stdout() -> None:
+    """After stdout's reader went away: stdout to the null device, so the flush at exit cannot fail too."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (stdout replaced, e.g. in tests): nothing to flush to
+        pass
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="sparkbus", description="Azure Service Bus on Spark and Delta Lake")
+    """Run the command line argv (default: sys.argv[1:]) and return its exit code (module docstring)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as interrupt:
+        _error_line(f"sparkbus: interrupted: {interrupt}" if str(interrupt) else "sparkbus: interrupted")
+        return 130
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    parser = _parser()
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)}", args.command_prog)
+    except SystemExit as done:  # --help printed the help
+        return done.code if isinstance(done.code, int) else 0
+    except UsageError as error:
+        prog = error.prog or parser.prog
+        _error_line(f"{prog}: error: {error} (see {prog} --help)")
+        return 2
+    try:
+        if getattr(args, "storage_option", None):
+            root = storage.location.normalize(args.namespace)
+            storage.location.register_options(root, dict(args.storage_option))
+        args.run(args)
+        sys.stdout.flush()  # a reader that went away (BrokenPipeError) is found here, not at exit
+    except UsageError as error:
+        _error_line(f"{args.command_prog}: error: {error} (see {args.command_prog} --help)")
+        return 2
+    except BrokenPipeError:
+        raise
+    except Exception as error:  # refused or failed: one line, no traceback, whatever was raised
+        _error_line(f"sparkbus: {type(error).__name__}: {error}")
+        return 1
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sparkbus", description="Azure Service Bus on Spark and Delta Lake")
     commands = parser.add_subparsers(dest="command", required=True)
     apply = commands.add_parser("apply", help="create or update entities from a namespace definition (TOML)")
     apply.add_argument("file")
@@ -230,11 +301,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     met.add_argument("--plot", metavar="FILE.png", help="also draw throughput and throttled requests into FILE.png")
     met.set_defaults(run=_metrics)
     upd = commands.add_parser("update-namespace", help="scale a premium namespace or set the credit budget")
-    upd.add_argument("--messaging-units", type=int, help="premium: 1, 2, 4, 8 or 16")
-    upd.add_argument("--credits-per-second", help="basic/standard: credits per second, or 'off'")
+    upd.add_argument("--messaging-units", type=whole(1), default=argparse.SUPPRESS, help="premium: 1, 2, 4, 8 or 16")
+    upd.add_argument("--credits-per-second", type=credits_argument, default=argparse.SUPPRESS,
+                     help="basic/standard: credits per second, or 'off'")
     upd.set_defaults(run=_update_namespace)
     part = commands.add_parser("partition", help="mark a partition unavailable or available again (operators)")
-    part.add_argument("--partition", type=int, required=True)
+    part.add_argument("--partition", type=whole(0), required=True)
     part.add_argument("--entity", help="queue, topic or '<topic>/Subscriptions/<name>'; default: every entity")
     state = part.add_mutually_exclusive_group(required=True)
     state.add_argument("--unavailable", dest="available", action="store_false")
@@ -242,36 +314,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     part.add_argument("--reason", default="")
     part.set_defaults(run=_partition)
     cap = commands.add_parser("capacity", help="how many messages of a size fit in a queue or topic (no namespace)")
-    cap.add_argument("--body-size", type=int, help="message body bytes")
-    cap.add_argument("--header-size", type=int, help="message header bytes (default: estimated)")
-    cap.add_argument("--property", action="append", metavar="KEY=VALUE",
+    cap.add_argument("--body-size", type=whole(0), help="message body bytes")
+    cap.add_argument("--header-size", type=whole(0), help="message header bytes (default: estimated)")
+    cap.add_argument("--property", action="append", type=pair, metavar="KEY=VALUE",
                      help="a string application property, to estimate the header (repeatable)")
-    cap.add_argument("--max-size-mb", type=int, default=1024, help="the entity's max_size_in_megabytes")
+    cap.add_argument("--max-size-mb", type=whole(1), default=1024, help="the entity's max_size_in_megabytes")
     cap.add_argument("--tier", default="standard", help="basic, standard or premium")
     cap.add_argument("--partitioned", action="store_true", help="enable_partitioning (basic/standard: 16 partitions)")
-    cap.add_argument("--partition-count", type=int, help="the premium namespace's partition count (1, 2 or 4)")
-    cap.add_argument("--subscriptions", type=int, default=0, help="plan a topic with this many subscriptions")
+    cap.add_argument("--partition-count", type=whole(1), help="the premium namespace's partition count (1, 2 or 4)")
+    cap.add_argument("--subscriptions", type=whole(0), default=0, help="plan a topic with this many subscriptions")
     cap.add_argument("--table", action="store_true", help="Service Bus's measured queue capacities next to sparkbus's")
     cap.set_defaults(run=_capacity)
     fan = commands.add_parser("fanout", help="copy topic messages to their subscriptions (a Spark streaming query)")
     fan.add_argument("--topic", help="one topic; default: every topic, including topics created later")
     fan.add_argument("--once", action="store_true", help="fan out everything pending, then exit")
-    fan.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval when running continuously")
+    fan.add_argument("--trigger-ms", type=whole(0), default=500, help="micro-batch interval when running continuously")
     fan.set_defaults(run=_fanout)
     forward = commands.add_parser("forward", help="move messages of entities with forward_to (a Spark streaming query)")
     forward.add_argument("--once", action="store_true", help="forward everything forwardable, then exit")
-    forward.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval when running continuously")
+    forward.add_argument("--trigger-ms", type=whole(0), default=500,
+                         help="micro-batch interval when running continuously")
     forward.set_defaults(run=_forward)
     batch = commands.add_parser("send-batch", help="send a parquet, CSV or JSON dataset (Spark), one row a message")
     batch.add_argument("--entity", required=True, help="queue or topic")
     batch.add_argument("--input", required=True, help="file or directory of the dataset")
     batch.add_argument("--format", default="parquet", choices=("parquet", "csv", "json"))
     batch.add_argument("--body-column", help="the column that is the body; default 'body', else the row as JSON")
-    batch.add_argument("--batch-rows", type=int, default=0, help="rows per commit; default 0: one atomic commit")
+    batch.add_argument("--batch-rows", type=whole(0), default=0, help="rows per commit; default 0: one atomic commit")
     batch.set_defaults(run=_send_batch)
     serve = commands.add_parser("serve", help="run all background work of the namespace until SIGTERM or Ctrl-C")
-    serve.add_argument("--trigger-ms", type=int, default=500, help="micro-batch interval")
-    serve.add_argument("--maintenance-interval", type=float, default=30.0,
+    serve.add_argument("--trigger-ms", type=whole(0), default=500, help="micro-batch interval")
+    serve.add_argument("--maintenance-interval", type=seconds(zero=False), default=30.0,
                        help="seconds between maintenance sweeps (retention, compaction, log cleanup)")
     serve.set_defaults(run=_serve)
     messaging = cli_messages.register(commands)
@@ -281,19 +354,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for sub in (apply, show, met, upd, part, fan, forward, batch, serve, *messaging, *management):
         sub.add_argument("--namespace", required=True,
                          help="namespace directory, file:// URI or object-store URI (az://, abfss://, s3://)")
-        sub.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+        sub.add_argument("--storage-option", action="append", type=pair, metavar="KEY=VALUE",
                          help="a storage option of an object-store namespace (account_key, sas_token, ...); "
                               "default: the environment's credentials (repeatable)")
-    args = parser.parse_args(argv)
-    try:
-        if getattr(args, "storage_option", None):
-            root = storage.location.normalize(args.namespace)
-            storage.location.register_options(root, cli_entities.pairs(args.storage_option, "--storage-option"))
-        args.run(args)
-    except (ServiceBusError, ValueError, TypeError, OSError) as exc:  # one line and exit code 1, no traceback
-        print(f"sparkbus: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return parser
 
 
 if __name__ == "__main__":

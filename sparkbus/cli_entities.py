@@ -2,22 +2,111 @@
 `subscription` and `rule` with `list|show|create|delete` (and `runtime` for the first three), and
 `maintain`. Tables or `key  value` lines for people, `--json` for scripts (one object; lists one object per
 line). Entity settings are given as `--set NAME=VALUE` with the administration client's keyword names.
+
+Also the argument types every command shares (whole numbers, seconds, KEY=VALUE pairs) and UsageError:
+what a command line gets wrong in itself is refused before anything is opened, with exit code 2.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import math
 import re
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from .core.durations import format_duration
 from .core.filters import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter, filter_to_json
 from .engine.housekeeping import sweep
 from .engine.namespace import NamespaceProperties, create_namespace, open_catalog
 from .management import ServiceBusAdministrationClient
+
+MAX_NUMBER = 2**31 - 1  # the largest whole number any option takes (Service Bus's counts are 32-bit)
+MAX_SECONDS = 86_400.0  # the longest time in seconds any option takes (a day)
+
+
+class UsageError(ValueError):
+    """A command line that is wrong in itself: an option that is missing, malformed, out of range or
+    combined with one it excludes. main() answers it as argparse's own errors, one line and exit code 2;
+    prog is the command (e.g. 'sparkbus peek'), when known where it is raised."""
+
+    def __init__(self, message: str, prog: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+def whole(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number (ASCII digits) from minimum to MAX_NUMBER."""
+    def number(text: str) -> int:
+        if not re.fullmatch(r"[+-]?[0-9]{1,12}", text) or not minimum <= int(text) <= MAX_NUMBER:
+            raise argparse.ArgumentTypeError(f"takes a whole number from {minimum} to {MAX_NUMBER}, got {text!r}")
+        return int(text)
+    return number
+
+
+def seconds(*, zero: bool) -> Callable[[str], float]:
+    """An argparse type: a number of seconds up to MAX_SECONDS, from 0 when zero is allowed, else above 0."""
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (0 <= value if zero else 0 < value) or not value <= MAX_SECONDS:  # nan fails both
+            low = "from 0" if zero else "above 0"
+            raise argparse.ArgumentTypeError(f"takes seconds {low} up to {MAX_SECONDS:g}, got {text!r}")
+        return value
+    return number
+
+
+def pair(text: str) -> tuple[str, str]:
+    """An argparse type: KEY=VALUE with a key, as text."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def typed(value: str) -> Any:
+    """Option text as a value: true/false as booleans, whole numbers as ints, none as None, anything else
+    as text (durations as ISO 8601, e.g. PT30S)."""
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    if re.fullmatch(r"-?[0-9]+", value):
+        return int(value)
+    return value
+
+
+def setting(text: str) -> tuple[str, Any]:
+    """An argparse type: --set NAME=VALUE with a keyword name such as max_delivery_count; the value typed."""
+    name, eq, value = text.partition("=")
+    if not eq or not re.fullmatch(r"[a-z_]+", name):
+        raise argparse.ArgumentTypeError(
+            f"takes NAME=VALUE with a property name such as max_delivery_count, got {text!r}")
+    return name, typed(value)
+
+
+def correlation(text: str) -> tuple[str, Any]:
+    """An argparse type: --correlation KEY=VALUE, a filter field or any application property name; the
+    value typed."""
+    key, value = pair(text)
+    return key, typed(value)
+
+
+def credits_argument(text: str) -> Optional[int]:
+    """An argparse type: --credits-per-second, a whole number from 1, or 'off' (None)."""
+    if text == "off":
+        return None
+    try:
+        return whole(1)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"takes a whole number or 'off', from 1 to {MAX_NUMBER}, got {text!r}") from None
+
 
 KINDS = ("queue", "topic", "subscription", "rule")
 LIST_COLUMNS = {"queue": ("name", "status", "partition_count", "max_size_in_megabytes", "requires_session"),
@@ -50,31 +139,6 @@ def record(item: Any) -> dict:
         out = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "limits"}
         return plain({**out, "name": item.name, **dataclasses.asdict(item.limits)})
     return plain(dataclasses.asdict(item))
-
-
-def pairs(texts: Sequence[str], flag: str) -> dict[str, str]:
-    """Repeated KEY=VALUE arguments of flag as a dict of text; ValueError names one without a key or '='."""
-    split = [text.partition("=") for text in texts]
-    bad = [text for text, (key, eq, _) in zip(texts, split) if not eq or not key]
-    if bad:
-        raise ValueError(f"{flag} takes KEY=VALUE, got {bad[0]!r}")
-    return {key: value for key, _, value in split}
-
-
-def setting(text: str) -> tuple[str, Any]:
-    """--set NAME=VALUE: true/false as booleans, whole numbers as ints, none as None, anything else as text
-    (durations as ISO 8601, e.g. PT30S). Raises ValueError for text without '='."""
-    name, eq, value = text.partition("=")
-    if not eq or not re.fullmatch(r"[a-z_]+", name):
-        raise ValueError(f"--set takes NAME=VALUE with a property name such as max_delivery_count, got {text!r}")
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return name, lowered == "true"
-    if lowered == "none":
-        return name, None
-    if re.fullmatch(r"-?\d+", value):
-        return name, int(value)
-    return name, value
 
 
 def print_records(items: list, kind: str, as_json: bool) -> None:
@@ -112,13 +176,11 @@ def _parent(args: argparse.Namespace, kind: str) -> tuple:
 
 
 def _rule_options(args: argparse.Namespace) -> dict:
-    if args.sql is not None and args.correlation:
-        raise ValueError("give a rule --sql EXPRESSION or --correlation KEY=VALUE pairs, not both")
     options: dict = {}
     if args.sql is not None:
         options["filter"] = SqlRuleFilter(args.sql)
     elif args.correlation:
-        fields = dict(setting(pair) for pair in args.correlation)
+        fields = dict(args.correlation)
         known = {f.name for f in dataclasses.fields(CorrelationRuleFilter)} - {"properties"}
         options["filter"] = CorrelationRuleFilter(**{k: v for k, v in fields.items() if k in known},
                                                   properties={k: v for k, v in fields.items() if k not in known} or None)
@@ -135,10 +197,8 @@ def entity_command(args: argparse.Namespace) -> None:
     if action == "list":
         print_records(getattr(admin, f"list_{kind}s")(*parent), kind, args.json)
         return
-    if not args.name:
-        raise ValueError(f"{kind} {action} needs the {kind}'s name")
     if action == "create":
-        options = dict(setting(s) for s in args.set or ())
+        options = dict(args.set or ())
         if kind == "rule":
             options.update(_rule_options(args))
         created = getattr(admin, f"create_{kind}")(*parent, args.name, **options)
@@ -151,18 +211,10 @@ def entity_command(args: argparse.Namespace) -> None:
         print_record(getattr(admin, read)(*parent, args.name), args.json)
 
 
-def credits_argument(text: str) -> Optional[int]:
-    """--credits-per-second: a whole number, or 'off' (None); ValueError otherwise."""
-    if text != "off" and not text.isdigit():
-        raise ValueError(f"--credits-per-second takes a whole number or 'off', got {text!r}")
-    return None if text == "off" else int(text)
-
-
 def namespace_command(args: argparse.Namespace) -> None:
     if args.action == "create":
-        credits = 1000 if args.credits_per_second is None else credits_argument(args.credits_per_second)
         props = create_namespace(args.namespace, tier=args.tier, partition_count=args.partition_count,
-                                 messaging_units=args.messaging_units, credits_per_second=credits)
+                                 messaging_units=args.messaging_units, credits_per_second=args.credits_per_second)
     else:
         props = ServiceBusAdministrationClient(args.namespace).get_namespace_properties()
     print_record(props, args.json)
@@ -185,9 +237,10 @@ def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentPars
     ns_actions = ns.add_subparsers(dest="action", required=True)
     create = ns_actions.add_parser("create", help="create a namespace in a new or empty directory")
     create.add_argument("--tier", default="standard", help="basic, standard or premium")
-    create.add_argument("--partition-count", type=int, help="premium: 1, 2 or 4 partitions for every entity")
-    create.add_argument("--messaging-units", type=int, default=1, help="premium: 1, 2, 4, 8 or 16")
-    create.add_argument("--credits-per-second", help="basic/standard: credit budget (default 1000) or 'off'")
+    create.add_argument("--partition-count", type=whole(1), help="premium: 1, 2 or 4 partitions for every entity")
+    create.add_argument("--messaging-units", type=whole(1), default=1, help="premium: 1, 2, 4, 8 or 16")
+    create.add_argument("--credits-per-second", type=credits_argument, default=1000,
+                        help="basic/standard: credit budget (default 1000) or 'off'")
     made += [create, ns_actions.add_parser("show", help="the namespace's tier, partitions, budget and quotas")]
     for parser in made:
         parser.set_defaults(run=namespace_command)
@@ -199,19 +252,20 @@ def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentPars
             leaf = actions.add_parser(action, help=f"{action} {kind}s" if action == "list" else f"{action} a {kind}")
             leaf.set_defaults(run=entity_command, kind=kind)
             if action != "list":
-                leaf.add_argument("name", nargs="?", help=f"the {kind}'s name")
+                leaf.add_argument("name", help=f"the {kind}'s name")
             if kind in ("subscription", "rule"):
                 leaf.add_argument("--topic", required=True)
             if kind == "rule":
                 leaf.add_argument("--subscription", required=True)
             if action == "create":
-                leaf.add_argument("--set", action="append", metavar="NAME=VALUE",
+                leaf.add_argument("--set", action="append", type=setting, metavar="NAME=VALUE",
                                   help="a creation keyword of the administration client (repeatable), "
                                        "e.g. max_delivery_count=5, lock_duration=PT30S, requires_session=true")
                 if kind == "rule":
-                    leaf.add_argument("--sql", help="a SQL filter expression")
-                    leaf.add_argument("--correlation", action="append", metavar="KEY=VALUE",
-                                      help="a correlation filter field or application property (repeatable)")
+                    rule_filter = leaf.add_mutually_exclusive_group()
+                    rule_filter.add_argument("--sql", help="a SQL filter expression")
+                    rule_filter.add_argument("--correlation", action="append", type=correlation, metavar="KEY=VALUE",
+                                             help="a correlation filter field or application property (repeatable)")
                     leaf.add_argument("--action", dest="sql_action", help="a SQL rule action, e.g. \"SET priority = 'high'\"")
             made.append(leaf)
     upkeep = commands.add_parser("maintain", help="one maintenance sweep: retention, compaction, log cleanup")

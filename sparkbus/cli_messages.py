@@ -2,6 +2,12 @@
 receive (receive completes what it prints), and `dead-letter list|resubmit`. Tables for people, `--json`
 (one object per line) for scripts, progress bars on stderr when it is a terminal. An entity is a queue or
 topic to send to, a queue or '<topic>/Subscriptions/<name>' to read.
+
+All or nothing where it can be: `send` reads and checks every message (JSON, the message's values, the
+entity's status, session and size rules) and packs the batches before it sends the first, so a bad line
+sends nothing; only a failure of a send itself (e.g. the entity's quota) can stop it part way, and its error
+then says how many messages were sent, through which line. `dead-letter resubmit` checks its target (it
+exists, is a queue or topic and takes sends) before it receives anything.
 """
 from __future__ import annotations
 
@@ -13,15 +19,21 @@ from typing import Iterable, Iterator, Optional, Sequence
 from tqdm import tqdm
 
 from .amqp import AmqpAnnotatedMessage
+from .cli_entities import UsageError, seconds, whole
 from .client import ServiceBusClient
 from .core.names import split_subscription_path
-from .exceptions import MessageSizeExceededError
-from .message import ServiceBusMessage
+from .definitions import check_text_nesting, too_deep
+from .engine.enqueue import check_rows
+from .engine.registry import EntityInfo
+from .exceptions import MessageSizeExceededError, ServiceBusError
+from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing
 from .receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
+from .sender import ServiceBusSender
 
 MESSAGE_FIELDS = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
                   "reply_to", "reply_to_session_id")
 SHOWN = ("sequence_number", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count", "body")
+Numbered = tuple[str, ServiceBusMessage]  # (where the message came from, e.g. "messages.jsonl line 3", message)
 
 
 def format_table(rows: list[dict], columns: Sequence[str]) -> str:
@@ -33,42 +45,90 @@ def format_table(rows: list[dict], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def message_from_json(line: str, number: int) -> ServiceBusMessage:
-    """One JSON line: a string (the body) or an object with "body" and ServiceBusMessage's keywords."""
+def reworded(error: BaseException, text: str) -> BaseException:
+    """error, of the same type, with text as its message (so the one error line still names its type); a
+    UnicodeError, whose message is made of its fields, becomes a ValueError."""
+    if isinstance(error, UnicodeError):
+        return ValueError(text)
+    error.args = (text,)
+    if hasattr(error, "message"):  # azure-core's errors keep their message here too
+        error.message = text
+    return error
+
+
+def message_from_json(line: str, where: str) -> ServiceBusMessage:
+    """One JSON line: a string (the body) or an object with "body" and ServiceBusMessage's keywords.
+    ValueError or TypeError, its message starting with where (e.g. "messages.jsonl line 3"), when the line is
+    not JSON, nests deeper than MAX_NESTING_DEPTH, or ServiceBusMessage refuses its values."""
+    check_text_nesting(line, "json", where)
     try:
         value = json.loads(line)
+    except RecursionError:  # the parser's own limit, should the bracket count above have missed a level
+        raise too_deep(where) from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"line {number}: not JSON ({error.msg})") from None
-    if isinstance(value, str):
-        return ServiceBusMessage(value)
-    if not isinstance(value, dict) or "body" not in value:
-        raise ValueError(f"line {number}: expected a string or an object with \"body\", got {line.strip()[:60]!r}")
-    unknown = sorted(set(value) - {"body", "application_properties", *MESSAGE_FIELDS})
-    if unknown:
-        raise ValueError(f"line {number}: unknown field(s) {unknown}; allowed: body, application_properties, "
-                         f"{', '.join(MESSAGE_FIELDS)}")
-    return ServiceBusMessage(**value)
+        raise ValueError(f"{where}: not JSON ({error.msg} at column {error.colno})") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise ValueError(f"{where}: not JSON ({error})") from None
+    if not isinstance(value, (str, dict)) or isinstance(value, dict) and "body" not in value:
+        raise ValueError(f"{where}: expected a string or an object with \"body\", got {line.strip()[:60]!r}")
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"body", "application_properties", *MESSAGE_FIELDS})
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: body, application_properties, "
+                             f"{', '.join(MESSAGE_FIELDS)}")
+    try:
+        return ServiceBusMessage(value) if isinstance(value, str) else ServiceBusMessage(**value)
+    except (ValueError, TypeError) as error:
+        raise reworded(error, f"{where}: {error}") from None
 
 
-def _messages(args: argparse.Namespace) -> Iterator[ServiceBusMessage]:
+def _file_lines(name: str) -> Iterator[tuple[str, str]]:
+    """(where, text) of every line with something on it of a file ('-': stdin), decoded as UTF-8 (a byte
+    order mark at the start is skipped); ValueError names a line that is not UTF-8."""
+    handle = sys.stdin.buffer if name == "-" else open(name, "rb")
+    label = "stdin" if name == "-" else name
+    try:
+        for number, raw in enumerate(handle, 1):
+            where = f"{label} line {number}"
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{where}: not UTF-8 text ({error.reason} at byte {error.start + 1})") from None
+            if text.strip():
+                yield where, text
+    finally:
+        if name != "-":
+            handle.close()
+
+
+def _messages(args: argparse.Namespace) -> Iterator[Numbered]:
     extra = {name: getattr(args, name) for name in ("session_id", "subject") if getattr(args, name)}
-    for body in args.body or ():
-        yield ServiceBusMessage(body, **extra)
+    for number, body in enumerate(args.body or (), 1):
+        yield f"--body {number}", ServiceBusMessage(body, **extra)
     if args.file:
-        handle = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
-        with handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    yield message_from_json(line, number)
+        for where, line in _file_lines(args.file):
+            yield where, message_from_json(line, where)
 
 
 def send(args: argparse.Namespace) -> None:
-    """Send in batches as large as the entity allows (each batch one commit)."""
+    """Check every message and pack the batches (as large as the entity allows, each one commit), then send
+    them: a message that is refused sends nothing."""
     if not args.body and not args.file:
-        raise ValueError("send needs --body TEXT (repeatable) or --file FILE.jsonl ('-' for stdin)")
-    with ServiceBusClient(args.namespace) as client, client.get_queue_sender(args.entity) as sender, \
-            progress("sending") as bar:
-        sent = _send_batches(sender, _messages(args), bar.update)
+        raise UsageError("send needs --body TEXT (repeatable) or --file FILE.jsonl ('-' for stdin)")
+    with ServiceBusClient(args.namespace) as client, client.get_queue_sender(args.entity) as sender:
+        batches = pack(sender, _messages(args))
+        total, sent, through = sum(len(batch) for batch, _ in batches), 0, ""
+        with progress("sending", total) as bar:
+            for batch, last in batches:
+                try:
+                    sender.send_messages(batch)
+                except (Exception, KeyboardInterrupt) as error:
+                    if sent:  # say where to resume
+                        told = f"{sent} of {total} messages were sent, through {through}; the rest were not"
+                        raise reworded(error, f"{error} ({told})" if str(error) else told)
+                    raise
+                sent, through = sent + len(batch), last
+                bar.update(len(batch))
     print(json.dumps({"sent": sent}) if args.json else f"sent {sent} message(s) to {args.entity}")
 
 
@@ -77,24 +137,60 @@ def progress(what: str, total: Optional[int] = None) -> tqdm:
     return tqdm(total=total, desc=what, unit="msg", file=sys.stderr, disable=None, leave=False)
 
 
-def _send_batches(sender, messages: Iterable[ServiceBusMessage], sent_some=lambda n: None) -> int:
-    sent, batch = 0, sender.create_message_batch()
-    for message in messages:
-        try:
-            batch.add_message(message)
-        except MessageSizeExceededError:  # the batch is full: send it, start the next
-            if not len(batch):
-                raise
-            sender.send_messages(batch)
-            sent += len(batch)
-            sent_some(len(batch))
-            batch = sender.create_message_batch()
-            batch.add_message(message)
+def check_target(sender: ServiceBusSender) -> EntityInfo:
+    """The sender's entity, if it exists, is a queue or topic and takes sends now; otherwise the error a
+    send would raise (MessagingEntityNotFoundError, InvalidOperationError, MessagingEntityDisabledError)."""
+    info = sender.entity_info()
+    check_rows(info, to_outgoing([]), batch_limit=False)
+    return info
+
+
+def _fits(batch: ServiceBusMessageBatch, where: str, message: ServiceBusMessage) -> bool:
+    """Adds message to batch; False when the batch is too full to take it, MessageSizeExceededError
+    (naming where) when even an empty batch could not, and the error of a value the message's encoding
+    refuses (naming where)."""
+    try:
+        batch.add_message(message)
+    except MessageSizeExceededError as error:
+        if len(batch):
+            return False
+        raise reworded(error, f"{where}: {error}") from None
+    except (ValueError, TypeError) as error:
+        raise reworded(error, f"{where}: {error}") from None
+    return True
+
+
+def _checked(info: EntityInfo, batch: ServiceBusMessageBatch, wheres: list[str]) -> tuple[ServiceBusMessageBatch, str]:
+    """batch, if the entity's session and size rules take it as a send would; otherwise the error of its
+    first refused message, naming where it came from. Returns (batch, where its last message came from)."""
+    try:
+        check_rows(info, to_outgoing(batch.messages), batch_limit=True)
+    except (ServiceBusError, ValueError):
+        for where, message in zip(wheres, batch.messages):
+            try:
+                check_rows(info, to_outgoing([message]), batch_limit=False)
+            except (ServiceBusError, ValueError) as error:
+                raise reworded(error, f"{where}: {error}") from None
+        raise
+    return batch, wheres[-1]
+
+
+def pack(sender: ServiceBusSender, messages: Iterable[Numbered]) -> list[tuple[ServiceBusMessageBatch, str]]:
+    """Every message in batches as large as the sender's entity allows, each checked as its send would be
+    (check_target, then sessions and sizes); returns (batch, where its last message came from). The first
+    message refused raises, naming where it came from, before anything is sent."""
+    info = check_target(sender)
+    batches = []
+    batch, wheres = sender.create_message_batch(), []
+    for where, message in messages:
+        if not _fits(batch, where, message):
+            batches.append(_checked(info, batch, wheres))
+            batch, wheres = sender.create_message_batch(), []
+            _fits(batch, where, message)  # an empty batch takes it, or _fits raised
+        wheres.append(where)
     if len(batch):
-        sender.send_messages(batch)
-        sent += len(batch)
-        sent_some(len(batch))
-    return sent
+        batches.append(_checked(info, batch, wheres))
+    return batches
 
 
 def _receiver(args: argparse.Namespace, client: ServiceBusClient) -> ServiceBusReceiver:
@@ -140,23 +236,45 @@ def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
 def resubmit(args: argparse.Namespace) -> None:
     """Move up to --count dead-lettered messages back: each copy is sent to --to (default: the queue itself,
     or the topic of a subscription, whose rules then route it again), then the dead-lettered message is
-    completed. A crash between the two leaves the message dead-lettered and its copy sent: resubmitting
-    again sends a second copy unless the destination detects duplicates (the message id is kept)."""
+    completed. The target is checked before anything is received, and each round's copies are packed and
+    checked before they are sent (refused: the round's messages are abandoned, back in the dead-letter
+    sub-queue at once). A crash between sending and completing leaves the message dead-lettered and its
+    copy sent: resubmitting again sends a second copy unless the destination detects duplicates (the
+    message id is kept)."""
     subscription = split_subscription_path(args.entity)
     destination = args.to or (subscription[0] if subscription else args.entity)
     moved = 0
-    with ServiceBusClient(args.namespace) as client, _receiver(args, client) as receiver, \
-            client.get_queue_sender(destination) as sender, progress("resubmitting", args.count) as bar:
-        while moved < args.count:
-            got = receiver.receive_messages(min(args.count - moved, 100), max_wait_time=args.wait if not moved else 0)
-            if not got:
-                break
-            sender.send_messages([copy_to_resubmit(m) for m in got])
-            receiver.complete_messages(got)
-            moved += len(got)
-            bar.update(len(got))
+    with ServiceBusClient(args.namespace) as client, client.get_queue_sender(destination) as sender:
+        check_target(sender)
+        with _receiver(args, client) as receiver, progress("resubmitting", args.count) as bar:
+            while moved < args.count:
+                got = receiver.receive_messages(min(args.count - moved, 100),
+                                                max_wait_time=args.wait if not moved else 0)
+                if not got:
+                    break
+                try:
+                    batches = pack(sender, [(f"dead-lettered message {m.sequence_number}", copy_to_resubmit(m))
+                                            for m in got])
+                except Exception:
+                    _abandon(receiver, got)
+                    raise
+                for batch, _ in batches:
+                    sender.send_messages(batch)
+                receiver.complete_messages(got)
+                moved += len(got)
+                bar.update(len(got))
     print(json.dumps({"resubmitted": moved, "to": destination}) if args.json
           else f"resubmitted {moved} message(s) from {args.entity} to {destination}")
+
+
+def _abandon(receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedMessage]) -> None:
+    """Give back messages whose copies were refused; a lock that cannot be given back expires by itself,
+    and the refusal is the error to report, so errors here are not raised."""
+    for message in messages:
+        try:
+            receiver.abandon_message(message)
+        except ServiceBusError:
+            pass
 
 
 def _record(message: ServiceBusReceivedMessage) -> dict:
@@ -194,9 +312,10 @@ def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentPars
                             ("receive", receive, "receive messages and complete them")):
         cmd = commands.add_parser(name, help=text)
         cmd.add_argument("--entity", required=True, help="queue or '<topic>/Subscriptions/<name>'")
-        cmd.add_argument("--count", type=int, default=10, help="at most this many messages")
+        cmd.add_argument("--count", type=whole(1), default=10, help="at most this many messages")
         cmd.add_argument("--dead-letter", action="store_true", help="the entity's dead-letter sub-queue")
-        cmd.add_argument("--wait", type=float, default=1.0, help="seconds to wait for a first message (receive)")
+        cmd.add_argument("--wait", type=seconds(zero=True), default=1.0,
+                         help="seconds to wait for a first message (receive)")
         cmd.set_defaults(run=run)
         made.append(cmd)
     dead = commands.add_parser("dead-letter", help="list or resubmit an entity's dead-lettered messages")
@@ -205,8 +324,8 @@ def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentPars
                             ("resubmit", resubmit, "send dead-lettered messages again and complete them")):
         cmd = dead_actions.add_parser(name, help=text)
         cmd.add_argument("--entity", required=True, help="queue or '<topic>/Subscriptions/<name>'")
-        cmd.add_argument("--count", type=int, default=10 if name == "list" else 1000, help="at most this many")
-        cmd.add_argument("--wait", type=float, default=1.0, help="seconds to wait for a first message")
+        cmd.add_argument("--count", type=whole(1), default=10 if name == "list" else 1000, help="at most this many")
+        cmd.add_argument("--wait", type=seconds(zero=True), default=1.0, help="seconds to wait for a first message")
         if name == "resubmit":
             cmd.add_argument("--to", help="queue or topic to send to; default: the queue, or the subscription's topic")
         cmd.set_defaults(run=run, dead_letter=True)

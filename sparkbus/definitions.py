@@ -20,9 +20,16 @@ rules gets exactly those rules ('$Default' is removed unless listed); nothing el
 The whole definition is checked (names, settings, rule syntax) before anything is applied; what only the
 namespace can judge (its tier's sizes and quotas) can still fail part way, and the error then lists what
 was applied before it (applying again continues from there).
+
+Arrays and tables nest at most MAX_NESTING_DEPTH levels (the document itself is the first; a full
+definition needs 9), in a file as in a definition given as a dict, and so do the arrays and objects of a
+JSON line of `sparkbus send --file`: deeper input is a ValueError. Python's tomllib and json parsers
+recurse once per level and fail with RecursionError near 1,000 levels, so check_text_nesting counts the
+brackets of the text before it is parsed, and check_nesting walks a parsed value without recursing.
 """
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
@@ -41,6 +48,59 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+MAX_NESTING_DEPTH = 32
+
+# What the bracket count skips: strings (and TOML comments), whose brackets are text, not nesting.
+_JSON_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_TOML_SKIPPED = r'"""(?:\\.|[^\\])*?"""' + r"|'''.*?'''" + r'|"(?:\\.|[^"\\\n])*"' + r"|'[^'\n]*'" + r"|#[^\n]*"
+_BRACKETS = {"json": re.compile(_JSON_STRING + r"|([\[\]{}])"),
+             "toml": re.compile(_TOML_SKIPPED + r"|([\[\]{}])", re.DOTALL)}
+
+
+def too_deep(where: str) -> ValueError:
+    """The error for input (where: a file, line or field) nested deeper than MAX_NESTING_DEPTH."""
+    return ValueError(f"{where}: arrays and tables (objects) nest deeper than {MAX_NESTING_DEPTH} levels; "
+                      f"at most {MAX_NESTING_DEPTH} are allowed")
+
+
+def check_text_nesting(text: str, syntax: str, where: str) -> None:
+    """ValueError (starting with where, plus the line for TOML) when JSON or TOML text (syntax "json" or
+    "toml") nests arrays and tables deeper than MAX_NESTING_DEPTH, found by counting the brackets outside
+    strings and comments before the text reaches a parser that recurses per level. A TOML document is the
+    first level. Text with fewer opening brackets than the limit is not scanned."""
+    start = 1 if syntax == "toml" else 0
+    if start + text.count("[") + text.count("{") <= MAX_NESTING_DEPTH:
+        return
+    depth = start
+    for match in _BRACKETS[syntax].finditer(text):
+        bracket = match.group(1)
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > MAX_NESTING_DEPTH:
+                line = f" line {text.count(chr(10), 0, match.start()) + 1}" if syntax == "toml" else ""
+                raise too_deep(where + line)
+        elif bracket is not None:
+            depth = max(depth - 1, start)
+
+
+def check_nesting(value: object, where: str) -> None:
+    """ValueError (starting with where) when dicts and lists (or tuples) inside each other go deeper than
+    MAX_NESTING_DEPTH levels, value itself being the first; walked without recursion (a value that
+    contains itself is too deep too)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            children = list(item)
+        else:
+            continue
+        if depth > MAX_NESTING_DEPTH:
+            raise too_deep(where)
+        pending.extend((child, depth + 1) for child in children)
+
+
 @dataclass
 class ApplyReport:
     """What apply_definition did, one line per change."""
@@ -49,8 +109,23 @@ class ApplyReport:
 
 
 def load_definition(path: str) -> dict:
+    """The definition in a TOML file. OSError when it cannot be read; ValueError naming the file when it is
+    not UTF-8, not TOML, nested deeper than MAX_NESTING_DEPTH or has sections other than namespace, queues
+    and topics."""
     with open(path, "rb") as handle:
-        data = tomllib.load(handle)
+        raw = handle.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start + 1})") from None
+    check_text_nesting(text, "toml", path)
+    try:
+        data = tomllib.loads(text)
+    except RecursionError:  # the parser's own limit, should the bracket count above have missed a level
+        raise too_deep(path) from None
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path}: not valid TOML: {error}") from None
+    check_nesting(data, path)  # dotted keys nest tables without brackets
     unknown = sorted(set(data) - {"namespace", "queues", "topics"})
     if unknown:
         raise ValueError(f"{path}: unknown section(s) {unknown}; allowed: namespace, queues, topics")
@@ -96,7 +171,10 @@ def _entries(holder: dict, name: str, where: str) -> list:
 
 def check_definition(definition: dict) -> None:
     """Every name, setting and rule of the definition, checked without a namespace: ValueError or TypeError
-    naming the first entry that is wrong."""
+    naming the first entry that is wrong (ValueError when it nests deeper than MAX_NESTING_DEPTH)."""
+    if not isinstance(definition, dict):
+        raise TypeError(f"a definition must be a dict (the tables of a TOML file), got {type(definition).__name__}")
+    check_nesting(definition, "the definition")
     if not isinstance(definition.get("namespace", {}), dict):
         raise ValueError("[namespace] must be a table of create_namespace settings")
     for kind in ("queue", "topic"):

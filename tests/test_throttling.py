@@ -364,7 +364,7 @@ def test_metrics_persisted_by_other_processes_are_read_plotted_and_listed(ns_pat
     assert admin.get_namespace_properties().credits_per_second == 250
     refused = subprocess.run([*cli, "update-namespace", "--namespace", ns_path, "--credits-per-second", "many"],
                              capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 1 and "takes a whole number or 'off'" in refused.stderr
+    assert refused.returncode == 2 and "takes a whole number or 'off'" in refused.stderr  # a bad argument
 
 
 def test_forwarding_waits_for_credits_instead_of_failing(ns_path):
