@@ -35,6 +35,33 @@ def documented_calls() -> list[tuple[str, str, str]]:
 CALLS = documented_calls()
 
 
+def stale_handles(admin, client) -> dict:
+    """Handles of a queue `old` and a session queue `old-sq` that were deleted and created again since: a
+    receiver holding a locked message (stale_msg) and a deferred one's number (stale_deferred), and a
+    session receiver (stale_session); the new queues hold messages with the same sequence numbers."""
+    admin.create_queue("old")
+    admin.create_queue("old-sq", requires_session=True)
+    with client.get_queue_sender("old") as sender:
+        sender.send_messages([ServiceBusMessage("deferred"), ServiceBusMessage("locked")])
+    with client.get_queue_sender("old-sq") as sender:
+        sender.send_messages(ServiceBusMessage("in session", session_id="s1"))
+    stale_receiver = client.get_queue_receiver("old", max_wait_time=2)
+    deferred = stale_receiver.receive_messages(1)[0]
+    stale_receiver.defer_message(deferred)
+    stale_msg = stale_receiver.receive_messages(1)[0]
+    stale_session = client.get_queue_receiver("old-sq", session_id="s1", max_wait_time=2)
+    stale_session.receive_messages(1)
+    for name, options in (("old", {}), ("old-sq", {"requires_session": True})):
+        admin.delete_queue(name)
+        admin.create_queue(name, **options)
+    with client.get_queue_sender("old") as sender:
+        sender.send_messages([ServiceBusMessage("new 1"), ServiceBusMessage("new 2")])
+    with client.get_queue_sender("old-sq") as sender:
+        sender.send_messages(ServiceBusMessage("new in session", session_id="s1"))
+    return dict(stale_receiver=stale_receiver, stale_msg=stale_msg, stale_deferred=deferred.sequence_number,
+                stale_session=stale_session)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """The namespace the table describes, and the names its calls use."""
@@ -60,6 +87,13 @@ def world(tmp_path_factory):
     emptied_rule, unprefixed_rule = admin.get_rule("t", "s", "r1"), admin.get_rule("t", "s", "r1")
     emptied_rule.filter.sql_expression = ""
     unprefixed_rule.filter.parameters = {"c": "red"}
+    stale = stale_handles(admin, client)
+    other_ns = str(base / "other")
+    sparkbus.create_namespace(other_ns, credits_per_second=None)
+    sparkbus.ServiceBusAdministrationClient(other_ns).create_queue("q")
+    other_sender = sparkbus.ServiceBusClient(other_ns).get_queue_sender("q")
+    txn_block = client.transaction()  # kept open (a collected block would end it), never committed
+    txn = txn_block.__enter__()
     a_file = str(base / "a-file")
     with open(a_file, "w") as handle:
         handle.write("not a directory")
@@ -69,7 +103,8 @@ def world(tmp_path_factory):
                  admin=admin, client=client, sender=sender, receiver=receiver,
                  sub_receiver=client.get_subscription_receiver("t", "s"), closed_sender=closed_sender,
                  closed_receiver=closed_receiver, msg=msg, deferred_seq=first.sequence_number,
-                 emptied_rule=emptied_rule, unprefixed_rule=unprefixed_rule, a_file=a_file)
+                 emptied_rule=emptied_rule, unprefixed_rule=unprefixed_rule, a_file=a_file,
+                 other_sender=other_sender, txn=txn, txn_block=txn_block, **stale)
     cwd = os.getcwd()
     os.chdir(base)  # a relative namespace location would land here
     yield str(base), names
