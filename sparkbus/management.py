@@ -35,7 +35,7 @@ from .engine.metrics import Metrics
 from .engine.namespace import NamespaceProperties, governor_of, namespace_properties, open_namespace, update_namespace
 from .engine.retry import RetryPolicy
 from .engine.throttle import Usage
-from .engine.registry import table_uris
+from .engine.registry import remove_incarnation, table_uris
 from .engine.runtime import entity_counts
 from .exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
                          ServiceBusQuotaExceededError, StorageError)
@@ -433,8 +433,8 @@ class ServiceBusAdministrationClient:
             return Change(deletes=[r.key for r in doomed], result=doomed)
 
         for gone in self._catalog.transact(decide):
-            if gone.storage:
-                storage.remove_tree(storage.location.join(self._catalog.root, gone.storage))
+            if gone.storage:  # now and after this process's maintenance of its tables (registry)
+                remove_incarnation(self._catalog.root, gone.storage)
 
     def _find(self, snap: Snapshot, kind: Optional[str], path: str) -> Row:
         """The entity at path ('<topic>/Subscriptions/<name>' for a subscription), of `kind` unless None."""

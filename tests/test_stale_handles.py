@@ -7,7 +7,6 @@ directory is gone) and after the settings were re-read. Deleting a queue while 8
 every sender a typed error, leaves no file of the deleted queue, and loses no acknowledged message."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -19,26 +18,9 @@ import sparkbus
 from sparkbus import (CommitConflictError, MessageLockLostError, MessageNotFoundError, MessagingEntityNotFoundError, ServiceBusMessage,
                       ServiceBusMessageState, ServiceBusSubQueue, SessionLockLostError)
 from sparkbus.engine.registry import SETTINGS_REFRESH_SECONDS
-from sparkbus.storage import location, maintenance
+from conftest import files_under
 
-NOT_DATA = (".throttle-ledger", ".throttle-slots", "machine-id")  # per-process state beside local tables
 OUTCOMES = ["recreated", "recreated-after-refresh", "deleted"]
-
-
-def files_under(ns_path: str) -> dict[str, tuple]:
-    """Every file (object) under the namespace with its size and modification time (object: ETag), after
-    the background maintenance of earlier commits finished."""
-    assert maintenance.wait_idle(60)
-    if location.is_local(ns_path):
-        found = {}
-        for folder, _, names in os.walk(ns_path):
-            for name in (n for n in names if n not in NOT_DATA):
-                stat = os.stat(os.path.join(folder, name))
-                found[os.path.relpath(os.path.join(folder, name), ns_path)] = (stat.st_size, stat.st_mtime_ns)
-        return found
-    store, prefix = location.store_of(ns_path)
-    return {entry["path"][len(prefix):]: (entry["size"], entry["e_tag"])
-            for batch in store.list(prefix + "/") for entry in batch}
 
 
 def entity_directories(ns_path: str) -> dict[str, list[str]]:

@@ -27,9 +27,12 @@ settle, renew, defer or number messages nobody received (sequence numbers start 
   store it succeeds (any key can be created), so only a read after the write can tell that it went into a
   deleted incarnation. The check costs a failed open on local disk (microseconds) and one request on an
   object store, and only writes and failures pay it.
-- Limit: checkpoints and compaction that a commit asked the maintenance thread for before a delete
-  (sparkbus.storage.maintenance) are not confirmed (retention runs are); they find a removed table gone
-  and write nothing, unless one runs while the directory is being removed.
+- Background maintenance (sparkbus.storage.maintenance: checkpoints, compaction) asked for by commits
+  before a delete is not confirmed; it finds a removed table gone and writes nothing, unless it runs while
+  the directory is being removed (delta-rs then creates what it writes). So a directory is removed
+  (remove_incarnation) at once and again on the process's maintenance thread, after the work it is doing:
+  jobs waiting for a removed table then find it gone. Limit: a job of another process that runs during
+  the removal, in a process that never uses the deleted incarnation again, can leave a file there.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
 from .. import storage
-from ..storage import commits, location
+from ..storage import commits, location, maintenance
 from ..core import entities, tiers
 from ..core.entities import EntityOptions
 from ..core.names import key
@@ -131,6 +134,14 @@ def resolve_current(catalog: Catalog, path: str, kinds: tuple[str, ...]) -> Enti
 SETTINGS_REFRESH_SECONDS = 1.0
 
 
+def remove_incarnation(root: str, incarnation: str) -> None:
+    """Remove a deleted entity's storage directory, now and once more on this process's maintenance thread
+    after the work it is doing (a checkpoint or compaction of a table being removed writes into it)."""
+    directory = location.join(root, incarnation)
+    maintenance.run_later(f"remove {directory}", lambda: storage.remove_tree(directory))
+    storage.remove_tree(directory)
+
+
 class EntityDeleted(MessagingEntityNotFoundError):
     """The incarnation an operation used is no longer its entity's: deleted, perhaps created again since
     (`current`: the entity's info now, or None). Callers turn it into the error of the handle they used or
@@ -176,8 +187,8 @@ class CachedEntity:
         if current is not None and current.incarnation == info.incarnation:
             return
         try:
-            storage.remove_tree(location.join(self._catalog.root, info.incarnation))
-        except OSError:  # the store failed: what this writer added stays until a later removal
+            remove_incarnation(self._catalog.root, info.incarnation)
+        except OSError:  # the store failed now: the removal on the maintenance thread may still succeed
             pass
         if cause is None:
             raise EntityDeleted(info, current)
