@@ -8,8 +8,10 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -277,22 +279,19 @@ def test_a_file_is_sent_whole_in_batches_after_it_was_checked(admin, ns_path, tm
     assert [str(m)[:4] for m in sorted(peeked, key=lambda m: m.sequence_number)] == [f"{i:04d}" for i in range(1500)]
 
 
-def _first_line_then_ctrl_c():
-    yield b'"first"\n'
-    raise KeyboardInterrupt
-
-
-class _InterruptedStdin:
-    """stdin whose reader presses Ctrl-C after the first line."""
-
-    buffer = property(lambda self: _first_line_then_ctrl_c())
-
-
-def test_ctrl_c_is_one_line_and_exit_130(admin, ns_path, capsys, monkeypatch):
+def test_ctrl_c_is_one_line_and_exit_130(admin, ns_path):
+    """A real `sparkbus send --file -` reading a stdin that stays open, interrupted with SIGINT (Ctrl-C)."""
     admin.create_queue("q")
-    monkeypatch.setattr(sys, "stdin", _InterruptedStdin())
-    assert main(["send", "--namespace", ns_path, "--entity", "q", "--file", "-"]) == 130
-    assert capsys.readouterr().err == "sparkbus: interrupted\n"
+    exe = os.path.join(os.path.dirname(sys.executable), "sparkbus")
+    send = subprocess.Popen([exe, "send", "--namespace", ns_path, "--entity", "q", "--file", "-"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    send.stdin.write(b'"first"\n')
+    send.stdin.flush()
+    time.sleep(5)  # the interpreter has started and reads stdin, which stays open
+    send.send_signal(signal.SIGINT)
+    assert send.wait(timeout=120) == 130
+    assert send.stderr.read() == b"sparkbus: interrupted\n" and send.stdout.read() == b""
+    send.stdin.close()
     assert admin.get_queue_runtime_properties("q").active_message_count == 0
 
 
