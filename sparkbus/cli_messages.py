@@ -22,7 +22,7 @@ from .amqp import AmqpAnnotatedMessage
 from .cli_entities import UsageError, seconds, whole
 from .client import ServiceBusClient
 from .core.names import split_subscription_path
-from .definitions import check_text_nesting, too_deep
+from .definitions import parse_nested
 from .engine.enqueue import check_rows
 from .engine.registry import EntityInfo
 from .exceptions import MessageSizeExceededError, ServiceBusError
@@ -60,11 +60,8 @@ def message_from_json(line: str, where: str) -> ServiceBusMessage:
     """One JSON line: a string (the body) or an object with "body" and ServiceBusMessage's keywords.
     ValueError or TypeError, its message starting with where (e.g. "messages.jsonl line 3"), when the line is
     not JSON, nests deeper than MAX_NESTING_DEPTH, or ServiceBusMessage refuses its values."""
-    check_text_nesting(line, "json", where)
     try:
-        value = json.loads(line)
-    except RecursionError:  # the parser's own limit, should the bracket count above have missed a level
-        raise too_deep(where) from None
+        value = parse_nested(line, "json", where, json.loads)
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: not JSON ({error.msg} at column {error.colno})") from None
     except ValueError as error:  # an integer of more digits than Python converts

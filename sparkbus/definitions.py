@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .core import entities
 from .core.filters import (CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter, check_action,
@@ -83,6 +83,17 @@ def check_text_nesting(text: str, syntax: str, where: str) -> None:
             depth = max(depth - 1, start)
 
 
+def parse_nested(text: str, syntax: str, where: str, loads: Callable[[str], Any]) -> Any:
+    """loads(text) (a JSON or TOML parser, syntax "json" or "toml") once check_text_nesting passed;
+    ValueError (too_deep) also should the parser's own recursion limit be reached first. The parser's
+    errors for invalid text pass through."""
+    check_text_nesting(text, syntax, where)
+    try:
+        return loads(text)
+    except RecursionError:  # the parser's own limit, should the bracket count have missed a level
+        raise too_deep(where) from None
+
+
 def check_nesting(value: object, where: str) -> None:
     """ValueError (starting with where) when dicts and lists (or tuples) inside each other go deeper than
     MAX_NESTING_DEPTH levels, value itself being the first; walked without recursion (a value that
@@ -118,11 +129,8 @@ def load_definition(path: str) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start + 1})") from None
-    check_text_nesting(text, "toml", path)
     try:
-        data = tomllib.loads(text)
-    except RecursionError:  # the parser's own limit, should the bracket count above have missed a level
-        raise too_deep(path) from None
+        data = parse_nested(text, "toml", path, tomllib.loads)
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path}: not valid TOML: {error}") from None
     check_nesting(data, path)  # dotted keys nest tables without brackets
