@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType, AmqpMessageHeader, AmqpMessageProperties
 from .core import amqp
-from .core.encoding import LENGTH_LIMITED, OUTGOING, STRING_PROPERTIES, body_sizes, header_sizes, suspect_rows
+from .core.encoding import LENGTH_LIMITED, OUTGOING, STRING_PROPERTIES, header_size, suspect_rows
 from .core.values import check_properties, encode_properties
 from .core.wire import MAX_AMQP_TTL_MS, check_amqp_ttl, check_id, check_text, encoded
 from .exceptions import MessageSizeExceededError
@@ -234,16 +234,19 @@ class ServiceBusMessage:
         return f"ServiceBusMessage(message_id={self.message_id!r}, session_id={self.session_id!r}, body={len(self._body)} bytes)"
 
 
+EXACT_CHECKS = 8  # sends of up to this many messages check each exactly: cheaper than suspect_rows' kernels
+
+
 def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
     """The OUTGOING Arrow rows of messages, in order, every value with a wire form (sparkbus.core.wire).
 
     Messages are checked again here, not only when constructed: their attributes can be changed after
-    construction, and what is sent is what they hold now. The common case costs one vectorised pass
-    (suspect_rows) over the batch; only a row it flags, or a batch whose conversion failed, is checked
+    construction, and what is sent is what they hold now. A batch costs one vectorised pass (suspect_rows)
+    over it, a send of up to EXACT_CHECKS messages the exact check of each; only a row the pass flags, or a batch whose conversion failed, is checked
     value by value, which raises TypeError or ValueError naming the message and the field."""
     messages = list(messages)
     try:
-        columns = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
+        columns: dict[str, list] = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
         properties = [m.application_properties for m in messages]
         "".join(chain.from_iterable(filter(None, properties)))  # TypeError unless every key is a str
         columns["application_properties"] = [encode_properties(p) for p in properties]
@@ -256,7 +259,7 @@ def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
     except (TypeError, ValueError, AttributeError):  # a value of the wrong type or without a wire form
         _check_each(messages, range(len(messages)))
         raise
-    _check_each(messages, suspect_rows(rows))
+    _check_each(messages, range(len(messages)) if len(messages) <= EXACT_CHECKS else suspect_rows(rows))
     return rows
 
 
@@ -286,9 +289,12 @@ def _from_epoch_ms(value: int, name: str) -> datetime:
 
 
 def message_size(message: ServiceBusMessage) -> int:
-    """Body + header bytes of one message, as the entity will count it."""
-    rows = to_outgoing([message])
-    return int(body_sizes(rows)[0].as_py() + header_sizes(rows)[0].as_py())
+    """Body + header bytes of one message, as the entity will count it (core.encoding.header_size, the
+    per-message form of the sizes a send computes). Raises TypeError or ValueError as sending it would."""
+    _check_each([message], [0])
+    timed = (message.time_to_live is not None) + (message.scheduled_enqueue_time_utc is not None)
+    return len(message._body) + header_size([getattr(message, n) for n in STRING_PROPERTIES],
+                                            encode_properties(message.application_properties), timed)
 
 
 class ServiceBusMessageBatch:

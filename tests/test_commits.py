@@ -40,7 +40,6 @@ def _append(table: DeltaTable, partition: int, numbers: list[int]) -> commits.Co
     log = commits.TableLog.of(table)
     added = commits.write_file(log, partition, _rows(numbers))
     done = commits.commit(log, commits.position_of(table), [added], [], commits.Claim({partition: (min(numbers), math.inf)}))
-    commits.sync_directories(log, [added])
     return done
 
 

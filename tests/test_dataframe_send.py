@@ -53,7 +53,7 @@ def test_keyed_rows_are_placed_by_the_udf_and_numbered_gap_free(spark, admin, se
     expected = spark.createDataFrame(expected_rows, keyed.schema)
     assert_df_equality(keyed, expected, ignore_row_order=True, ignore_nullable=True)
     keyless = [p for p, k in zip(stored["partition_id"].to_pylist(), stored["partition_key"].to_pylist()) if k is None]
-    assert sorted(set(keyless)) == list(range(16)) and all(keyless.count(p) == 10 for p in range(16))
+    assert len(keyless) == 160 and len(set(keyless)) == 1  # keyless rows of a send: runs of KEYLESS_RUN
     for pid, (first, last) in result.partitions.items():
         numbers = sorted(n & LOW for n, p in zip(stored["sequence_number"].to_pylist(), stored["partition_id"].to_pylist())
                          if p == pid)

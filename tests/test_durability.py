@@ -26,37 +26,64 @@ SCENARIO = textwrap.dedent("""
                 receiver.complete_message(message)
 """)
 FSYNC = re.compile(r"f(?:data)?sync\(\d+<(?P<path>[^>]*)>\)\s+= 0")
+UNFINISHED = re.compile(r"^(?P<thread>\d+) f(?:data)?sync\(\d+<(?P<path>[^>]*)> <unfinished \.\.\.>")
+RESUMED = re.compile(r"^(?P<thread>\d+) <\.\.\. f(?:data)?sync resumed>\)\s+= 0")
+LINK = re.compile(r'link(?:at)?\((?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<source>[^"]+)", (?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<target>[^"]+)"(?:, 0)?\)\s+= 0')
 
-def _fsynced(tmp_path, durability: str) -> tuple[str, set[str]]:
+
+def _fsynced(tmp_path, durability: str) -> tuple[str, dict[str, list[int]], dict[str, tuple[str, int]]]:
+    """(namespace, the trace lines at which each path's fsyncs had returned, entry -> (temporary file
+    linked to it, line))."""
     namespace, trace = str(tmp_path / "ns"), str(tmp_path / "trace")
     env = {**os.environ, "SPARKBUS_DURABILITY": durability}
-    subprocess.run(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync", "-o", trace,
+    subprocess.run(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync,link,linkat", "-o", trace,
                     sys.executable, "-c", SCENARIO, namespace], env=env, check=True, timeout=300)
+    synced: dict[str, list[int]] = {}
+    linked: dict[str, tuple[str, int]] = {}
+    started: dict[str, str] = {}  # thread id -> path of its fsync in progress (concurrent fsyncs)
     with open(trace) as lines:
-        return namespace, {m["path"].rstrip("/") for m in map(FSYNC.search, lines) if m}
+        for number, line in enumerate(lines):
+            if (found := FSYNC.search(line)) is not None:
+                synced.setdefault(found["path"].rstrip("/"), []).append(number)
+            elif (found := UNFINISHED.search(line)) is not None:
+                started[found["thread"]] = found["path"].rstrip("/")
+            elif (found := RESUMED.search(line)) is not None and found["thread"] in started:
+                synced.setdefault(started.pop(found["thread"]), []).append(number)
+            elif (found := LINK.search(line)) is not None:
+                linked[found["target"]] = (found["source"], number)
+    return namespace, synced, linked
 
 
 def test_every_commit_its_files_and_their_directories_are_fsynced(tmp_path):
-    namespace, synced = _fsynced(tmp_path, "on")
+    """Every entry and the data files it adds, and their directories, are fsynced; a direct commit (sends,
+    locks, settlements) fsyncs its entry's content, data files and their directories before the entry is
+    linked into place (the commit point), and its log directory after."""
+    namespace, synced, linked = _fsynced(tmp_path, "on")
     entries = glob.glob(os.path.join(namespace, "**", "_delta_log", "*.json"), recursive=True)
     assert len(entries) >= 10  # catalog, 3 tables x creation, 3 sends, the lock and the completes
+    direct = 0
     for entry in entries:
-        # delta-rs fsyncs (through this module) the entry itself; a direct commit fsyncs its content under a
-        # temporary name and links that inode to the entry's name (storage.commits), then the directory
-        linked = os.path.join(os.path.dirname(entry), "." + os.path.basename(entry) + ".")
-        assert entry in synced or any(p.startswith(linked) and p.endswith(".tmp") for p in synced), \
-            f"log entry {entry} was not fsynced"
-        assert os.path.dirname(entry) in synced
-        table = os.path.dirname(os.path.dirname(entry))
+        log_dir = os.path.dirname(entry)
+        staged, at = linked.get(entry, ("", -1))
+        if staged.endswith(".json.tmp"):  # a direct commit (storage.commits)
+            direct += 1
+            assert any(line < at for line in synced.get(staged, [])), f"{entry} linked before its content was fsynced"
+            assert any(line > at for line in synced.get(log_dir, [])), f"{log_dir} not fsynced after {entry}"
+        else:  # delta-rs fsyncs (through this module) the entry itself
+            assert entry in synced, f"log entry {entry} was not fsynced"
+            assert log_dir in synced
+            at = max(synced[entry]) + 1
+        table = os.path.dirname(log_dir)
         with open(entry) as actions:
             added = [json.loads(line)["add"]["path"] for line in actions if '"add"' in line]
         for path in added:
             data = os.path.join(table, path)
-            assert data in synced, f"data file {data} of {entry} was not fsynced"
-            assert os.path.dirname(data) in synced
+            for durable in (data, os.path.dirname(data)):
+                assert any(line < at for line in synced.get(durable, [])), f"{durable} not durable before {entry}"
+    assert direct >= 5  # the sends, the lock and the completes commit directly
 
 
 def test_durability_off_fsyncs_nothing_of_the_namespace(tmp_path):
-    namespace, synced = _fsynced(tmp_path, "off")
+    namespace, synced, _ = _fsynced(tmp_path, "off")
     assert glob.glob(os.path.join(namespace, "**", "*.json"), recursive=True)
     assert not [path for path in synced if path.startswith(namespace)]

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from sparkbus import InvalidOperationError, PartitionUnavailableError
-from sparkbus.core.partitioning import (KEY_MISMATCH, KEYLESS, RoundRobin, partition_codes, partition_key, partition_of,
+from sparkbus.core.partitioning import (KEY_MISMATCH, KEYLESS, KEYLESS_RUN, RoundRobin, partition_codes, partition_key, partition_of,
                                         resolve)
 
 
@@ -39,9 +39,17 @@ def test_codes():
 
 def test_round_robin_is_even_and_skips_unavailable():
     rr = RoundRobin(16)
-    placed = resolve([KEYLESS] * 1400, {3, 7}, rr, 16)
-    counts = np.bincount(placed, minlength=16)
-    assert counts[3] == counts[7] == 0 and set(counts[np.arange(16) != 3].tolist()) - {0} == {100}
+    sends = [resolve([KEYLESS] * 100, {3, 7}, rr, 16) for _ in range(14)]
+    assert all(len(set(placed.tolist())) == 1 for placed in sends)  # a send's keyless messages stay together
+    counts = np.bincount(np.concatenate(sends), minlength=16)
+    assert counts[3] == counts[7] == 0 and set(np.delete(counts, [3, 7]).tolist()) == {100}
+    big = resolve([KEYLESS] * (2 * KEYLESS_RUN + 500), {3, 7}, rr, 16)  # runs of KEYLESS_RUN, then the rest
+    runs = [int(big[i]) for i in (0, KEYLESS_RUN, 2 * KEYLESS_RUN)]
+    assert [int(np.sum(big == p)) for p in runs] == [KEYLESS_RUN, KEYLESS_RUN, 500]
+    available = [p for p in range(16) if p not in (3, 7)]
+    following = [available[(available.index(runs[0]) + i) % 14] for i in range(3)]
+    assert runs == following  # the next available partitions in turn, after where the last send ended
+    assert following[0] == available[(available.index(int(sends[-1][0])) + 1) % 14]
     with pytest.raises(PartitionUnavailableError, match=r"\[3\]"):
         resolve([partition_of("x", 16) if partition_of("x", 16) == 3 else 3], {3}, rr, 16)
     with pytest.raises(InvalidOperationError, match="position \\[1\\]"):

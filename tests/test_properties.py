@@ -40,15 +40,25 @@ def test_placement_is_deterministic_in_range_and_follows_the_key_precedence(mess
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(min_value=1, max_value=500), st.sets(st.integers(min_value=0, max_value=15), max_size=15),
-       st.integers(min_value=0, max_value=10_000))
-def test_keyless_messages_spread_evenly_and_never_onto_an_unavailable_partition(count, down, start):
+@given(st.lists(st.integers(min_value=1, max_value=2_500), min_size=1, max_size=40),
+       st.sets(st.integers(min_value=0, max_value=15), max_size=15), st.integers(min_value=0, max_value=10_000))
+def test_keyless_sends_go_round_robin_in_runs_and_never_onto_an_unavailable_partition(sends, down, start):
+    """Each send's keyless messages fill runs of KEYLESS_RUN on one partition each, run after run on the next
+    available partition, so the partitions take runs in turn: their run counts differ by at most one."""
+    run = partitioning.KEYLESS_RUN
     rr = partitioning.RoundRobin(16)  # starts at a random partition
-    rr.take(start, list(range(16)))  # and wherever earlier sends left it, the next ones spread evenly
-    placed = partitioning.resolve([partitioning.KEYLESS] * count, down, rr, 16)
-    spread = Counter(placed.tolist())
-    assert not set(spread) & down
-    assert max(spread.values()) - min(spread.get(p, 0) for p in set(range(16)) - down) <= 1
+    rr.take(start, list(range(16)))  # and wherever earlier sends left it
+    available = [p for p in range(16) if p not in down]
+    runs: list[int] = []
+    for count in sends:
+        placed = partitioning.resolve([partitioning.KEYLESS] * count, down, rr, 16).tolist()
+        chunks = [placed[i:i + run] for i in range(0, count, run)]
+        assert all(len(set(chunk)) == 1 for chunk in chunks)
+        runs += [chunk[0] for chunk in chunks]
+    assert not set(runs) & down
+    assert all(available[(available.index(a) + 1) % len(available)] == b for a, b in zip(runs, runs[1:]))
+    taken = Counter(runs)
+    assert max(taken.values()) - min(taken.get(p, 0) for p in available) <= 1
 
 
 @settings(max_examples=300, deadline=None)

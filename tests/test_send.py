@@ -105,12 +105,16 @@ def test_keyless_messages_avoid_unavailable_partitions(admin, client, ns_path):
     pinned = next(f"key{i}" for i in range(100) if partition_of(f"key{i}", 16) == 4)
     set_partition_availability(ns_path, 4, False, entity_path="p")
     sender = client.get_queue_sender("p")
-    sender.send_messages([ServiceBusMessage(str(i)) for i in range(64)])
+    sender.send_messages([ServiceBusMessage(f"batch {i}") for i in range(64)])  # a send's keyless messages: one run
+    for i in range(15):
+        sender.send_messages(ServiceBusMessage(f"single {i}"))
     with pytest.raises(PartitionUnavailableError, match=r"\[4\]"):
         sender.send_messages(ServiceBusMessage("pinned", partition_key=pinned))
     rows = stored_messages(admin, "p")
-    assert rows.num_rows == 64 and 4 not in set(rows["partition_id"].to_pylist())
-    assert len(set(rows["partition_id"].to_pylist())) == 15
+    placed = dict(zip((b.decode() for b in rows["body"].to_pylist()), rows["partition_id"].to_pylist()))
+    assert rows.num_rows == 64 + 15 and 4 not in placed.values()
+    assert len({placed[f"batch {i}"] for i in range(64)}) == 1
+    assert sorted(placed[f"single {i}"] for i in range(15)) == [p for p in range(16) if p != 4]
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ computed by one vectorised function over that table, so the Python and Spark pat
 from __future__ import annotations
 
 import os
+from typing import Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -64,14 +65,33 @@ def new_message_ids(count: int) -> pa.Array:
 def header_sizes(rows: pa.Table) -> pa.Array:
     """Header bytes per row: UTF-8 bytes of the string system properties and of the stored application
     properties, plus 8 bytes for each time-to-live or scheduled time that is set."""
-    total = pa.array([0] * rows.num_rows, pa.int64())
+    total = np.zeros(rows.num_rows, dtype=np.int64)
     for name in (*STRING_PROPERTIES, "application_properties"):
-        total = pc.add(total, pc.fill_null(pc.cast(pc.binary_length(rows[name]), pa.int64()), 0))
+        total += _lengths(rows[name])
     for name in ("time_to_live_ms", "scheduled_enqueue_time_utc"):
-        is_set = pc.cast(pc.is_valid(rows[name]), pa.int64())
-        total = pc.add(total, pc.multiply(is_set, FIXED_WIDTH_BYTES))
-    return total
+        column = rows[name]
+        if column.null_count < len(column):
+            total += FIXED_WIDTH_BYTES * np.asarray(pc.is_valid(column), dtype=np.int64)
+    return pa.array(total, pa.int64())
+
+
+def _lengths(column: pa.ChunkedArray) -> np.ndarray:
+    """Byte lengths of a string or binary column, 0 where null (one kernel call, none for an all-null column)."""
+    if column.null_count == len(column):
+        return np.zeros(len(column), dtype=np.int64)
+    lengths = pc.binary_length(column)
+    if column.null_count:
+        lengths = pc.fill_null(lengths, 0)
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def header_size(strings: Iterable[Optional[str]], properties: Optional[str], timed: int) -> int:
+    """header_sizes of one message without Arrow (what a message batch adds up per message): the UTF-8 bytes
+    of its string system properties and stored application properties, plus 8 bytes for each of the
+    `timed` time-to-live and scheduled time it sets."""
+    text = sum(len(s.encode("utf-8")) for s in strings if s is not None)
+    return text + (len(properties.encode("utf-8")) if properties is not None else 0) + FIXED_WIDTH_BYTES * timed
 
 
 def body_sizes(rows: pa.Table) -> pa.Array:
-    return pc.fill_null(pc.cast(pc.binary_length(rows["body"]), pa.int64()), 0)
+    return pa.array(_lengths(rows["body"]), pa.int64())

@@ -349,7 +349,6 @@ class EntityWriter:
         except BaseException:
             commits.discard(self._log, files)
             raise
-        commits.sync_directories(self._log, files)
         for entry in done.skipped:  # other writers' commits between the base and this one (other partitions)
             self._learn(entry, info.header_copies)
         for pid, (_, last) in ranges.items():

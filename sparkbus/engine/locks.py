@@ -67,7 +67,6 @@ def commit(view: commits.LogView, partition: int, rows: pa.Table,
     except BaseException:
         commits.discard(view.log, files)
         raise
-    commits.sync_directories(view.log, files)
     view.committed(done, files, removed)
     maintenance.after_direct_commit(view.log.uri, done.version)
 

@@ -17,6 +17,7 @@ namespaces.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -183,11 +184,41 @@ _durable_directories: set[str] = set()  # directories whose own entry in their p
 def fsync_directories(directories: Iterable[str]) -> None:
     """fsync directories (new entries in them); the first time a directory is seen, its parent too (it
     may be new itself: a partition's first file, a table's first commit)."""
-    for directory in sorted(directories, key=len, reverse=True):
-        fsync_file(directory)
-        if directory not in _durable_directories:
-            fsync_file(os.path.dirname(directory))
-            _durable_directories.add(directory)
+    fsync_together([], directories)
+
+
+def fsync_together(files: list[str], directories: Iterable[str] = ()) -> None:
+    """fsync files and directories (as fsync_directories does) concurrently, returning when all are
+    durable: a journalling file system commits concurrent fsyncs together, so several cost about one.
+    The first error raises (after every fsync ended)."""
+    directories = sorted(set(directories), key=len, reverse=True)
+    parents = sorted({os.path.dirname(d) for d in directories if d not in _durable_directories} - set(directories))
+    paths = [*files, *directories, *parents]
+    pending: list[concurrent.futures.Future] = []
+    try:
+        for path in paths[1:]:
+            pending.append(_syncs().submit(fsync_file, path))
+    except RuntimeError:  # the interpreter is exiting (a commit from an atexit hook): the rest in this thread
+        for path in paths[1 + len(pending):]:
+            fsync_file(path)
+    try:
+        if paths:
+            fsync_file(paths[0])
+    finally:
+        concurrent.futures.wait(pending)
+    for done in pending:
+        done.result()
+    _durable_directories.update(directories)
+
+
+_sync_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _syncs() -> concurrent.futures.ThreadPoolExecutor:
+    global _sync_pool
+    if _sync_pool is None:
+        _sync_pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="sparkbus-fsync")
+    return _sync_pool
 
 
 def local_root(uri: str) -> Optional[str]:

@@ -28,8 +28,12 @@ latest then), so none can have been cleaned up while less than the retention has
 `Position` older than half the retention is refused (CommitFailedError, "stale"), and the caller reopens
 the table. Without that, an entry that existed and was cleaned up would be created again.
 
-Durability (local files): the data files are fsynced before the log entry names them, the entry before
-it is linked, the directories after; a PUT to an object store is durable when it returns.
+Durability (local files): before the log entry is linked into place, the data files, the partition
+directories naming them and the entry's temporary file are fsynced, all at once (concurrent fsyncs: a
+journalling file system such as ext4 commits them together, so a one-file send waits for about two
+fsyncs instead of four in a row); the log directory naming the entry is fsynced after the link, before
+the commit returns. The temporary entry is written once and linked again at the next version when one is
+taken. A PUT to an object store is durable when it returns.
 
 A removed table (its entity deleted) is never created again by a commit: on local disk a data file's
 partition directory is made only inside the existing table directory, and a missing log directory fails
@@ -57,7 +61,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from . import (EPOCH, PARTITION_COLUMN, fsync_file, fsync_directories, durable, local_root, location, open_table,
+from . import (EPOCH, PARTITION_COLUMN, fsync_file, fsync_together, durable, local_root, location, open_table,
                read_at)
 
 ENGINE = "sparkbus"
@@ -266,8 +270,9 @@ class LogView:
 
 
 def write_file(log: TableLog, partition: int, data: pa.Table) -> AddedFile:
-    """Write one partition's rows (the table schema without the partition column) as a new data file,
-    durable on return; the file is part of the table only once a commit names it."""
+    """Write one partition's rows (the table schema without the partition column) as a new data file; the
+    file is part of the table only once a commit names it, and commit() makes it durable first (on an
+    object store it is durable on return)."""
     relative = f"{PARTITION_COLUMN}={partition}/part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     target = location.join(log.uri, relative)
     if location.is_local(target):
@@ -275,8 +280,6 @@ def write_file(log: TableLog, partition: int, data: pa.Table) -> AddedFile:
         with pa.OSFile(target, "wb") as sink:  # native writes (a Python file object costs 2x on 1 GB)
             pq.write_table(data, sink, compression="snappy")
             size = sink.tell()
-        if durable():
-            fsync_file(target)
     else:
         sink = pa.BufferOutputStream()
         pq.write_table(data, sink, compression="snappy")
@@ -299,20 +302,20 @@ def _partition_directory(directory: str) -> None:
 
 
 def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], pa.Table]) -> list[AddedFile]:
-    """write_file(log, p, rows_of(p)) for each partition, in order (rows_of is called when its file is
-    written, so a bulk send holds one partition's copy at a time locally). On an object store the uploads
-    run concurrently, one PUT each: in a row, a 200-message send to 16 partitions paid 16 round trips.
-    If one fails, the files already written are deleted and the error raised."""
-    if location.is_local(log.uri) or len(partitions) < 2:
-        written: list[AddedFile] = []
-        try:
-            for partition in partitions:
-                written.append(write_file(log, partition, rows_of(partition)))
-        except BaseException:
-            discard(log, written)
-            raise
-        return written
-    futures = [_uploads().submit(lambda p=p: write_file(log, p, rows_of(p))) for p in partitions]
+    """write_file(log, p, rows_of(p)) for each partition (rows_of is called when its file is written), in
+    that order. Several files are written concurrently (Parquet encoding and uploads release the GIL): on
+    an object store up to 8 PUTs at once (in a row, a send to 16 partitions paid 16 round trips), on a
+    local disk one per core (a bulk send then holds that many partitions' copies at a time). If one fails,
+    the files already written are deleted and the error raised."""
+    if len(partitions) < 2:
+        return [write_file(log, p, rows_of(p)) for p in partitions]
+    pool = _writers() if location.is_local(log.uri) else _uploads()
+    futures: list[concurrent.futures.Future] = []
+    try:
+        for p in partitions:
+            futures.append(pool.submit(lambda p=p: write_file(log, p, rows_of(p))))
+    except RuntimeError:  # the interpreter is exiting (an atexit hook's send): the rest in this thread
+        futures += [_done(lambda p=p: write_file(log, p, rows_of(p))) for p in partitions[len(futures):]]
     concurrent.futures.wait(futures)
     failed = [f.exception() for f in futures if f.exception() is not None]
     if failed:
@@ -321,7 +324,18 @@ def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], p
     return [f.result() for f in futures]
 
 
+def _done(call: Callable[[], AddedFile]) -> concurrent.futures.Future:
+    """call() run in this thread, as a completed future (its result or its exception)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    try:
+        future.set_result(call())
+    except Exception as error:
+        future.set_exception(error)
+    return future
+
+
 _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_local_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
 
 def _uploads() -> concurrent.futures.ThreadPoolExecutor:
@@ -329,6 +343,14 @@ def _uploads() -> concurrent.futures.ThreadPoolExecutor:
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="sparkbus-upload")
     return _pool
+
+
+def _writers() -> concurrent.futures.ThreadPoolExecutor:
+    global _local_pool
+    if _local_pool is None:
+        _local_pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
+                                                            thread_name_prefix="sparkbus-write")
+    return _local_pool
 
 
 def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
@@ -343,27 +365,75 @@ def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
 def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Iterable[str], claim: Claim,
            app_transactions: Optional[dict[str, int]] = None, operation: str = "WRITE") -> Committed:
     """Commit the files at the first free version after base, checking every entry in between against
-    claim. Raises CommitFailedError on a conflict or a stale base (nothing committed; the caller
-    discards its files and re-plans)."""
-    paths = list(removed)
-    skipped: list[Entry] = []
-    version = base.version + 1
-    while True:
-        started = time.monotonic()
-        if started - base.known_at > log.safe_seconds:  # checked for every version tried (see the docstring)
-            raise CommitFailedError(f"{log.uri}: stale snapshot: version {base.version} was read more than "
-                                    f"{log.safe_seconds:.0f} s ago and later log entries may be cleaned up")
-        payload = _entry_payload(added, paths, app_transactions or {}, operation)
-        if create_entry(log.entry_uri(version), payload):
-            return Committed(version, skipped, Position(version, started))
-        entry = read_entry(log, version)
-        if entry is None:  # taken and then cleaned up: this position is older than it looked
-            raise CommitFailedError(f"{log.uri}: stale snapshot: version {version} is gone from the log")
-        reason = claim.conflict(entry)
-        if reason is not None:
-            raise CommitFailedError(f"{log.uri}: concurrent commit at version {version}: {reason}")
-        skipped.append(entry)
-        version += 1
+    claim; the files and the entry are durable when it returns (see Durability in the module docstring).
+    Raises CommitFailedError on a conflict or a stale base (nothing committed; the caller discards its
+    files and re-plans), TableRemovedError when the table's directories are gone."""
+    payload = _entry_payload(added, list(removed), app_transactions or {}, operation)
+    staged = _stage(log, added, payload)
+    try:
+        skipped: list[Entry] = []
+        version = base.version + 1
+        while True:
+            started = time.monotonic()
+            if started - base.known_at > log.safe_seconds:  # checked for every version tried (see the docstring)
+                raise CommitFailedError(f"{log.uri}: stale snapshot: version {base.version} was read more than "
+                                        f"{log.safe_seconds:.0f} s ago and later log entries may be cleaned up")
+            target = log.entry_uri(version)
+            if (_link_entry(staged, target) if staged is not None else create_entry(target, payload)):
+                return Committed(version, skipped, Position(version, started))
+            entry = read_entry(log, version)
+            if entry is None:  # taken and then cleaned up: this position is older than it looked
+                raise CommitFailedError(f"{log.uri}: stale snapshot: version {version} is gone from the log")
+            reason = claim.conflict(entry)
+            if reason is not None:
+                raise CommitFailedError(f"{log.uri}: concurrent commit at version {version}: {reason}")
+            skipped.append(entry)
+            version += 1
+    finally:
+        if staged is not None:
+            os.unlink(staged)
+
+
+def _stage(log: TableLog, added: list[AddedFile], payload: bytes) -> Optional[str]:
+    """On a local disk: the entry written to a temporary file in the log directory, and it, the data files
+    and the partition directories naming them fsynced together; its path (None for an object store)."""
+    if not location.is_local(log.uri):
+        return None
+    log_dir = location.join(log.uri, "_delta_log")
+    staged = _temporary_entry(log_dir, payload)
+    if durable():
+        try:
+            paths = [os.path.join(log.uri, unquote(a.path)) for a in added]
+            fsync_together([staged, *paths], {os.path.dirname(path) for path in paths})
+        except BaseException:
+            os.unlink(staged)
+            raise
+    return staged
+
+
+def _temporary_entry(log_dir: str, payload: bytes) -> str:
+    """payload written to a new temporary file in the log directory (not fsynced); TableRemovedError when
+    the directory does not exist (the table was removed: an expired version retries, this cannot)."""
+    staged = os.path.join(log_dir, f".{uuid.uuid4().hex}.json.tmp")
+    try:
+        f = open(staged, "wb")
+    except FileNotFoundError as error:
+        raise TableRemovedError(f"{log_dir}: the table's log directory does not exist") from error
+    with f:
+        f.write(payload)
+    return staged
+
+
+def _link_entry(staged: str, target: str) -> bool:
+    """Link the staged entry to its version's name unless that exists, then fsync the log directory:
+    whether this call created it."""
+    try:
+        os.link(staged, target)
+    except FileExistsError:
+        return False
+    if durable():
+        fsync_file(os.path.dirname(target))
+    return True
 
 
 def read_entry(log: TableLog, version: int) -> Optional[Entry]:
@@ -390,7 +460,7 @@ def read_entry(log: TableLog, version: int) -> Optional[Entry]:
 
 def create_entry(target: str, payload: bytes) -> bool:
     """Create the log entry at target (<table>/_delta_log/<version>.json, the directory existing) unless it
-    exists: whether this call created it."""
+    exists, durable on return: whether this call created it."""
     if not location.is_local(target):
         from obstore.exceptions import AlreadyExistsError
 
@@ -400,31 +470,13 @@ def create_entry(target: str, payload: bytes) -> bool:
         except AlreadyExistsError:
             return False
         return True
-    temporary = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    staged = _temporary_entry(os.path.dirname(target), payload)
     try:
-        f = open(temporary, "wb")
-    except FileNotFoundError as error:  # not an expired version (which retries): the table is gone
-        raise TableRemovedError(f"{os.path.dirname(target)}: the table's log directory does not exist") from error
-    with f:
-        f.write(payload)
         if durable():
-            f.flush()
-            os.fsync(f.fileno())
-    try:
-        os.link(temporary, target)
-    except FileExistsError:
-        return False
+            fsync_file(staged)
+        return _link_entry(staged, target)
     finally:
-        os.unlink(temporary)
-    if durable():
-        fsync_file(os.path.dirname(target))
-    return True
-
-
-def sync_directories(log: TableLog, added: Iterable[AddedFile]) -> None:
-    """fsync the partition directories naming new data files (local tables; after the commit)."""
-    if location.is_local(log.uri) and durable():
-        fsync_directories({os.path.dirname(os.path.join(log.uri, unquote(a.path))) for a in added})
+        os.unlink(staged)
 
 
 def _entry_payload(added: list[AddedFile], removed: list[str], app_transactions: dict[str, int],
@@ -456,14 +508,12 @@ def _statistics(data: pa.Table, columns: tuple[str, ...]) -> tuple[dict, dict, s
             continue
         column = data[name]
         nulls[name] = column.null_count
-        if column.null_count == len(column):
-            continue
+        if column.null_count == len(column) or pa.types.is_string(column.type):
+            continue  # strings are not compared by sparkbus; delta-rs truncates them anyway
         extremes = pc.min_max(column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column)
         least, most = extremes["min"].as_py(), extremes["max"].as_py()
         if pa.types.is_timestamp(column.type):
             least, most = _iso_millis(least // 1000), _iso_millis(-(-most // 1000))
-        elif pa.types.is_string(column.type):
-            continue  # not compared by sparkbus; delta-rs truncates them anyway
         low[name], high[name] = least, most
     stats = {"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls}
     return low, high, json.dumps(stats)
