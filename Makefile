@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store clean
+.PHONY: install demo test test-fast crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers bench-peers-quick bench-servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ crash: install
 soak: install
 	$(BIN)/python tests/soak.py --minutes $${SOAK_MINUTES:-10}
 
-bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store
+bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers
 
 bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
@@ -69,6 +69,24 @@ bench-throttle: install
 
 bench-store: install
 	benchmarks/azurite.sh $(BIN)/python benchmarks/bench_store.py --object-root az://sparkbus/bench --single 200 --batched 20000
+
+# sparkbus beside PostgreSQL and RabbitMQ (Debian packages, installed if missing; their Debian services are not
+# used: the benchmark starts its own instances on loopback, data under .bench-servers/, and stops them).
+# BENCH_PEERS_ARGS passes options on, e.g. BENCH_PEERS_ARGS="--only sparkbus,postgres --workloads send,receive".
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]' --config-settings editable_mode=compat
+	touch $(BENCH_STAMP)
+
+bench-servers:
+	test -x /usr/lib/postgresql/15/bin/postgres -a -x /usr/lib/rabbitmq/bin/rabbitmq-server || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql rabbitmq-server)
+
+bench-peers: $(BENCH_STAMP) bench-servers
+	$(BIN)/python benchmarks/bench_peers.py $(BENCH_PEERS_ARGS)
+
+bench-peers-quick: $(BENCH_STAMP) bench-servers
+	$(BIN)/python benchmarks/bench_peers.py --quick $(BENCH_PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info .azurite
