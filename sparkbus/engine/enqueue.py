@@ -365,9 +365,13 @@ class EntityWriter:
         return result
 
     def _learn(self, entry: commits.Entry, header_copies: int) -> None:
-        """Bring marks and bounds past another writer's entry; an entry that removed files (compaction,
-        retention) or carries no statistics makes the next send read them again."""
-        if entry.removed or entry.table_changed:
+        """Bring marks and bounds past another writer's entry. Files it removed (compaction, retention) are
+        not subtracted: the bounds stay upper bounds (a compaction's file is counted beside the files it
+        replaced), and _check_quota measures a partition exactly, and starts its bound again from that,
+        when the bound comes near the limit. Reading the table again after every compaction put the
+        single-send p99 at 30-90 ms (delta-rs replaying the log). An entry that changed the table's
+        metadata or carries no statistics makes the next send read marks and bounds again."""
+        if entry.table_changed:
             self._position = None
         for added in entry.added:
             top = added.high.get("sequence_number")
@@ -391,6 +395,7 @@ class EntityWriter:
             return
         exact = partition_sizes(info.tables["messages"], info.tables["locks"], doubtful, info.header_copies)
         for p in doubtful:
+            self._bounds[p] = exact.get(p, 0)  # measured at the latest version: still a bound at this one
             if exact.get(p, 0) + incoming[p] > limit:
                 raise ServiceBusQuotaExceededError(
                     f"partition {p} of {info.kind} {info.path!r} holds {exact.get(p, 0)} bytes; adding "
