@@ -18,10 +18,16 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import storage
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
 from .core import amqp, transitions
 from .core.wire import (MAX_MESSAGE_COUNT, MAX_SEQUENCE_NUMBER, check_amqp_ttl, check_dead_letter_text, check_id,
@@ -75,43 +81,114 @@ class ServiceBusMessageState(IntEnum):
     SCHEDULED = 2
 
 
+class _Stored:
+    """An attribute of a received message read from its stored row the first time it is asked for, then
+    kept on the message. A non-data descriptor: what is kept (or set, as on any attribute) shadows it."""
+
+    __slots__ = ("name", "read")
+
+    def __init__(self, read: Callable[["ServiceBusReceivedMessage"], Any]) -> None:
+        self.read = read
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, message: Optional["ServiceBusReceivedMessage"], owner: Optional[type] = None) -> Any:
+        if message is None:
+            return self
+        value = message.__dict__[self.name] = self.read(message)
+        return value
+
+
+def _column(name: str) -> _Stored:
+    """An attribute that is the stored column of that name."""
+    return _Stored(lambda m: m._rows.column(name)[m._index])
+
+
+def _ttl(milliseconds: Optional[int]) -> Optional[timedelta]:
+    return None if milliseconds is None else timedelta(milliseconds=milliseconds)
+
+
 class ServiceBusReceivedMessage:
     """A received (or peeked) message: the sent properties plus broker-assigned ones.
 
     As azure-servicebus: `application_properties` has bytes keys and str values as bytes (what the SDK decodes
     from the wire; datetimes as epoch milliseconds); `str_application_properties` is the sparkbus alternative
-    with the keys and values as they were sent."""
+    with the keys and values as they were sent.
 
-    def __init__(self, row: dict, state_row: Optional[dict], state: ServiceBusMessageState) -> None:
-        self._body_type: Optional[str] = row.get("body_type")
-        self._stored_body: bytes = row["body"]
-        self.str_application_properties: dict = decode_properties(row["application_properties"])
-        self.application_properties: dict = amqp.wire_form(self.str_application_properties)
-        for name in ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
-                     "reply_to", "reply_to_session_id", "sequence_number", "enqueued_time_utc",
-                     "scheduled_enqueue_time_utc", "expires_at_utc"):
-            setattr(self, name, row[name])
-        ttl = row["time_to_live_ms"]
-        self.time_to_live = None if ttl is None else timedelta(milliseconds=ttl)
-        self.state = state
-        state_row = state_row or {}
-        self.delivery_count: int = state_row.get("delivery_count", row.get("prior_deliveries", 0)) or 0
-        self.lock_token: Optional[str] = state_row.get("lock_token")
-        self.locked_until_utc: Optional[datetime] = state_row.get("locked_until_utc")
-        # A message forwarded out of a dead-letter sub-queue carries them as application properties and a column.
-        self.dead_letter_reason = (state_row.get("dead_letter_reason", row.get("prior_reason"))
-                                   or self.str_application_properties.get(DEAD_LETTER_REASON_PROPERTY))
-        self.dead_letter_error_description = (
-            state_row.get("dead_letter_error_description", row.get("prior_description"))
-            or self.str_application_properties.get(DEAD_LETTER_DESCRIPTION_PROPERTY))
-        self.dead_letter_source = state_row.get("dead_letter_source") or row.get("dead_letter_source_entity")
-        self._partition_id: Optional[int] = row["partition_id"]
-        self._size: int = row["body_size"] + row["header_size"]  # as counted when sent (or copied to a subscription)
-        self._state_row = state_row if self.lock_token is not None else None  # as locked: settling reads nothing
-        self._settled = False
-        self._sections: Optional[amqp.Sections] = None  # as decoded by from_bytes
-        self._source: Optional[tuple[str, str]] = None  # (namespace, entity path) of the receiver that locked it
-        self._incarnation: Optional[str] = None  # of the entity it was locked in (sparkbus.engine.registry)
+    A received message is a view of the rows its receive read and wrote (sparkbus.storage.Columns, shared
+    by the messages of one receive): each attribute is read from them the first time it is asked for and
+    then kept, so a receive decodes only what its caller reads. Attributes can be set, as on any object."""
+
+    _body_type = _Stored(lambda m: m._optional("body_type"))
+    _stored_body = _column("body")
+    # The stored application properties, decoded once (str_application_properties is a copy of them).
+    _properties = _Stored(lambda m: decode_properties(m._rows.column("application_properties")[m._index]))
+    str_application_properties = _Stored(lambda m: dict(m._properties))
+    application_properties = _Stored(lambda m: amqp.wire_form(m._properties))
+    message_id = _column("message_id")
+    session_id = _column("session_id")
+    partition_key = _column("partition_key")
+    correlation_id = _column("correlation_id")
+    content_type = _column("content_type")
+    subject = _column("subject")
+    to = _column("to")
+    reply_to = _column("reply_to")
+    reply_to_session_id = _column("reply_to_session_id")
+    sequence_number = _column("sequence_number")
+    enqueued_time_utc = _column("enqueued_time_utc")
+    scheduled_enqueue_time_utc = _column("scheduled_enqueue_time_utc")
+    expires_at_utc = _column("expires_at_utc")
+    time_to_live = _Stored(lambda m: _ttl(m._rows.column("time_to_live_ms")[m._index]))
+    delivery_count = _Stored(lambda m: m._state("delivery_count", m._optional("prior_deliveries", 0)) or 0)
+    lock_token = _Stored(lambda m: m._state("lock_token"))
+    locked_until_utc = _Stored(lambda m: m._state("locked_until_utc"))
+    # A message forwarded out of a dead-letter sub-queue carries them as application properties and a column.
+    dead_letter_reason = _Stored(lambda m: m._state("dead_letter_reason", m._optional("prior_reason"))
+                                 or m._properties.get(DEAD_LETTER_REASON_PROPERTY))
+    dead_letter_error_description = _Stored(
+        lambda m: m._state("dead_letter_error_description", m._optional("prior_description"))
+        or m._properties.get(DEAD_LETTER_DESCRIPTION_PROPERTY))
+    dead_letter_source = _Stored(lambda m: m._state("dead_letter_source") or m._optional("dead_letter_source_entity"))
+    _partition_id = _column("partition_id")
+    # as counted when sent (or copied to a subscription)
+    _size = _Stored(lambda m: m._rows.column("body_size")[m._index] + m._rows.column("header_size")[m._index])
+    # the state row as locked, so settling reads nothing (None unless locked)
+    _state_row = _Stored(lambda m: None if m.lock_token is None else storage.Row(m._states, m._index))
+
+    def __init__(self, row: Mapping, state_row: Optional[Mapping], state: ServiceBusMessageState) -> None:
+        """A message of one stored row (of the messages table, with the state columns a receive or peek
+        adds) and its state row; raises what reading the row raises (DECODE_ERRORS for a row that does
+        not decode)."""
+        self._bind(storage.Columns.of_rows([row]), storage.Columns.of_rows([state_row or {}]), 0, state)
+        self._load()
+
+    @classmethod
+    def _view(cls, rows: storage.Columns, states: storage.Columns, index: int,
+              state: ServiceBusMessageState) -> "ServiceBusReceivedMessage":
+        """The message of row `index` of a receive's rows and state rows, read when asked (nothing checked)."""
+        message = cls.__new__(cls)
+        message._bind(rows, states, index, state)
+        return message
+
+    def _bind(self, rows: storage.Columns, states: storage.Columns, index: int, state: ServiceBusMessageState) -> None:
+        """Start as the view of row `index` (of a new message: whatever it held is dropped)."""
+        self.__dict__ = {**_blank(rows, states, state), "_index": index}
+
+    def _load(self) -> None:
+        """Read every attribute from the stored rows now, in the order the first sparkbus versions read
+        them; raises what reading one raises."""
+        for name in _LOADED:
+            getattr(self, name)
+
+    def _optional(self, name: str, default: Any = None) -> Any:
+        """The stored column's value, default when the rows have no such column."""
+        return self._rows.column(name)[self._index] if self._rows.has(name) else default
+
+    def _state(self, name: str, default: Any = None) -> Any:
+        """The state row's value, default when there is no such column."""
+        return self._states.column(name)[self._index] if self._states.has(name) else default
 
     @classmethod
     def from_bytes(cls, message: bytes) -> "ServiceBusReceivedMessage":
@@ -196,6 +273,21 @@ class ServiceBusReceivedMessage:
                 f"delivery_count={self.delivery_count})")
 
 
+def _blank(rows: storage.Columns, states: storage.Columns, state: ServiceBusMessageState) -> dict:
+    """What a view of these rows holds before anything is read, but its row's index (_index)."""
+    return {"_rows": rows, "_states": states, "state": state, "_settled": False,
+            "_sections": None,  # as decoded by from_bytes
+            "_source": None,  # (namespace, entity path) of the receiver that locked it
+            "_incarnation": None}  # of the entity it was locked in (sparkbus.engine.registry)
+
+
+# What ServiceBusReceivedMessage._load reads, in order.
+_LOADED = ("_body_type", "_stored_body", "_properties", "str_application_properties", "application_properties",
+           "message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
+           "reply_to", "reply_to_session_id", "sequence_number", "enqueued_time_utc", "scheduled_enqueue_time_utc",
+           "expires_at_utc", "time_to_live", "delivery_count", "lock_token", "locked_until_utc",
+           "dead_letter_reason", "dead_letter_error_description", "dead_letter_source", "_partition_id", "_size",
+           "_state_row")
 SEQUENCE_NUMBER_ANNOTATION = b"x-opt-sequence-number"
 ENQUEUED_TIME_ANNOTATION = b"x-opt-enqueued-time"
 LOCKED_UNTIL_ANNOTATION = b"x-opt-locked-until"
@@ -565,7 +657,7 @@ class ServiceBusReceiver:
         rules = policy(info)
         written = self._governor.count(info.path, lambda: self._delivery.settle(
             info, _held([message]), lambda row, now: transitions.renewed(row, now, rules)))
-        message._state_row = written[message.sequence_number]
+        message._state_row = storage.as_rows(written)[0]
         message.locked_until_utc = message._state_row["locked_until_utc"]
         return message.locked_until_utc
 
@@ -737,26 +829,100 @@ def _check_wait(value: object) -> Optional[float]:
     return float(value)
 
 
-def _decoder(queue: str) -> Callable[[dict, dict], ServiceBusReceivedMessage]:
-    """How a receive from `queue` turns a locked (message row, state row) into a message: as received
-    (what cannot be decoded raises, and the receive dead-letters it), or in the dead-letter sub-queues,
-    where nothing can be dead-lettered again, as presented."""
+def _decoder(queue: str) -> Callable[[pa.Table, pa.Table], list]:
+    """How a receive from `queue` turns the rows it locked (message rows, state rows written) into
+    messages (sparkbus.engine.delivery.Decode): as received (a row that cannot be decoded gives its error,
+    and the receive dead-letters it), or in the dead-letter sub-queues, where nothing can be dead-lettered
+    again, as presented. Rows that certainly decode (_needs_check) become views read when asked; only the
+    others are decoded in full here."""
     kind = ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
-    if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED):
-        return lambda row, state_row: _presented(row, state_row, kind)
-    return lambda row, state_row: _received(row, state_row, kind)
+    make = _presented if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED) else _received
+
+    def decode(taken: pa.Table, states: pa.Table) -> list:
+        rows, state_rows = storage.Columns(taken), storage.Columns(states)
+        # _view, inlined: a view's attributes, with what settling reads of it, read a column at a time
+        blank, new, row = _blank(rows, state_rows, kind), ServiceBusReceivedMessage.__new__, storage.Row
+        numbers, tokens = rows.column("sequence_number"), state_rows.column("lock_token")
+        made: list = []
+        for i, check in enumerate(_needs_check(taken).tolist()):
+            if not check:
+                known = blank.copy()
+                token = tokens[i]
+                known["_index"], known["sequence_number"], known["lock_token"] = i, numbers[i], token
+                known["_state_row"] = None if token is None else row(state_rows, i)
+                message = new(ServiceBusReceivedMessage)
+                message.__dict__ = known
+                made.append(message)
+                continue
+            try:
+                made.append(make(rows, state_rows, i, kind))
+            except DECODE_ERRORS as error:
+                made.append(error)
+        return made
+    return decode
 
 
-def _received(row: dict, state_row: dict, kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
-    """A stored row as a received message. ValueError saying what cannot be decoded (a row written by an
-    older version or another tool: properties that do not decode or have no wire form, such as a lone
-    surrogate or an int beyond 64 bits, or an AMQP body that does not decode); the receive dead-letters
-    such a message (sparkbus.engine.delivery.decoded). Checks beyond the constructor's cost only a
-    look at each property, and a decode of a body that is not a plain data section."""
+# The stored application-properties texts that certainly decode to properties with a wire form: JSON as
+# encode_properties writes it (no whitespace, each value tagged with its type), each value in a form that
+# decodes. Strings: JSON strings (text in Arrow is valid UTF-8) without \uD800-\uDFFF escapes (a lone
+# surrogate, or half of a pair: checked in full); ints of at most 18 digits (within 64 bits); floats: JSON
+# numbers (with a fraction or exponent, or else at most 18 digits: json reads those as ints), or the
+# non-finite ones json.dumps writes; bytes: padded base64; uuid: 8-4-4-4-12 hex digits; datetime:
+# isoformat with an offset, on a day every month has (29th to 31st only where every year has them:
+# February 29th is checked in full).
+_JSON_STRING = r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CeEfF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))*"'
+_JSON_INT = r"-?(?:0|[1-9][0-9]{0,17})"
+_EXPONENT = r"[eE][-+]?[0-9]+"
+_JSON_FLOAT = (r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:" + _EXPONENT + ")?|" + _EXPONENT + ")|" + _JSON_INT
+               + r"|-?Infinity|NaN")
+_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_DATE = (r"(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-"
+         r"(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)")
+_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]"
+_DATETIME = (_DATE + "T" + _CLOCK + r":[0-5][0-9](?:\.[0-9]{6})?[-+]" + _CLOCK
+             + r"(?::[0-5][0-9](?:\.[0-9]{6})?)?")
+_TAGGED = (r'\["str",' + _JSON_STRING + r'\]|\["int",' + _JSON_INT + r'\]|\["float",(?:' + _JSON_FLOAT
+           + r')\]|\["bool",(?:true|false)\]|\["null",null\]|\["bytes","' + _BASE64 + r'"\]|\["uuid","'
+           + _UUID + r'"\]|\["datetime","' + _DATETIME + r'"\]')
+_ENTRY = _JSON_STRING + ":(?:" + _TAGGED + ")"
+_PLAIN_PROPERTIES = r"^\{(?:" + _ENTRY + "(?:," + _ENTRY + r")*)?\}$"
+
+
+def _needs_check(rows: pa.Table) -> np.ndarray:
+    """Which of a receive's message rows may not decode, vectorised (one pass per column): those a
+    receive decodes in full (_received), so it can dead-letter them if they do not. Every other row
+    certainly makes a message whose attributes all read without error: application properties that are
+    null or _PLAIN_PROPERTIES, an ordinary body (null body_type: nothing to decode), a time-to-live within
+    timedelta's range and both sizes set."""
+    check = np.zeros(rows.num_rows, dtype=bool)
+    if not rows.num_rows:
+        return check
+    properties = rows["application_properties"]
+    if properties.null_count < rows.num_rows:
+        plain = pc.match_substring_regex(properties, _PLAIN_PROPERTIES)
+        check |= ~pc.fill_null(plain, True).to_numpy(zero_copy_only=False)
+    ttl = rows["time_to_live_ms"]
+    beyond = pc.or_(pc.greater_equal(ttl, _LONGEST_TTL_MS), pc.less_equal(ttl, _SHORTEST_TTL_MS))
+    check |= pc.fill_null(beyond, False).to_numpy(zero_copy_only=False)
+    for unset in (pc.is_valid(rows["body_type"]), pc.is_null(rows["body_size"]), pc.is_null(rows["header_size"])):
+        check |= unset.to_numpy(zero_copy_only=False)
+    return check
+
+
+def _received(rows: storage.Columns, states: storage.Columns, index: int,
+              kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
+    """A stored row (row index of a receive's rows and state rows) as a received message, read in full.
+    ValueError saying what cannot be decoded (a row written by an older version or another tool:
+    properties that do not decode or have no wire form, such as a lone surrogate or an int beyond 64 bits,
+    or an AMQP body that does not decode); the receive dead-letters such a message
+    (sparkbus.engine.delivery.decoded). Checks beyond reading every attribute cost only a look at each
+    property, and a decode of a body that is not a plain data section."""
+    message = ServiceBusReceivedMessage._view(rows, states, index, kind)
     try:
-        message = ServiceBusReceivedMessage(row, state_row, kind)
+        message._load()
     except DECODE_ERRORS as error:
-        raise ValueError(_undecodable(row, error)) from error
+        raise ValueError(_undecodable(rows.column("application_properties")[index], error)) from error
     check_properties(message.str_application_properties, "application_properties")
     if message._body_type is not None:
         try:
@@ -766,10 +932,11 @@ def _received(row: dict, state_row: dict, kind: ServiceBusMessageState) -> Servi
     return message
 
 
-def _undecodable(row: dict, error: BaseException) -> str:
-    """What of a stored row a message cannot be made of (error: what making it raised)."""
+def _undecodable(text: Optional[str], error: BaseException) -> str:
+    """What of a stored row a message cannot be made of (text: its stored application properties;
+    error: what making it raised)."""
     try:
-        properties = decode_properties(row["application_properties"])
+        properties = decode_properties(text)
     except DECODE_ERRORS as found:
         return f"application_properties do not decode: {found}"
     try:
@@ -779,23 +946,28 @@ def _undecodable(row: dict, error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _presented(row: dict, state_row: dict, kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
+def _presented(rows: storage.Columns, states: storage.Columns, index: int,
+               kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
     """A stored row as peek and the dead-letter sub-queues show it: as received when it decodes, else with
     what does not decode left out: the application properties that do not decode or have no wire form
     are dropped (the others kept), a time-to-live beyond timedelta's range or a missing size reads as
     none. A body that does not decode raises only when .body is read (body_bytes has it as stored).
     Raises DECODE_ERRORS only for a row even that cannot show."""
+    message = ServiceBusReceivedMessage._view(rows, states, index, kind)
     try:
-        return ServiceBusReceivedMessage(row, state_row, kind)
+        message._load()
+        return message
     except DECODE_ERRORS:
+        row = dict(storage.Row(rows, index))
         ttl = row["time_to_live_ms"]
         shown = {**row, "application_properties": _decodable_properties(row["application_properties"]),
                  "time_to_live_ms": ttl if ttl is None or abs(ttl) < _LONGEST_TTL_MS else None,
                  "body_size": row["body_size"] or 0, "header_size": row["header_size"] or 0}
-        return ServiceBusReceivedMessage(shown, state_row, kind)
+        return ServiceBusReceivedMessage(shown, storage.Row(states, index), kind)
 
 
 _LONGEST_TTL_MS = timedelta.max // timedelta(milliseconds=1)
+_SHORTEST_TTL_MS = timedelta.min // timedelta(milliseconds=1)  # with the longest: timedelta's range
 
 
 def _decodable_properties(text: Optional[str]) -> Optional[str]:
@@ -816,7 +988,8 @@ def _decodable_properties(text: Optional[str]) -> Optional[str]:
 def _peeked(row: dict, now: datetime) -> Optional[ServiceBusReceivedMessage]:
     """A peeked row as presented; None for a row that cannot even be presented (peek leaves it out)."""
     try:
-        return _presented(row, _peeked_state(row), _peek_state(row, now))
+        return _presented(storage.Columns.of_rows([row]), storage.Columns.of_rows([_peeked_state(row)]), 0,
+                          _peek_state(row, now))
     except DECODE_ERRORS:
         return None
 

@@ -70,7 +70,8 @@ def test_auto_lock_renewer_reports_locks_that_really_lapsed(admin, client):
 def test_receive_and_complete_dataframes(spark, admin, ns_path):
     admin.create_queue("q", enable_partitioning=True)
     client = ServiceBusClient(ns_path, spark=spark)
-    client.get_queue_sender("q").send_messages([ServiceBusMessage(f"m{i}", subject=f"s{i}") for i in range(30)])
+    client.get_queue_sender("q").send_messages([ServiceBusMessage(f"m{i}", subject=f"s{i}", partition_key=f"k{i}")
+                                                for i in range(30)])  # keyed: over several partitions
     receiver = client.get_queue_receiver("q")
     df = receiver.receive_dataframe(max_message_count=20)
     assert df.count() == 20 and df.where("lock_token IS NULL").count() == 0

@@ -59,6 +59,17 @@ def is_fresh(locked_until: Optional[datetime], now: datetime) -> bool:
     return locked_until is not None and locked_until - now > FRESH_MARGIN
 
 
+def all_fresh(rows: pa.Table, tokens: list[str], now: datetime) -> bool:
+    """is_fresh for many state rows at once: whether each row (LOCKS) carries the token given for it, in
+    order, with a lock that is certainly still this receiver's."""
+    if not rows.num_rows:
+        return True
+    if not pc.all(pc.fill_null(pc.equal(rows["lock_token"], pa.array(tokens, pa.string())), False)).as_py():
+        return False
+    until = rows["locked_until_utc"].cast(pa.int64())
+    return not until.null_count and pc.min(until).as_py() - micros(now) > FRESH_MARGIN // timedelta(microseconds=1)
+
+
 def unlocked(row: dict, now: datetime) -> dict:
     """The row with its lock released, stamped now: the common part of every settlement."""
     return {**row, "lock_token": None, "locked_until_utc": None, "updated_at_utc": now}
@@ -72,6 +83,26 @@ def returned(row: dict, now: datetime) -> dict:
 
 def completed(row: dict, now: datetime) -> dict:
     return {**unlocked(row, now), "state": COMPLETED}
+
+
+def completed_table(rows: pa.Table, now: datetime) -> pa.Table:
+    """`completed` of many state rows (LOCKS) at once, in one Arrow operation per column."""
+    n = rows.num_rows
+    rows = rows.select(LOCKS.names).cast(LOCKS)
+    for name, column in (("state", pa.array([COMPLETED] * n, pa.string())), ("lock_token", pa.nulls(n, pa.string())),
+                         ("locked_until_utc", pa.nulls(n, TS)), ("updated_at_utc", times(now, n))):
+        rows = rows.set_column(LOCKS.get_field_index(name), LOCKS.field(name), column)
+    return rows
+
+
+# The settlements that have a table form: settling many messages (complete_messages) writes their rows
+# with it instead of a dict per row.
+TABLE_FORMS = {completed: completed_table}
+
+
+def times(moment: datetime, count: int) -> pa.Array:
+    """count copies of one time (TS), made without converting count datetimes."""
+    return pa.array(np.full(count, micros(moment), dtype=np.int64)).cast(TS)
 
 
 def deferred(row: dict, now: datetime) -> dict:
@@ -137,7 +168,9 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     mask = np.zeros(messages.num_rows, dtype=bool)
     mask[oldest.to_numpy()] = True
     found = messages.filter(pa.array(mask))
-    found = found.take(pc.sort_indices(found["sequence_number"]))
+    order = pc.sort_indices(found["sequence_number"]).to_numpy()
+    if not np.array_equal(order, np.arange(found.num_rows)):  # files hold rows in order: mostly no copy
+        found = found.take(pa.array(order))
     at = pc.index_in(found["sequence_number"], value_set=states["sequence_number"])
     prior = {"lock_state": states["state"].take(at),
              "prior_deliveries": pc.fill_null(states["delivery_count"].take(at), 0),
@@ -170,17 +203,18 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
     within = np.arange(n) <= (reached[0] if reached.size else n)
     deliver, moved = np.flatnonzero(deliverable & within), np.flatnonzero(~deliverable & within)
 
-    taken = found.take(pa.array(deliver, pa.int64()))
+    taken = found.select(["partition_id", "sequence_number", "lock_state", "prior_reason", "prior_description"]).take(
+        pa.array(deliver, pa.int64()))  # not the bodies
     k = taken.num_rows
     prior_state = pc.fill_null(taken["lock_state"], ACTIVE) if k else pa.array([], pa.string())
     delivered = pa.table({
         "partition_id": taken["partition_id"], "sequence_number": taken["sequence_number"],
         "state": pa.array([COMPLETED] * k) if delete else prior_state,
         "delivery_count": pa.array(deliveries[deliver] + 1, pa.int32()),
-        "lock_token": pa.array([None] * k if delete else new_lock_tokens(k), pa.string()),
-        "locked_until_utc": pa.array([None if delete else now + policy.lock_duration] * k, TS),
+        "lock_token": pa.nulls(k, pa.string()) if delete else lock_token_array(k),
+        "locked_until_utc": pa.nulls(k, TS) if delete else times(now + policy.lock_duration, k),
         "dead_letter_reason": taken["prior_reason"], "dead_letter_error_description": taken["prior_description"],
-        "dead_letter_source": pa.nulls(k, pa.string()), "updated_at_utc": pa.array([now] * k, TS),
+        "dead_letter_source": pa.nulls(k, pa.string()), "updated_at_utc": times(now, k),
     })
     moved_rows = []
     for i in moved.tolist():
@@ -193,8 +227,8 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
         else:
             moved_rows.append(new_state(pid, seq, DEAD_LETTERED, int(deliveries[i]), now, reason=MAX_DELIVERY_REASON,
                                         description=f"Message could not be consumed after {deliveries[i]} delivery attempts."))
-    rows = pa.concat_tables([delivered.cast(LOCKS), from_rows(moved_rows, LOCKS)])
-    return rows, deliver
+    rows = delivered.cast(LOCKS)
+    return (pa.concat_tables([rows, from_rows(moved_rows, LOCKS)]) if moved_rows else rows), deliver
 
 
 def not_held(rows: pa.Table, tokens: dict[int, str], now: datetime) -> list[int]:
@@ -232,13 +266,21 @@ def new_state(partition: int, sequence_number: int, state: str, delivery_count: 
 
 
 def new_lock_tokens(count: int) -> list[str]:
-    """count random version-4 UUID strings (one urandom call for all of them)."""
-    raw = bytearray(os.urandom(16 * count))
-    tokens = []
-    for i in range(count):
-        chunk = raw[16 * i:16 * i + 16]
-        chunk[6] = (chunk[6] & 0x0F) | 0x40
-        chunk[8] = (chunk[8] & 0x3F) | 0x80
-        h = chunk.hex()
-        tokens.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-    return tokens
+    """count random version-4 UUID strings (one urandom call for all of them, formatted vectorised)."""
+    return lock_token_array(count).to_pylist()
+
+
+def lock_token_array(count: int) -> pa.Array:
+    """new_lock_tokens as an Arrow string array (made without a Python str per token)."""
+    raw = np.frombuffer(os.urandom(16 * count), dtype=np.uint8).reshape(count, 16).copy()
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
+    digits = np.empty((count, 32), dtype=np.uint8)
+    digits[:, 0::2], digits[:, 1::2] = _HEX[raw >> 4], _HEX[raw & 0x0F]
+    text = np.full((count, 36), ord("-"), dtype=np.uint8)
+    for start, end, at in ((0, 8, 0), (8, 12, 9), (12, 16, 14), (16, 20, 19), (20, 32, 24)):
+        text[:, at:at + end - start] = digits[:, start:end]
+    return pa.array(text.view("S36").ravel(), pa.binary(36)).cast(pa.string())
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)

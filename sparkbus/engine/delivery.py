@@ -10,8 +10,9 @@ Concurrency: each operation is planned on one table version and committed condit
 nothing first when the receiver's locks are fresh (sparkbus.core.transitions.is_fresh): nobody else can have
 changed those rows, and a retry after a lost commit always reads. Calls from several threads of one
 receiver (AutoLockRenewer renews from its own) are serialised by one re-entrant lock. Received messages are
-decoded before the commit that locks them, so one that cannot be decoded is dead-lettered by that same
-commit instead of failing the receive for everyone (decoded).
+decoded before the commit that locks them (as far as needed to know they decode: sparkbus.receiver), so one
+that cannot be decoded is dead-lettered by that same commit instead of failing the receive for everyone
+(decoded). Settling many locks works on Arrow columns, table by table (_grouped, transitions.TABLE_FORMS).
 
 Entity identity (sparkbus.engine.registry): message locks (Held) and session locks (SessionLock) carry the
 incarnation of the entity they were taken in, and are refused in any other (MessageLockLostError,
@@ -25,10 +26,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Callable, Iterable, NamedTuple, Optional, TypeVar, Union
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -53,6 +56,10 @@ NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session wit
 # message is dead-lettered instead of delivered (decoded).
 DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError)
 Change = Callable[[dict, datetime], dict]
+# How a receive turns the messages it locked into what it returns: given their message rows and the state
+# rows written for them (two tables, row i of one with row i of the other), one entry per message: what
+# it decodes to, or the error (one of DECODE_ERRORS) decoding it raised (see decoded).
+Decode = Callable[[pa.Table, pa.Table], list]
 
 
 @dataclass
@@ -66,13 +73,13 @@ class SessionLock:
     incarnation: str  # of the entity it was taken in (sparkbus.engine.registry)
 
 
-@dataclass(frozen=True)
-class Held:
-    """A message lock this receiver holds: its token and, when known, the state row as written then and
-    the incarnation of the entity it was taken in (a lock known by its token only is always read back)."""
+class Held(NamedTuple):
+    """A message lock this receiver holds: its token and, when known, the state row as written then (a
+    dict, or a row of the table the lock was committed with: storage.Row) and the incarnation of the
+    entity it was taken in (a lock known by its token only is always read back)."""
 
     token: str
-    row: Optional[dict] = None
+    row: Optional[Mapping] = None
     incarnation: Optional[str] = None
 
 
@@ -93,11 +100,6 @@ def poll(attempt: Callable[[], Optional[T]], wait: Optional[float]) -> Optional[
             return got
         time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
         pause = min(pause * 2, POLL_MAX)
-
-
-def as_pair(row: dict, state_row: dict) -> tuple[dict, dict]:
-    """A delivered message as (message row, state row written): lock's decode when none is given."""
-    return row, state_row
 
 
 class Delivery:
@@ -184,17 +186,16 @@ class Delivery:
 
     # ---- locking -----------------------------------------------------------------------------------------
 
-    def lock(self, info: EntityInfo, partition: int, queue: str, count: int, *, delete: bool,
-             sequence_numbers: Optional[list[int]] = None, session: Optional[SessionLock] = None,
-             decode: Callable[[dict, dict], T] = as_pair) -> list[T]:
+    def lock(self, info: EntityInfo, partition: int, queue: str, count: int, *, delete: bool, decode: Decode,
+             sequence_numbers: Optional[list[int]] = None, session: Optional[SessionLock] = None) -> list:
         """Lock (delete: remove) up to count deliverable messages of one partition's `queue` (ACTIVE,
-        DEFERRED or DEAD_LETTERED), oldest first; returns decode(message row, state row written) of each
-        (by default the pair). A message decode fails for is not delivered (see decoded)."""
+        DEFERRED or DEAD_LETTERED), oldest first; returns what decode makes of them. A message decode
+        fails for is not delivered (see decoded)."""
         rules = policy(info)
         moved = [0]  # undecodable messages the last attempt dead-lettered
-        delivered: list[T] = []
+        delivered: list = []
 
-        def attempt(_: int) -> list[T]:
+        def attempt(_: int) -> list:
             wanted = count - len(delivered)
             messages, state = self.snapshot(info)
             now = datetime.now(timezone.utc)
@@ -206,7 +207,7 @@ class Delivery:
                 self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
                 queue, now, wanted + 16, sequence_numbers, session.session_id if session else None)
             rows, deliver = transitions.plan(found, taking, now, queue, delete, wanted)
-            got, rows, moved[0] = decoded(found.take(pa.array(deliver, pa.int64())), rows, decode, queue, now)
+            got, rows, moved[0] = decoded(_rows_at(found, deliver), rows, decode, queue, now)
             self._commit(state, partition, rows)
             return got
 
@@ -218,13 +219,13 @@ class Delivery:
         return delivered
 
     def lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
-                     session: Optional[SessionLock] = None, decode: Callable[[dict, dict], T] = as_pair) -> list[T]:
+                     decode: Decode, session: Optional[SessionLock] = None) -> list:
         """Lock (delete: remove) exactly these messages of `queue` (receive_deferred_messages), or none:
         MessageNotFoundError names the numbers that are not deliverable now, before anything is written.
         Partitions commit one by one, so a number taken by another receiver between the check and its
         partition's commit releases the locks already taken here, delivery counts as they were (in
         RECEIVE_AND_DELETE mode, what an earlier partition removed in that race stays removed). Returns
-        decode(message row, state row) of each; one decode fails for is dead-lettered and left out (decoded)."""
+        what decode makes of them; one decode fails for is dead-lettered and left out (decoded)."""
         wanted = deferred_partitions(sequence_numbers)
         if session is not None:
             self.check_session(info, session, datetime.now(timezone.utc))
@@ -240,28 +241,31 @@ class Delivery:
         if missing:
             raise MessageNotFoundError(f"no {queue.lower()}, unlocked message with sequence number(s) {missing[:10]}; "
                                        "nothing was received")
-        taken: list[tuple[dict, dict, T]] = []
+        taken: list[tuple[dict, object]] = []  # (state row written, what decode made) of each message
         undecodable: set[int] = set()
 
-        def tracked(row: dict, state_row: dict) -> tuple[dict, dict, T]:
-            try:
-                return row, state_row, decode(row, state_row)
-            except DECODE_ERRORS:
-                undecodable.add(row["sequence_number"])
-                raise
+        def tracked(messages: pa.Table, states: pa.Table) -> list:
+            made = []
+            for state_row, item in zip(storage.as_rows(states), decode(messages, states)):
+                if isinstance(item, DECODE_ERRORS):
+                    undecodable.add(state_row["sequence_number"])
+                    made.append(item)
+                else:
+                    made.append((state_row, item))
+            return made
 
         for partition, numbers in wanted.items():
             got = self.lock(info, partition, queue, len(numbers), delete=delete, sequence_numbers=numbers,
                             session=session, decode=tracked)
             taken += got
-            lost = sorted(set(numbers) - undecodable - {row["sequence_number"] for row, _, _ in got})
+            lost = sorted(set(numbers) - undecodable - {state_row["sequence_number"] for state_row, _ in got})
             if lost:  # lost a race for one of them
                 if not delete:
                     self.settle(info, {state_row["sequence_number"]: Held(state_row["lock_token"], state_row)
-                                       for _, state_row, _ in taken}, transitions.returned, session)
+                                       for state_row, _ in taken}, transitions.returned, session)
                 raise MessageNotFoundError(f"message(s) {lost[:10]} were taken by another receiver; nothing was "
                                            "received")
-        return [message for _, _, message in taken]
+        return [message for _, message in taken]
 
     def delete(self, info: EntityInfo, partition: int, queue: str, count: int, before: datetime,
                session: Optional[SessionLock] = None) -> int:
@@ -283,17 +287,17 @@ class Delivery:
         self.retain(info, partition)
         return removed
 
-    def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int,
-                 session: Optional[SessionLock] = None, decode: Callable[[dict, dict], T] = as_pair) -> list[T]:
+    def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int, decode: Decode,
+                 session: Optional[SessionLock] = None) -> list:
         """Up to count messages from the available partitions, visited from the start-th on (a session
-        receiver visits its session's partition only), each as decode(message row, state row)."""
+        receiver visits its session's partition only), as decode makes them."""
         available = available_partitions(info)
         if session is not None:
             available = [p for p in available if p == session.partition]
         if not available:
             return []
         start %= len(available)
-        got: list[T] = []
+        got: list = []
         for partition in available[start:] + available[:start]:
             try:
                 got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session,
@@ -309,12 +313,12 @@ class Delivery:
     # ---- settling ----------------------------------------------------------------------------------------
 
     def settle(self, info: EntityInfo, held: dict[int, Held], change: Change,
-               session: Optional[SessionLock] = None) -> dict[int, dict]:
+               session: Optional[SessionLock] = None) -> pa.Table:
         """Apply change(row as locked, now) to held messages: one conditional commit per partition.
         MessageLockLostError if any lock was lost (SessionLockLostError if the session's was); with several
         partitions, all locks are checked before the first commit, so either all are settled or none.
         Locks of another incarnation of the entity are lost, refused before anything is read or written.
-        Returns the rows written by sequence number."""
+        Returns the state rows written (LOCKS)."""
         if session is not None and session.incarnation != info.incarnation:
             raise session_lost(session, f"{info.kind} {info.path!r} was deleted and created again")
         stale = sorted(seq for seq, lock in held.items() if lock.incarnation not in (None, info.incarnation))
@@ -335,12 +339,12 @@ class Delivery:
                 if lost:
                     raise MessageLockLostError(
                         f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
-            written: dict[int, dict] = {}
+            written = []
             for partition, mine in by_partition.items():
-                written.update(self.retrying(info, lambda attempt, p=partition, m=mine:
+                written.append(self.retrying(info, lambda attempt, p=partition, m=mine:
                                              self._settle_partition(info, p, m, change, session, attempt)))
                 self.retain(info, partition)
-            return written
+            return pa.concat_tables(written) if written else LOCKS.empty_table()
         except EntityDeleted as gone:
             if session is not None:
                 raise session_lost(session, str(gone)) from gone
@@ -362,28 +366,35 @@ class Delivery:
         return info
 
     def _settle_partition(self, info: EntityInfo, partition: int, held: dict[int, Held], change: Change,
-                          session: Optional[SessionLock], attempt: int) -> dict[int, dict]:
+                          session: Optional[SessionLock], attempt: int) -> pa.Table:
+        """Settle held locks of one partition in one commit; the state rows written. A settlement with a
+        table form (transitions.TABLE_FORMS) changes the rows as Arrow columns, others row by row."""
         state, now = self.view(info, "locks"), datetime.now(timezone.utc)
         if session is not None:
             self.check_session(info, session, now, read=attempt > 0)
-        if attempt == 0 and self._all_fresh(held, now):
-            rows = [held[seq].row for seq in held]
+        whole = transitions.TABLE_FORMS.get(change)
+        grouped = _grouped(held.values()) if attempt == 0 else None
+        if grouped is not None and _fresh(*grouped, now):
+            rows: Union[pa.Table, list[Mapping]] = _locked_table(*grouped) if whole else [
+                lock.row for lock in held.values()]
         else:
-            current = locks.lock_rows(state, partition, list(held))
-            lost = transitions.not_held(current, _tokens(held), now)
+            rows = locks.lock_rows(state, partition, list(held))
+            lost = transitions.not_held(rows, _tokens(held), now)
             if lost:
                 raise MessageLockLostError(
                     f"the locks of messages {lost[:10]} in partition {partition} expired or were taken by another "
                     "receiver; they will be redelivered")
-            rows = storage.as_rows(current)
-        written = [change(row, now) for row in rows]
-        self._commit(state, partition, storage.from_rows(written, LOCKS))
-        return {row["sequence_number"]: row for row in written}
+        if whole is not None:
+            written = whole(rows, now)
+        else:
+            written = storage.from_rows([change(row, now) for row in (
+                storage.as_rows(rows) if isinstance(rows, pa.Table) else rows)], LOCKS)
+        self._commit(state, partition, written)
+        return written
 
     @staticmethod
     def _all_fresh(held: dict[int, Held], now: datetime) -> bool:
-        return all(lock.row is not None and lock.row["lock_token"] == lock.token
-                   and transitions.is_fresh(lock.row["locked_until_utc"], now) for lock in held.values())
+        return _fresh(*_grouped(held.values()), now)
 
     def extend_locks(self, session: SessionLock, held: dict[int, str], until: datetime) -> None:
         """Set the message locks still held (seq -> token) under session to end at `until` (a renewed or
@@ -539,32 +550,34 @@ class Delivery:
             raise session_lost(session, str(gone)) from gone
 
 
-def decoded(taken: pa.Table, rows: pa.Table, decode: Callable[[dict, dict], T], queue: str,
-            now: datetime) -> tuple[list[T], pa.Table, int]:
-    """(decode(message row, state row) of the messages a receive delivers, the state rows to commit, how
-    many messages were dead-lettered). taken: the delivered messages, whose state rows are the first rows
-    of `rows` (transitions.plan). Decoding runs before the commit, so a message decode raises one of
-    DECODE_ERRORS for (a row written by an older version or another tool: a property with a lone
-    surrogate, an AMQP body that does not decode) is not delivered and never locked: the same commit
-    dead-letters it (reason transitions.UNDECODABLE_REASON, the error as description, its delivery count
-    unchanged), and the other messages are delivered. In a dead-letter sub-queue, where it cannot be
-    dead-lettered again, it is left as it was (still visible to peek)."""
-    messages, states = storage.as_rows(taken), storage.as_rows(rows.slice(0, taken.num_rows))
-    delivered, set_aside = [], {}
-    for i, (row, state_row) in enumerate(zip(messages, states)):
-        try:
-            delivered.append(decode(row, state_row))
-        except DECODE_ERRORS as error:
-            set_aside[i] = None if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED) else transitions.new_state(
-                row["partition_id"], row["sequence_number"], DEAD_LETTERED, row["prior_deliveries"] or 0, now,
-                reason=transitions.UNDECODABLE_REASON,
-                description=transitions.dead_letter_text(f"the stored message cannot be decoded: {error}"))
-    if not set_aside:
-        return delivered, rows, 0
-    kept = [set_aside.get(i, state_row) for i, state_row in enumerate(states)]
-    written = pa.concat_tables([storage.from_rows([r for r in kept if r is not None], LOCKS),
-                                rows.slice(len(states)).cast(LOCKS)])
-    return delivered, written, sum(r is not None for r in set_aside.values())
+def decoded(taken: pa.Table, rows: pa.Table, decode: Decode, queue: str,
+            now: datetime) -> tuple[list, pa.Table, int]:
+    """(what decode makes of the messages a receive delivers, the state rows to commit, how many messages
+    were dead-lettered). taken: the delivered messages, whose state rows are the first rows of `rows`
+    (transitions.plan). Decoding runs before the commit, so a message decode fails for (it gives one of
+    DECODE_ERRORS in its place: a row written by an older version or another tool, such as a property
+    with a lone surrogate or an AMQP body that does not decode) is not delivered and never locked: the
+    same commit dead-letters it (reason transitions.UNDECODABLE_REASON, the error as description, its
+    delivery count unchanged), and the other messages are delivered. In a dead-letter sub-queue, where
+    it cannot be dead-lettered again, it is left as it was (still visible to peek)."""
+    made = decode(taken, rows.slice(0, taken.num_rows))
+    failed = {i: error for i, error in enumerate(made) if isinstance(error, Exception)}
+    if not failed:
+        return made, rows, 0
+    delivered = [item for i, item in enumerate(made) if i not in failed]
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[list(failed)] = False
+    if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED):
+        return delivered, rows.filter(pa.array(keep)), 0
+    at = pa.array(list(failed), pa.int64())
+    dead = [transitions.new_state(
+        partition, seq, DEAD_LETTERED, deliveries or 0, now, reason=transitions.UNDECODABLE_REASON,
+        description=transitions.dead_letter_text(f"the stored message cannot be decoded: {error}"))
+        for partition, seq, deliveries, error in zip(
+            taken["partition_id"].take(at).to_pylist(), taken["sequence_number"].take(at).to_pylist(),
+            taken["prior_deliveries"].take(at).to_pylist(), failed.values())]
+    written = pa.concat_tables([rows.filter(pa.array(keep)).cast(LOCKS), storage.from_rows(dead, LOCKS)])
+    return delivered, written, len(dead)
 
 
 def session_lost(session: SessionLock, why: str) -> SessionLockLostError:
@@ -582,6 +595,49 @@ def available_partitions(info: EntityInfo) -> list[int]:
     """The entity's partitions that are neither declared unavailable nor found faulty (availability.down)."""
     avoided = info.avoided()
     return [p for p in range(info.partition_count) if p not in avoided]
+
+
+# Locks whose state rows are rows of one committed table (storage.Row, as a receive made them): the
+# table's Columns, the rows' positions in it, the tokens held.
+_Group = tuple[storage.Columns, list[int], list[str]]
+
+
+def _grouped(held: Iterable[Held]) -> tuple[list[_Group], list[Held]]:
+    """Held locks grouped for checking and settling them table by table (one Arrow operation per table
+    instead of a dict per message), and the other locks."""
+    tables: dict[int, _Group] = {}
+    loose = []
+    for lock in held:
+        row = lock.row
+        if isinstance(row, storage.Row) and row.columns.table is not None:
+            _, at, tokens = tables.setdefault(id(row.columns), (row.columns, [], []))
+            at.append(row.index)
+            tokens.append(lock.token)
+        else:
+            loose.append(lock)
+    return list(tables.values()), loose
+
+
+def _fresh(tables: list[_Group], loose: list[Held], now: datetime) -> bool:
+    """Whether every lock is known as written and certainly still held (transitions.is_fresh)."""
+    return all(lock.row is not None and lock.row["lock_token"] == lock.token
+               and transitions.is_fresh(lock.row["locked_until_utc"], now) for lock in loose) and all(
+        transitions.all_fresh(columns.table.take(pa.array(at, pa.int64())), tokens, now)
+        for columns, at, tokens in tables)
+
+
+def _locked_table(tables: list[_Group], loose: list[Held]) -> pa.Table:
+    """The state rows (LOCKS) of locks known as written, as one table: one take per committed table."""
+    parts = [columns.table.take(pa.array(at, pa.int64())).select(LOCKS.names).cast(LOCKS)
+             for columns, at, _ in tables]
+    return pa.concat_tables([*parts, storage.from_rows([lock.row for lock in loose], LOCKS)])
+
+
+def _rows_at(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    """The table's rows at ascending positions: a slice (no copy of the bodies) when they are its first rows."""
+    if positions.size and positions[-1] == positions.size - 1:
+        return table.slice(0, positions.size)
+    return table.take(pa.array(positions, pa.int64()))
 
 
 def _tokens(held: dict[int, Held]) -> dict[int, str]:
