@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from sparkbus import storage
+from sparkbus import PartitionUnavailableError, storage
 from sparkbus.storage import commits
 from sparkbus.storage.schemas import LOCKS, TABLE_CONFIGURATION
 
@@ -157,3 +157,29 @@ def test_a_log_listing_that_misses_an_entry_being_created_is_read_again(table):
     assert "Expected contiguous commit files" in str(gap.value) and storage.is_expired_version(gap.value)
     threading.Timer(0.02, os.rename, (entry + ".away", entry)).start()
     assert storage.open_table(table.table_uri).version() == 3
+
+
+def test_a_lock_commit_leaves_its_file_in_the_readers_as_stored(table):
+    """locks.commit hands the file it wrote to the readers (theirs and the caller's) instead of letting
+    them read it back: what they hold is what a reader of the stored file gets, rewrites included."""
+    from sparkbus.engine import locks
+
+    def state(numbers: list[int], kind: str) -> pa.Table:
+        rows = _rows(numbers, kind)
+        return rows.add_column(0, LOCKS.field(storage.PARTITION_COLUMN), pa.array([2] * len(numbers), pa.int32()))
+
+    mine = storage.PartitionReader(LOCKS)
+    view = commits.LogView(storage.open_table(table.table_uri))
+    locks.commit(view, 2, state([5, 6, 7], "locked"), reader=mine)
+    locks.commit(view, 2, state([6], "completed"), reader=mine)  # rewrites the first file without 6
+    stored = storage.PartitionReader(LOCKS).rows(commits.LogView(storage.open_table(table.table_uri)), 2)
+    held = mine.rows(view, 2)
+    assert held.equals(stored) and held.schema.equals(stored.schema)
+    assert sorted(zip(held["sequence_number"].to_pylist(), held["state"].to_pylist())) == \
+        [(5, "locked"), (6, "completed"), (7, "locked")]
+    directory = os.path.join(storage.local_root(table.table_uri), f"{storage.PARTITION_COLUMN}=2")
+    for name in os.listdir(directory):
+        os.remove(os.path.join(directory, name))
+    assert mine.rows(view, 2).equals(held)  # never read back from storage
+    with pytest.raises(PartitionUnavailableError):
+        storage.PartitionReader(LOCKS).rows(commits.LogView(storage.open_table(table.table_uri)), 2)

@@ -173,7 +173,7 @@ class Delivery:
 
     def _commit(self, state: commits.LogView, partition: int, rows: pa.Table) -> None:
         """locks.commit, noted for `retrying` to confirm the incarnation afterwards."""
-        locks.commit(state, partition, rows)
+        locks.commit(state, partition, rows, reader=self._readers["locks"])
         self._wrote = self._wrote or rows.num_rows > 0
 
     def retain(self, info: EntityInfo, partition: int) -> None:
@@ -203,9 +203,15 @@ class Delivery:
             if session is not None:  # message locks end with the session lock, so a takeover finds them free
                 self.check_session(info, session, now)
                 taking = replace(rules, lock_duration=session.locked_until_utc - now)
+            if not messages.files(partition):  # the partition holds no message (none sent, or all removed)
+                moved[0] = 0
+                return []
             found = transitions.candidates(
                 self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
                 queue, now, wanted + 16, sequence_numbers, session.session_id if session else None)
+            if not found.num_rows:  # nothing to deliver or expire here: nothing to plan or commit
+                moved[0] = 0
+                return []
             rows, deliver = transitions.plan(found, taking, now, queue, delete, wanted)
             got, rows, moved[0] = decoded(_rows_at(found, deliver), rows, decode, queue, now)
             self._commit(state, partition, rows)

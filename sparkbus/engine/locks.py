@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import threading
 from typing import Optional
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
 from .. import storage
-from ..storage import commits, maintenance
+from ..storage import commits, location, maintenance
 from ..storage.schemas import LOCKS
 
 # Files read to rewrite them, kept decoded between commits (Delta data files never change); one lock for
@@ -37,12 +38,15 @@ def lock_rows(view: commits.LogView, partition: int, sequence_numbers: list[int]
 
 
 def commit(view: commits.LogView, partition: int, rows: pa.Table,
-           app_transactions: Optional[list[Transaction]] = None) -> None:
+           app_transactions: Optional[list[Transaction]] = None,
+           reader: Optional[storage.PartitionReader] = None) -> None:
     """Upsert state rows of one partition in one conditional commit based on the view's version (the view
     then moves to the commit's): the partition's files holding any of those sequence numbers are rewritten
     without them, plus the new rows, and the commit fails (CommitFailedError: the caller re-reads and retries) if another writer
     rewrote those files or added rows in the rows' sequence-number range since that version.
-    app_transactions are recorded with the commit (two concurrent commits setting one conflict)."""
+    app_transactions are recorded with the commit (two concurrent commits setting one conflict). The
+    file written is remembered by this module's reader and `reader` (the caller's), which would otherwise
+    read it back from storage on their next read of the partition."""
     if not rows.num_rows:
         return
     rows = rows.select(LOCKS.names).cast(LOCKS)
@@ -68,6 +72,11 @@ def commit(view: commits.LogView, partition: int, rows: pa.Table,
         commits.discard(view.log, files)
         raise
     view.committed(done, files, removed)
+    path = location.join(view.log.uri, unquote(files[0].path))
+    with _reading:
+        _reader.remember(path, written)
+    if reader is not None:
+        reader.remember(path, written)
     maintenance.after_direct_commit(view.log.uri, done.version)
 
 

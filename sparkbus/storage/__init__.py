@@ -407,7 +407,7 @@ class PartitionReader:
     def with_partition(self, parts: list[pa.Table], partition: int) -> pa.Table:
         """File rows (without the partition column) as one table in the schema given."""
         data = pa.concat_tables(parts) if parts else self._file_schema.empty_table()
-        column = pa.array([partition] * data.num_rows, self._schema.field(PARTITION_COLUMN).type)
+        column = pa.repeat(pa.scalar(partition, self._schema.field(PARTITION_COLUMN).type), data.num_rows)
         return data.add_column(0, self._schema.field(PARTITION_COLUMN), column).select(self._schema.names)
 
     def files(self, view: "LogView", partition: int, low: Optional[int] = None,
@@ -423,6 +423,11 @@ class PartitionReader:
             fault.partition_id = partition
             raise fault from error
 
+    def remember(self, path: str, data: pa.Table) -> None:
+        """Keep the rows of a data file this process just wrote (path as files() names it, data without the
+        partition column): the next read of that file costs nothing."""
+        self._keep(path, data.cast(self._file_schema))
+
     def _file(self, path: str) -> pa.Table:
         cached = self._files.get(path)
         if cached is not None:
@@ -433,9 +438,15 @@ class PartitionReader:
         if data.schema != self._file_schema:  # older files lack columns added since: they read as null
             data = pa.table([data[f.name] if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
                              for f in self._file_schema], names=self._file_schema.names).cast(self._file_schema)
+        self._keep(path, data)
+        return data
+
+    def _keep(self, path: str, data: pa.Table) -> None:
+        """Cache a file's rows, dropping the least recently used beyond max_bytes."""
+        if path in self._files:
+            return
         self._files[path] = data
         self._bytes += data.nbytes
         while self._bytes > self._max_bytes and len(self._files) > 1:
             _, dropped = self._files.popitem(last=False)
             self._bytes -= dropped.nbytes
-        return data
