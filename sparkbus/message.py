@@ -291,33 +291,61 @@ def _from_epoch_ms(value: int, name: str) -> datetime:
 def message_size(message: ServiceBusMessage) -> int:
     """Body + header bytes of one message, as the entity will count it (core.encoding.header_size, the
     per-message form of the sizes a send computes). Raises TypeError or ValueError as sending it would."""
+    return _row_size(_outgoing_row(message))
+
+
+def _outgoing_row(message: ServiceBusMessage) -> tuple:
+    """The message's OUTGOING values, in the schema's order, checked exactly as a send checks them
+    (TypeError or ValueError naming the field)."""
     _check_each([message], [0])
-    timed = (message.time_to_live is not None) + (message.scheduled_enqueue_time_utc is not None)
-    return len(message._body) + header_size([getattr(message, n) for n in STRING_PROPERTIES],
-                                            encode_properties(message.application_properties), timed)
+    ttl = message.time_to_live
+    return (*(getattr(message, n) for n in STRING_PROPERTIES), encode_properties(message.application_properties),
+            message._body, message._body_type, None if ttl is None else ttl // timedelta(milliseconds=1),
+            message.scheduled_enqueue_time_utc)
+
+
+_NAMES = len(STRING_PROPERTIES)
+
+
+def _row_size(row: tuple) -> int:
+    """Body + header bytes of an _outgoing_row."""
+    timed = (row[_NAMES + 3] is not None) + (row[_NAMES + 4] is not None)
+    return len(row[_NAMES + 1]) + header_size(row[:_NAMES], row[_NAMES], timed)
 
 
 class ServiceBusMessageBatch:
-    """Messages that fit in one send; add_message raises MessageSizeExceededError once the batch is full."""
+    """Messages that fit in one send; add_message raises MessageSizeExceededError once the batch is full.
+    A message is sent as it was when it was added (its values are taken and checked then, as the SDK
+    encodes a message when it is added): changing it afterwards does not change the batch."""
 
     def __init__(self, max_size_in_bytes: int) -> None:
         self.max_size_in_bytes = max_size_in_bytes
         self._messages: list[ServiceBusMessage] = []
+        self._rows: list[tuple] = []  # _outgoing_row of each message, as added
         self._size = 0
 
     def add_message(self, message: Union[ServiceBusMessage, AmqpAnnotatedMessage]) -> None:
+        """Add a message; MessageSizeExceededError when it does not fit, TypeError or ValueError when it
+        holds a value without a wire form (nothing is added)."""
         if isinstance(message, AmqpAnnotatedMessage):
             message = ServiceBusMessage.from_amqp(message)
         if not isinstance(message, ServiceBusMessage):
             raise TypeError(f"add_message takes a ServiceBusMessage or AmqpAnnotatedMessage, "
                             f"got {type(message).__name__}")
-        size = message_size(message)
+        row = _outgoing_row(message)
+        size = _row_size(row)
         if self._size + size > self.max_size_in_bytes:
             raise MessageSizeExceededError(
                 f"the message ({size} bytes) does not fit: the batch holds {self._size} of "
                 f"{self.max_size_in_bytes} bytes")
         self._messages.append(message)
+        self._rows.append(row)
         self._size += size
+
+    def outgoing(self) -> pa.Table:
+        """The batch as OUTGOING rows, as its messages were when added (what send_messages commits)."""
+        columns = zip(*self._rows) if self._rows else [[] for _ in OUTGOING]
+        return pa.table([pa.array(list(values), f.type) for values, f in zip(columns, OUTGOING)], schema=OUTGOING)
 
     @property
     def size_in_bytes(self) -> int:

@@ -146,7 +146,7 @@ class ServiceBusSender:
                 self.entity_info(), lambda held: self._send(held, batch_limit=False), messages), timeout)
             return
         if messages:
-            rows = to_outgoing(messages)
+            rows = message.outgoing() if isinstance(message, ServiceBusMessageBatch) else to_outgoing(messages)
             self._charged(len(messages), lambda: self._writer.send(rows), timeout)
 
     def _send(self, messages: list[ServiceBusMessage], *, batch_limit: bool = True) -> EnqueueResult:

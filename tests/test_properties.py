@@ -18,7 +18,7 @@ import sparkbus
 from sparkbus import ServiceBusClient, ServiceBusMessage
 from sparkbus.core import partitioning, sequencing
 from sparkbus.core.encoding import body_sizes, header_sizes
-from sparkbus.message import to_outgoing
+from sparkbus.message import ServiceBusMessageBatch, to_outgoing
 
 IDS = st.none() | st.text(min_size=1, max_size=20)
 COUNTS = st.sampled_from([1, 2, 4, 16])
@@ -93,6 +93,28 @@ def test_a_message_size_is_its_body_and_header_bytes_and_grows_with_what_it_carr
     bare = ServiceBusMessage(body, message_id=message.message_id)
     extra = sum(len(k.encode("utf-8")) for k in properties) + len((subject or "").encode("utf-8")) + (8 if ttl else 0)
     assert message.size_in_bytes >= bare.size_in_bytes + extra  # every property, subject and TTL counts
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=300) | st.text(max_size=100),
+                          st.dictionaries(st.text(min_size=1, max_size=10), PROPERTY_VALUES, max_size=3),
+                          IDS, st.booleans()), min_size=1, max_size=8))
+def test_a_batch_sends_its_messages_as_they_were_when_added(drawn):
+    """ServiceBusMessageBatch keeps each message's rows as added: the same rows and sizes a send of the
+    messages computes, and a message changed afterwards (even to a value without a wire form) changes
+    nothing the batch sends."""
+    messages = [ServiceBusMessage(body, application_properties=properties or None, subject=subject,
+                                  time_to_live=timedelta(seconds=30) if ttl else None)
+                for body, properties, subject, ttl in drawn]
+    batch = ServiceBusMessageBatch(10 ** 7)
+    for message in messages:
+        batch.add_message(message)
+    expected = to_outgoing(messages)
+    assert batch.outgoing().equals(expected)
+    assert batch.size_in_bytes == sum(message.size_in_bytes for message in messages)
+    for message in messages:
+        message.subject, message.application_properties = "changed", {"p": 2 ** 100}
+    assert batch.outgoing().equals(expected)
 
 
 @pytest.fixture(scope="module")
