@@ -133,6 +133,9 @@ def renewed(row: dict, now: datetime, policy: Policy) -> dict:
     return {**row, "locked_until_utc": now + policy.lock_duration, "updated_at_utc": now}
 
 
+CANDIDATE_STATE_COLUMNS = ("lock_state", "prior_deliveries", "prior_reason", "prior_description")
+
+
 def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, limit: int,
                sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None,
                enqueued_before: Optional[datetime] = None) -> pa.Table:
@@ -172,7 +175,7 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     if not np.array_equal(order, np.arange(found.num_rows)):  # files hold rows in order: mostly no copy
         found = found.take(pa.array(order))
     at = pc.index_in(found["sequence_number"], value_set=states["sequence_number"])
-    prior = {"lock_state": states["state"].take(at),
+    prior = {"lock_state": states["state"].take(at),  # CANDIDATE_STATE_COLUMNS
              "prior_deliveries": pc.fill_null(states["delivery_count"].take(at), 0),
              "prior_reason": states["dead_letter_reason"].take(at),
              "prior_description": states["dead_letter_error_description"].take(at)}

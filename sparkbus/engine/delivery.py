@@ -51,6 +51,8 @@ from .retry import RetryPolicy
 
 T = TypeVar("T")
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
+# The message columns choosing and planning a lock read (transitions.candidates and plan).
+CHOOSING = ("sequence_number", "session_id", "enqueued_time_utc", "scheduled_enqueue_time_utc", "expires_at_utc")
 NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session with available messages
 # What a receiver's decode of a stored row written by an older version or another tool can raise: such a
 # message is dead-lettered instead of delivered (decoded).
@@ -110,7 +112,11 @@ class Delivery:
         self._retry = retry_policy
         self._tables: dict[str, DeltaTable] = {}
         self._views: dict[str, commits.LogView] = {}
-        self._readers = {"messages": storage.PartitionReader(MESSAGES), "locks": storage.PartitionReader(LOCKS)}
+        # Choosing what to lock reads CHOOSING's narrow columns of a partition's messages; only the rows
+        # chosen are then read whole (with 4 receivers on one queue, each had read every body of every
+        # partition it visited, 4x the data, most of it for messages another receiver took).
+        self._readers = {"messages": storage.PartitionReader(MESSAGES), "locks": storage.PartitionReader(LOCKS),
+                         "choosing": storage.PartitionReader(MESSAGES, columns=CHOOSING)}
         self._guard = threading.RLock()
         self._wrote = False  # whether the operation `retrying` runs committed something
 
@@ -176,6 +182,14 @@ class Delivery:
         locks.commit(state, partition, rows, reader=self._readers["locks"])
         self._wrote = self._wrote or rows.num_rows > 0
 
+    def _whole(self, messages: commits.LogView, partition: int, chosen: pa.Table) -> pa.Table:
+        """The chosen candidates (CHOOSING columns and the state columns candidates() adds) as whole message
+        rows with those state columns, in their order."""
+        whole = self._readers["messages"].rows_of(messages, partition, chosen["sequence_number"].combine_chunks())
+        for name in transitions.CANDIDATE_STATE_COLUMNS:
+            whole = whole.append_column(chosen.schema.field(name), chosen[name])
+        return whole
+
     def retain(self, info: EntityInfo, partition: int) -> None:
         """Now and then, let completed messages of the partition leave the tables (sparkbus.engine.retention),
         on the maintenance thread: inline, a run put 60-100 ms on every 25th receive+complete."""
@@ -207,13 +221,14 @@ class Delivery:
                 moved[0] = 0
                 return []
             found = transitions.candidates(
-                self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+                self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
                 queue, now, wanted + 16, sequence_numbers, session.session_id if session else None)
             if not found.num_rows:  # nothing to deliver or expire here: nothing to plan or commit
                 moved[0] = 0
                 return []
             rows, deliver = transitions.plan(found, taking, now, queue, delete, wanted)
-            got, rows, moved[0] = decoded(_rows_at(found, deliver), rows, decode, queue, now)
+            got, rows, moved[0] = decoded(self._whole(messages, partition, _rows_at(found, deliver)), rows, decode,
+                                          queue, now)
             self._commit(state, partition, rows)
             return got
 
@@ -240,7 +255,7 @@ class Delivery:
             messages, state = self.snapshot(info)
             now = datetime.now(timezone.utc)
             return {n for partition, numbers in wanted.items() for n in transitions.candidates(
-                self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+                self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
                 queue, now, len(numbers), numbers, session.session_id if session else None)["sequence_number"].to_pylist()}
         present = self._reading(info, deliverable)
         missing = sorted(set(sequence_numbers) - present)
@@ -283,7 +298,7 @@ class Delivery:
             if session is not None:
                 self.check_session(info, session, now)
             found = transitions.candidates(
-                self._readers["messages"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+                self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
                 queue, now, count, session_id=session.session_id if session else None, enqueued_before=before)
             if found.num_rows:
                 self._commit(state, partition, transitions.deleted(found, now))

@@ -391,9 +391,13 @@ class PartitionReader:
     never stale, and after the first read only the files committed since are read (a few small ones
     per operation instead of a DataFusion query over all of them). Least recently used files are
     dropped beyond max_bytes. Files are read whole, single-threaded, without pyarrow's dataset
-    scanner (see the module docstring)."""
+    scanner (see the module docstring). Given `columns`, only those (and the partition column) are read
+    and returned: choosing what to lock needs a few narrow columns, not the bodies."""
 
-    def __init__(self, schema: pa.Schema, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, schema: pa.Schema, max_bytes: int = 256 << 20,
+                 columns: Optional[tuple[str, ...]] = None) -> None:
+        if columns is not None:
+            schema = pa.schema([f for f in schema if f.name == PARTITION_COLUMN or f.name in columns])
         self._schema = schema
         self._file_schema = pa.schema([f for f in schema if f.name != PARTITION_COLUMN])
         self._max_bytes = max_bytes
@@ -403,6 +407,21 @@ class PartitionReader:
     def rows(self, view: "LogView", partition: int) -> pa.Table:
         """Every row of the partition at the view's version (in the schema given, file by file)."""
         return self.with_partition([data for _, data in self.files(view, partition)], partition)
+
+    def rows_of(self, view: "LogView", partition: int, sequence_numbers: pa.Array) -> pa.Table:
+        """The partition's rows of these sequence numbers, in their order, read only from the files whose
+        range may hold them (all must exist: KeyError naming one that does not)."""
+        if not len(sequence_numbers):
+            return self.with_partition([], partition)
+        extremes = pc.min_max(sequence_numbers)
+        parts = [data.filter(pc.is_in(data["sequence_number"], value_set=sequence_numbers))
+                 for _, data in self.files(view, partition, extremes["min"].as_py(), extremes["max"].as_py())]
+        found = self.with_partition(parts, partition)
+        order = pc.index_in(sequence_numbers, value_set=found["sequence_number"])
+        if order.null_count:
+            raise KeyError(f"sequence number {sequence_numbers.filter(pc.is_null(order))[0]} is not in partition "
+                           f"{partition} at version {view.version}")
+        return found.take(order)
 
     def with_partition(self, parts: list[pa.Table], partition: int) -> pa.Table:
         """File rows (without the partition column) as one table in the schema given."""
@@ -434,7 +453,9 @@ class PartitionReader:
             self._files.move_to_end(path)
             return cached
         source = path if location.is_local(path) else pa.BufferReader(location.get(path))
-        data = pq.ParquetFile(source).read(use_threads=False)
+        file = pq.ParquetFile(source)
+        present = set(file.schema_arrow.names)
+        data = file.read([n for n in self._file_schema.names if n in present], use_threads=False)
         if data.schema != self._file_schema:  # older files lack columns added since: they read as null
             data = pa.table([data[f.name] if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
                              for f in self._file_schema], names=self._file_schema.names).cast(self._file_schema)

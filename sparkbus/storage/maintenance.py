@@ -40,7 +40,8 @@ from . import location
 CHECKPOINT_EVERY = 10
 COMPACT_EVERY = 20
 # Files reaching this size are left alone: with delta-rs' default target (100 MB) a partition holding one
-# large file and one new small file was rewritten whole every COMPACT_EVERY commits.
+# large file and one new small file was rewritten whole every COMPACT_EVERY commits. A table's
+# delta.targetFileSize, when set, is used instead (messages tables: storage.schemas).
 COMPACT_TARGET_BYTES = 16 * 1024 * 1024
 # A compaction loses to any commit that rewrote the files it read (settlements do, all the time); tried
 # once and skipped, a busy locks table piled up files and receive+complete went from 49 to 286 ms at p50.
@@ -129,7 +130,8 @@ def compact(uri: str) -> bool:
         for _ in range(COMPACT_ATTEMPTS):
             try:
                 table = storage.open_table(uri)
-                metrics = table.optimize.compact(target_size=COMPACT_TARGET_BYTES,
+                configured = table.metadata().configuration.get("delta.targetFileSize")
+                metrics = table.optimize.compact(target_size=int(configured) if configured else COMPACT_TARGET_BYTES,
                                                  post_commithook_properties=storage.NO_HOOKS)
                 if metrics.get("numFilesAdded"):
                     storage.sync_version(table)

@@ -7,6 +7,8 @@ overwrites that name the partition.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
@@ -87,16 +89,27 @@ LOG_RETENTION = "interval 10 seconds"
 TOMBSTONE_RETENTION = "interval 1 minute"
 
 
-def table_configuration(stats_columns: str) -> dict[str, str]:
+def table_configuration(stats_columns: str, target_file_bytes: Optional[int] = None) -> dict[str, str]:
     """Frequent checkpoints (a one-row commit took 30 ms with 50 commits since the last one, 10 ms right
-    after one), bounded log retention, and statistics only on the columns sparkbus prunes or bounds with
-    (each indexed column costs time on every commit)."""
-    return {"delta.checkpointInterval": "10", "delta.dataSkippingStatsColumns": stats_columns,
-            "delta.logRetentionDuration": LOG_RETENTION, "delta.deletedFileRetentionDuration": TOMBSTONE_RETENTION}
+    after one), bounded log retention, statistics only on the columns sparkbus prunes or bounds with
+    (each indexed column costs time on every commit), and the size compaction merges small files up to
+    (storage.maintenance; its default when not given)."""
+    configuration = {"delta.checkpointInterval": "10", "delta.dataSkippingStatsColumns": stats_columns,
+                     "delta.logRetentionDuration": LOG_RETENTION,
+                     "delta.deletedFileRetentionDuration": TOMBSTONE_RETENTION}
+    if target_file_bytes is not None:
+        configuration["delta.targetFileSize"] = str(target_file_bytes)
+    return configuration
 
+
+# Messages files are compacted up to 1 MiB only: a receiver reads whole the files holding the messages it
+# locks, and with 16 MiB files 4 receivers of one queue each read every body of the partitions they
+# visited (a 1,000-message batch needs 1 MiB of 1 KiB bodies).
+MESSAGES_TARGET_FILE_BYTES = 1 << 20
 
 TABLE_CONFIGURATION = {
-    "messages": table_configuration("sequence_number,body_size,header_size,enqueued_time_utc"),
+    "messages": table_configuration("sequence_number,body_size,header_size,enqueued_time_utc",
+                                    MESSAGES_TARGET_FILE_BYTES),
     "locks": table_configuration("sequence_number,locked_until_utc"),
     "sessions": table_configuration("session_id,locked_until_utc"),
 }
