@@ -21,6 +21,7 @@ import concurrent.futures
 import json
 import math
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -199,7 +200,7 @@ def fsync_together(files: list[str], directories: Iterable[str] = ()) -> None:
     pending: list[concurrent.futures.Future] = []
     try:
         for path in paths[1:]:
-            pending.append(_syncs().submit(fsync_file, path))
+            pending.append(pool("fsync", 8).submit(fsync_file, path))
     except RuntimeError:  # the interpreter is exiting (a commit from an atexit hook): the rest in this thread
         for path in paths[1 + len(pending):]:
             fsync_file(path)
@@ -213,14 +214,18 @@ def fsync_together(files: list[str], directories: Iterable[str] = ()) -> None:
     _durable_directories.update(directories)
 
 
-_sync_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_pools_guard = threading.Lock()
 
 
-def _syncs() -> concurrent.futures.ThreadPoolExecutor:
-    global _sync_pool
-    if _sync_pool is None:
-        _sync_pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="sparkbus-fsync")
-    return _sync_pool
+def pool(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The process's thread pool of that name, created on first use: fsyncs, Parquet writes and uploads
+    release the GIL, so several run side by side."""
+    with _pools_guard:
+        if name not in _pools:
+            _pools[name] = concurrent.futures.ThreadPoolExecutor(max_workers=workers,
+                                                                 thread_name_prefix=f"sparkbus-{name}")
+        return _pools[name]
 
 
 def local_root(uri: str) -> Optional[str]:

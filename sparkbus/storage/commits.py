@@ -61,8 +61,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from . import (EPOCH, PARTITION_COLUMN, fsync_file, fsync_together, durable, local_root, location, open_table,
-               read_at)
+from . import (EPOCH, PARTITION_COLUMN, fsync_file, fsync_together, durable, pool as storage_pool, local_root,
+               location, open_table, read_at)
 
 ENGINE = "sparkbus"
 _DEFAULT_RETENTION = timedelta(days=30)  # Delta's default delta.logRetentionDuration
@@ -309,7 +309,8 @@ def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], p
     the files already written are deleted and the error raised."""
     if len(partitions) < 2:
         return [write_file(log, p, rows_of(p)) for p in partitions]
-    pool = _writers() if location.is_local(log.uri) else _uploads()
+    pool = (storage_pool("write", min(4, os.cpu_count() or 1)) if location.is_local(log.uri)
+            else storage_pool("upload", 8))
     futures: list[concurrent.futures.Future] = []
     try:
         for p in partitions:
@@ -332,25 +333,6 @@ def _done(call: Callable[[], AddedFile]) -> concurrent.futures.Future:
     except Exception as error:
         future.set_exception(error)
     return future
-
-
-_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
-_local_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
-
-
-def _uploads() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="sparkbus-upload")
-    return _pool
-
-
-def _writers() -> concurrent.futures.ThreadPoolExecutor:
-    global _local_pool
-    if _local_pool is None:
-        _local_pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
-                                                            thread_name_prefix="sparkbus-write")
-    return _local_pool
 
 
 def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
