@@ -260,6 +260,7 @@ class Delivery:
         present = self._reading(info, deliverable)
         missing = sorted(set(sequence_numbers) - present)
         if missing:
+            self.entity.confirm(info)  # not found because the entity is gone? (see lock_any)
             raise MessageNotFoundError(f"no {queue.lower()}, unlocked message with sequence number(s) {missing[:10]}; "
                                        "nothing was received")
         taken: list[tuple[dict, object]] = []  # (state row written, what decode made) of each message
@@ -311,7 +312,10 @@ class Delivery:
     def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int, decode: Decode,
                  session: Optional[SessionLock] = None) -> list:
         """Up to count messages from the available partitions, visited from the start-th on (a session
-        receiver visits its session's partition only), as decode makes them."""
+        receiver visits its session's partition only), as decode makes them. Finding none, it confirms
+        the incarnation (EntityDeleted when it is gone): files it had read and written are kept in
+        memory, so a receive from a deleted queue may fail nowhere else, and the receiver must not go on
+        serving what it prefetched there."""
         available = available_partitions(info)
         if session is not None:
             available = [p for p in available if p == session.partition]
@@ -329,6 +333,8 @@ class Delivery:
                 continue
             if len(got) >= count:
                 break
+        if not got:  # nothing read failed and nothing was written: still the entity's incarnation?
+            self.entity.confirm(info)
         return got
 
     # ---- settling ----------------------------------------------------------------------------------------
