@@ -279,6 +279,17 @@ def test_a_file_is_sent_whole_in_batches_after_it_was_checked(admin, ns_path, tm
     assert [str(m)[:4] for m in sorted(peeked, key=lambda m: m.sequence_number)] == [f"{i:04d}" for i in range(1500)]
 
 
+def _until_reading_stdin(pid: int, timeout: float = 120) -> None:
+    """Wait until the process's main thread is blocked in read(2) on file descriptor 0 (Linux /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/syscall") as current:
+            if current.read().split()[:2] == ["0", "0x0"]:  # x86-64 read, fd 0
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not start reading stdin within {timeout} s")
+
+
 def test_ctrl_c_is_one_line_and_exit_130(admin, ns_path):
     """A real `sparkbus send --file -` reading a stdin that stays open, interrupted with SIGINT (Ctrl-C)."""
     admin.create_queue("q")
@@ -287,7 +298,7 @@ def test_ctrl_c_is_one_line_and_exit_130(admin, ns_path):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     send.stdin.write(b'"first"\n')
     send.stdin.flush()
-    time.sleep(5)  # the interpreter has started and reads stdin, which stays open
+    _until_reading_stdin(send.pid)  # started (a fixed pause was not always enough on a busy machine)
     send.send_signal(signal.SIGINT)
     assert send.wait(timeout=120) == 130
     assert send.stderr.read() == b"sparkbus: interrupted\n" and send.stdout.read() == b""
