@@ -294,8 +294,12 @@ def test_ctrl_c_is_one_line_and_exit_130(admin, ns_path):
     """A real `sparkbus send --file -` reading a stdin that stays open, interrupted with SIGINT (Ctrl-C)."""
     admin.create_queue("q")
     exe = os.path.join(os.path.dirname(sys.executable), "sparkbus")
+    # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored across exec:
+    # `make test &` passed that on to this command, which then rightly ignored Ctrl-C. Start it as a
+    # terminal would, with SIGINT's default action.
     send = subprocess.Popen([exe, "send", "--namespace", ns_path, "--entity", "q", "--file", "-"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     send.stdin.write(b'"first"\n')
     send.stdin.flush()
     _until_reading_stdin(send.pid)  # started (a fixed pause was not always enough on a busy machine)
