@@ -1,6 +1,7 @@
 """Runtime properties: message counts and sizes aggregated over the partitions of an entity's tables."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Optional
@@ -9,6 +10,7 @@ from deltalake import DeltaTable
 
 from .. import storage
 from ..core import sequencing
+from ..storage import commits
 from ..storage.schemas import DEAD_LETTERED, GONE_SQL, TRANSFER_DEAD_LETTERED
 
 
@@ -72,10 +74,40 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
                   size_in_bytes=int(row["size_in_bytes"]), accessed_at_utc=accessed)
 
 
-def partition_sizes(messages_uri: str, locks_uri: str, partitions: Iterable[int], header_copies: int) -> dict[int, int]:
-    """Exact stored bytes of the given partitions."""
-    ids = ", ".join(str(int(p)) for p in partitions)
+@dataclass
+class PartitionSizes:
+    """Exact stored bytes of some partitions, measured at these versions of the messages and locks tables."""
+
+    sizes: dict[int, int]
+    messages_version: int
+    locks_version: int
+    expires: float  # monotonic time after which log entries it has not read may have been cleaned up
+
+    def follow(self, messages_uri: str, locks_uri: str) -> None:
+        """Move to the tables' latest versions, forgetting the partitions whose files changed since (the
+        others' sizes are still exact): a few reads of small log entries instead of a query. Past its
+        expiry everything is forgotten."""
+        if time.monotonic() > self.expires:
+            self.sizes = {}
+            return
+        messages = commits.entries_after(messages_uri, self.messages_version)
+        locks = commits.entries_after(locks_uri, self.locks_version)
+        for entry in messages + locks:
+            changed = None if entry.table_changed else entry.partitions()
+            self.sizes = {} if changed is None else {p: n for p, n in self.sizes.items() if p not in changed}
+        self.messages_version += len(messages)
+        self.locks_version += len(locks)
+
+
+def partition_sizes(messages_uri: str, locks_uri: str, partitions: Iterable[int], header_copies: int) -> PartitionSizes:
+    """Exact stored bytes of the given partitions (every one named, 0 when empty) at the latest versions."""
+    partitions = sorted({int(p) for p in partitions})
+    ids = ", ".join(map(str, partitions))
     sql = f"SELECT partition_id, SUM(stored_size) AS size {_live_messages(header_copies, f'm.partition_id IN ({ids})')} GROUP BY partition_id"
+    started = time.monotonic()
     messages, locks = open_live(messages_uri, locks_uri)
     table = storage.query(sql, messages=messages, locks=locks)
-    return dict(zip(table["partition_id"].to_pylist(), (int(v) for v in table["size"].to_pylist())))
+    found = dict(zip(table["partition_id"].to_pylist(), (int(v) for v in table["size"].to_pylist())))
+    safe = min(commits.TableLog.of(messages).safe_seconds, commits.TableLog.of(locks).safe_seconds)
+    return PartitionSizes({p: found.get(p, 0) for p in partitions}, messages.version(), locks.version(),
+                          started + safe)

@@ -67,6 +67,7 @@ from . import (EPOCH, PARTITION_COLUMN, fsync_file, fsync_together, durable, poo
 ENGINE = "sparkbus"
 _DEFAULT_RETENTION = timedelta(days=30)  # Delta's default delta.logRetentionDuration
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(\w+?)s?\s*$", re.IGNORECASE)
+_PARTITION_PATH = re.compile(rf"{PARTITION_COLUMN}(?:=|%3D)(\d+)/")
 _UNITS = {"microsecond": 1e-6, "millisecond": 1e-3, "second": 1, "minute": 60, "hour": 3600, "day": 86400,
           "week": 604800}
 
@@ -97,6 +98,13 @@ class Entry:
     removed: set[str] = field(default_factory=set)
     app_ids: dict[str, int] = field(default_factory=dict)
     table_changed: bool = False  # a metaData or protocol action
+
+    def partitions(self) -> Optional[set[int]]:
+        """The partitions whose files the entry adds or removes; None when a removed path names none."""
+        found = [_PARTITION_PATH.match(path) for path in self.removed]
+        if not all(found):
+            return None
+        return {a.partition for a in self.added} | {int(m.group(1)) for m in found if m}
 
 
 @dataclass(frozen=True)
@@ -418,10 +426,19 @@ def _link_entry(staged: str, target: str) -> bool:
     return True
 
 
-def read_entry(log: TableLog, version: int) -> Optional[Entry]:
-    """The actions of one version, or None when its entry does not exist (yet, or any more)."""
+def entries_after(table_uri: str, version: int) -> list[Entry]:
+    """The entries after version, in order, up to the latest (reads until one does not exist)."""
+    entries = []
+    while (entry := read_entry(table_uri, version + len(entries) + 1)) is not None:
+        entries.append(entry)
+    return entries
+
+
+def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
+    """The actions of one version of a table (its log or uri), or None when its entry does not exist (yet,
+    or any more)."""
     try:
-        text = location.get(log.entry_uri(version))
+        text = location.get(entry_uri(log, version) if isinstance(log, str) else log.entry_uri(version))
     except FileNotFoundError:
         return None
     entry = Entry(version)
