@@ -839,6 +839,67 @@ def fsync_ms(directory: Path) -> float:
     return round(statistics.median(times), 3)
 
 
+def commit_floor_ms(directory: Path, count: int = 500) -> dict[str, float]:
+    """Medians on this disk of the least a durable one-row Delta commit costs, done as sparkbus commits
+    (a Parquet file of one 1 KiB row; the log entry staged in a temporary file; the file, the entry and the
+    partition directory fsynced concurrently; the entry linked to its version's name; the log directory
+    fsynced), with no other work; and of what a PostgreSQL commit pays (a WAL-style append to a
+    preallocated file + fdatasync). A single send is at least the first; a peek-lock receive + complete two."""
+    import concurrent.futures
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = directory / "commit-floor"
+    shutil.rmtree(root, ignore_errors=True)
+    log, part = root / "_delta_log", root / "partition_id=0"
+    log.mkdir(parents=True)
+    part.mkdir()
+    row = pa.table({"sequence_number": [1], "message_id": ["m"], "body": [os.urandom(SIZE)]})
+
+    def fsync(path: Path) -> None:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+    commits, appends = [], []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for version in range(count):
+            start = time.perf_counter()
+            data = part / f"part-{uuid.uuid4()}.parquet"
+            with pa.OSFile(str(data), "wb") as sink:
+                pq.write_table(row, sink)
+            staged = log / f".{uuid.uuid4().hex}.json.tmp"
+            staged.write_bytes(json.dumps({"add": {"path": data.name, "size": data.stat().st_size}}).encode())
+            others = [pool.submit(fsync, p) for p in (data, part)]
+            fsync(staged)
+            for other in others:
+                other.result()
+            os.link(staged, log / f"{version:020d}.json")
+            fsync(log)
+            staged.unlink()
+            commits.append((time.perf_counter() - start) * 1000)
+    wal = root / "wal"
+    descriptor = os.open(wal, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, bytes(16 << 20))
+        os.fsync(descriptor)
+        os.lseek(descriptor, 0, os.SEEK_SET)
+        for _ in range(count):
+            start = time.perf_counter()
+            os.write(descriptor, b"w" * (SIZE + 200))
+            os.fdatasync(descriptor)
+            appends.append((time.perf_counter() - start) * 1000)
+    finally:
+        os.close(descriptor)
+    shutil.rmtree(root, ignore_errors=True)
+    return {"delta_commit_floor_ms_p50": round(statistics.median(commits), 3),
+            "wal_append_fdatasync_ms_p50": round(statistics.median(appends), 3)}
+
+
 def machine(server_info: dict, load_before: tuple[float, float, float]) -> dict:
     with open("/proc/meminfo") as f:
         memory_kb = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
@@ -846,7 +907,7 @@ def machine(server_info: dict, load_before: tuple[float, float, float]) -> dict:
                                                           "pika")}
     versions.update(server_info.get("versions", {}))
     return {"nproc": os.cpu_count(), "memory_gib": round(memory_kb / 2**20, 1), "kernel": platform.release(),
-            "python": platform.python_version(), "fsync_4k_ms_p50": fsync_ms(SERVERS_DIR),
+            "python": platform.python_version(), "fsync_4k_ms_p50": fsync_ms(SERVERS_DIR), **commit_floor_ms(SERVERS_DIR),
             # other work on the machine meanwhile shows here (the run itself keeps about 1-2 cores busy)
             "load_average_1_5_15_min_before": [round(x, 2) for x in load_before],
             "load_average_1_5_15_min_after": [round(x, 2) for x in os.getloadavg()],
@@ -1046,6 +1107,11 @@ def main() -> None:
     plot(rows, results.figures, args.output / "peers-latest.png", title)
     print()
     print(table(rows, results.figures))
+    floor = report["machine"]
+    print(f"\nOn this disk a durable one-row Delta commit costs at least {floor['delta_commit_floor_ms_p50']:.2f} ms "
+          f"at p50 (Parquet file, log entry, their fsyncs; nothing else), a WAL append + fdatasync "
+          f"{floor['wal_append_fdatasync_ms_p50']:.2f} ms: a single send is one such commit, a peek-lock "
+          "receive + complete two.")
     print(f"\nwritten: {args.output / f'peers-{stamp}.json'}, peers-latest.json, peers-latest.png "
           f"({seconds:.0f} s)")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
@@ -887,6 +888,19 @@ _TAGGED = (r'\["str",' + _JSON_STRING + r'\]|\["int",' + _JSON_INT + r'\]|\["flo
            + _UUID + r'"\]|\["datetime","' + _DATETIME + r'"\]')
 _ENTRY = _JSON_STRING + ":(?:" + _TAGGED + ")"
 _PLAIN_PROPERTIES = r"^\{(?:" + _ENTRY + "(?:," + _ENTRY + r")*)?\}$"
+# Arrow compiles the pattern on every call (0.27 ms), Python's re once: a few rows are matched with it
+# (the two engines agree on this pattern: no look-arounds or back-references; fullmatch, since re's $ also
+# matches before a final newline). tests/test_message_views.py compares them.
+_PLAIN_PROPERTIES_RE = re.compile(_PLAIN_PROPERTIES[1:-1])
+_FEW_ROWS = 64
+
+
+def _plain_properties(properties: pa.ChunkedArray) -> np.ndarray:
+    """Per row, whether its application-properties text matches _PLAIN_PROPERTIES (null: True)."""
+    if len(properties) <= _FEW_ROWS:
+        return np.array([text is None or _PLAIN_PROPERTIES_RE.fullmatch(text) is not None
+                         for text in properties.to_pylist()], dtype=bool)
+    return pc.fill_null(pc.match_substring_regex(properties, _PLAIN_PROPERTIES), True).to_numpy(zero_copy_only=False)
 
 
 def _needs_check(rows: pa.Table) -> np.ndarray:
@@ -900,8 +914,7 @@ def _needs_check(rows: pa.Table) -> np.ndarray:
         return check
     properties = rows["application_properties"]
     if properties.null_count < rows.num_rows:
-        plain = pc.match_substring_regex(properties, _PLAIN_PROPERTIES)
-        check |= ~pc.fill_null(plain, True).to_numpy(zero_copy_only=False)
+        check |= ~_plain_properties(properties)
     ttl = rows["time_to_live_ms"]
     beyond = pc.or_(pc.greater_equal(ttl, _LONGEST_TTL_MS), pc.less_equal(ttl, _SHORTEST_TTL_MS))
     check |= pc.fill_null(beyond, False).to_numpy(zero_copy_only=False)
