@@ -80,11 +80,15 @@ def _decode(tagged: list) -> object:
     return v
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # one for every call: json.dumps with
+# options builds an encoder each time, a third of the cost of a small dict
+
+
 def encode_properties(props: dict | None) -> str | None:
     """JSON text of a property dict, each value tagged with its type; None for an empty dict."""
     if not props:
         return None
-    return json.dumps({k: _encode(v) for k, v in props.items()}, separators=(",", ":"), sort_keys=True)
+    return _ENCODER.encode({k: _encode(v) for k, v in props.items()})
 
 
 def decode_properties(text: str | None) -> dict:
