@@ -3,7 +3,8 @@ subscriptions, auto-forwarding between entities, or both (the namespace service,
 
 The query reads the sparkbus source with content "ranges": each micro-batch names, per entity partition,
 the sequence numbers that arrived (Spark moves no message bodies: collecting 200,000 rows of 1 KiB through
-the JVM took 9 s). The batch reads the rows itself on the driver with delta-rs; sparkbus.engine.fanout and
+the JVM took 9 s). The batch reads the rows itself with delta-rs, on the driver (over Spark Connect, in the
+server's Python worker: see batch_function); sparkbus.engine.fanout and
 sparkbus.engine.forwarding evaluate and commit them. Progress that matters lives in the Delta tables
 (application transactions in every destination, see those modules), not in Spark's checkpoint: each query
 starts from the entities' own cursors and claims, so its checkpoint is private scratch space, and a second
@@ -11,6 +12,7 @@ query on the same namespace, or a replay after a crash, copies nothing twice.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -60,39 +62,59 @@ class Gate:
 def batch_function(root: str, *, fan_out: bool, forward: bool,
                    on_batch: Optional[Callable[[BatchReport], None]] = None, gate: Optional[Gate] = None):
     """foreachBatch: fan out the topics' ranges in the batch (and their due scheduled messages), then
-    forward everything forwardable; on_batch gets the report."""
+    forward everything forwardable; on_batch gets the report. Without on_batch and gate the function
+    carries only the root and two flags, so it pickles: Spark Connect runs foreachBatch in a Python process
+    of its server, which makes its own catalog (a lock or a Catalog does not pickle)."""
+    if on_batch is None and gate is None:
+        return functools.partial(run_batch, root, fan_out, forward)
     gate = gate or Gate()
 
     def run(df, batch_id: int) -> None:
         with gate.lock:
             if not gate.closed.is_set():
-                _run(df, batch_id)
-
-    catalog = Catalog(root)
-
-    def _run(df, batch_id: int) -> None:
-        started = time.monotonic()
-        report = BatchReport(batch_id)
-        spans = df.collect()
-        if fan_out:
-            snap = catalog.snapshot()
-            for row in snap.of_kind("topic"):
-                topic = resolve(root, snap, row.path, ("topic",))
-                ranges = {s.partition_id: (s.first_sequence_number, s.last_sequence_number)
-                          for s in spans if s.entity == row.path}
-                try:
-                    if ranges:
-                        report.fanout.add(fanout.deliver_ranges(catalog, topic, ranges))
-                    report.fanout.add(fanout.deliver_scheduled(catalog, topic))
-                except MessagingEntityNotFoundError:  # deleted since the snapshot: nothing left to fan out
-                    LOG.info("topic %r was deleted during fan-out: skipped", row.path)
-        if forward:
-            report.forwarding.add(forwarding.forward_all(catalog))
-        report.seconds = time.monotonic() - started
-        if on_batch is not None:
-            on_batch(report)
+                report = run_batch(root, fan_out, forward, df, batch_id)
+                if on_batch is not None:
+                    on_batch(report)
 
     return run
+
+
+_catalogs: dict[str, Catalog] = {}  # root -> the catalog batches of this process use
+_catalogs_guard = threading.Lock()
+
+
+def run_batch(root: str, fan_out: bool, forward: bool, df, batch_id: int) -> BatchReport:
+    """One micro-batch of the namespace at root: what batch_function's functions run, in whichever process
+    Spark calls them (the driver's; a Spark Connect server's Python worker)."""
+    with _catalogs_guard:
+        if root not in _catalogs:
+            _catalogs[root] = Catalog(root)
+        catalog = _catalogs[root]
+    started = time.monotonic()
+    report = BatchReport(batch_id)
+    spans = df.collect()
+    if fan_out:
+        snap = catalog.snapshot()
+        for row in snap.of_kind("topic"):
+            topic = resolve(root, snap, row.path, ("topic",))
+            ranges = {s.partition_id: (s.first_sequence_number, s.last_sequence_number)
+                      for s in spans if s.entity == row.path}
+            try:
+                if ranges:
+                    report.fanout.add(fanout.deliver_ranges(catalog, topic, ranges))
+                report.fanout.add(fanout.deliver_scheduled(catalog, topic))
+            except MessagingEntityNotFoundError:  # deleted since the snapshot: nothing left to fan out
+                LOG.info("topic %r was deleted during fan-out: skipped", row.path)
+    if forward:
+        report.forwarding.add(forwarding.forward_all(catalog))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def is_connect(spark) -> bool:
+    """Whether spark is a Spark Connect session (Databricks serverless and shared compute, Databricks
+    Connect, `SparkSession.builder.remote(...)`): functions handed to it run in another process."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, trigger: Optional[dict] = None,
@@ -105,15 +127,21 @@ def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, t
     root = namespace_root(namespace, storage_options)
     if entity not in (ALL_TOPICS, ALL_FORWARDING, ALL_BACKGROUND):
         resolve(root, Catalog(root).snapshot(), entity, ("topic",))  # unknown topic -> error now
+    if is_connect(spark):  # the batches run in the server's process: no reports or gate from there
+        on_batch = gate = None
     checkpoint = tempfile.mkdtemp(prefix="sparkbus-query-")
-    given = {STORAGE_PREFIX + k: v for k, v in storage.location.options_for(root).items()}
-    stream = (spark.readStream.format(FORMAT).option("namespace", root).option("entity", entity)
-              .option("content", "ranges").options(**given).load())
-    writer = (stream.writeStream.foreachBatch(batch_function(root, fan_out=fan_out, forward=forward, on_batch=on_batch,
-                                                         gate=gate))
-              .option("checkpointLocation", checkpoint))
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(**(trigger or DEFAULT_TRIGGER))
-    query = writer.queryName(f"sparkbus-{os.path.basename(checkpoint)}").start()
+    try:
+        given = {STORAGE_PREFIX + k: v for k, v in storage.location.options_for(root).items()}
+        stream = (spark.readStream.format(FORMAT).option("namespace", root).option("entity", entity)
+                  .option("content", "ranges").options(**given).load())
+        writer = (stream.writeStream.foreachBatch(batch_function(root, fan_out=fan_out, forward=forward,
+                                                                 on_batch=on_batch, gate=gate))
+                  .option("checkpointLocation", checkpoint))
+        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(**(trigger or DEFAULT_TRIGGER))
+        query = writer.queryName(f"sparkbus-{os.path.basename(checkpoint)}").start()
+    except BaseException:  # a start that failed leaves no checkpoint behind
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        raise
     query._sparkbus_checkpoint = checkpoint
     return query
 

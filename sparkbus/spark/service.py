@@ -9,7 +9,9 @@ are picked up by the next batch. Each batch is logged as one line with its count
 
 Stopping: stop() lets the batch under way finish (it holds a lock the stop waits for) before the query
 stops, so nothing is cut short; and were a process killed mid-batch, the engines' claims and
-application transactions make the next batch finish it exactly once.
+application transactions make the next batch finish it exactly once. Over Spark Connect the batches run in
+the server's Python worker: no reports reach this process and a stop does not wait for a batch under way
+(the engines' claims make the next batch finish it exactly once).
 """
 from __future__ import annotations
 
