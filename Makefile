@@ -8,11 +8,17 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers bench-peers-quick bench-servers clean
+.PHONY: install demo test test-fast dist crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers bench-peers-quick bench-servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# What the demo and the jobs need, and no more: the package with its spark extra (make demo).
+RUNTIME := $(VENV)/.installed-runtime
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[spark]' --config-settings editable_mode=compat
+	touch $(RUNTIME)
 
 # Re-installs only when the package metadata changes; the package itself is installed editable, in the
 # "compat" mode (the checkout on sys.path) so that Spark's lookup of pyspark_* data source modules, which
@@ -31,13 +37,19 @@ $(AZURITE):
 
 install: $(STAMP) $(AZURITE)
 
-demo: install
+demo: $(RUNTIME)
 	rm -rf .sparkbus/demo
 	$(BIN)/spark-submit --master "local[2]" --conf spark.ui.enabled=false jobs/demo.py \
 		--namespace .sparkbus/demo --definition conf/namespace.toml
 
 test: install
 	$(BIN)/python -m pytest
+
+# A wheel and an sdist in dist/ (pip install dist/sparkbus-*.whl, with [spark] where Spark is not provided).
+dist: $(RUNTIME)
+	rm -rf dist build
+	$(BIN)/python -m pip install --quiet build
+	$(BIN)/python -m build --outdir dist .
 
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow'
