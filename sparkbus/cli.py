@@ -31,7 +31,7 @@ from .management import ServiceBusAdministrationClient
 from .metrics import format_metrics, plot_metrics
 
 COLUMNS = ("kind", "path", "partitions", "status", "availability", "active", "dead_letter", "scheduled",
-           "total", "size_in_bytes")
+           "total", "size_in_bytes", "awaiting_fanout")
 
 
 def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
@@ -43,12 +43,13 @@ def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
                      "availability": runtime.availability_status, "active": runtime.active_message_count,
                      "dead_letter": runtime.dead_letter_message_count,
                      "scheduled": runtime.scheduled_message_count, "total": runtime.total_message_count,
-                     "size_in_bytes": runtime.size_in_bytes})
+                     "size_in_bytes": runtime.size_in_bytes, "awaiting_fanout": ""})
 
     for queue in admin.list_queues():
         add("queue", queue.name, queue, admin.get_queue_runtime_properties(queue.name))
     for topic in admin.list_topics():
         add("topic", topic.name, topic, admin.get_topic_runtime_properties(topic.name))
+        rows[-1]["awaiting_fanout"] = admin.get_topic_awaiting_fanout(topic.name)
         for sub in admin.list_subscriptions(topic.name):
             add("subscription", f"{topic.name}/Subscriptions/{sub.name}", sub,
                 admin.get_subscription_runtime_properties(topic.name, sub.name))

@@ -16,9 +16,11 @@ entity's, and numbers start again in the new one) and serves the new entity from
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import re
+import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
@@ -38,9 +40,10 @@ from .core.values import check_properties, decode_properties, encode_properties
 from .engine.catalog import Catalog
 from .engine.delivery import (DECODE_ERRORS, NEXT_AVAILABLE, Change, Delivery, Held, SessionLock,
                               available_partitions, policy, poll, session_lost)
-from .core.names import key, subscription_path
+from .core.names import key, split_subscription_path, subscription_path
 from .engine.namespace import governor_of, open_connection
-from .engine.registry import EntityDeleted, EntityInfo
+from .engine import fanout
+from .engine.registry import EntityDeleted, EntityInfo, resolve_current
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
@@ -374,6 +377,14 @@ class ServiceBusSession:
         return f"ServiceBusSession(session_id={self.session_id!r}, locked_until_utc={self.locked_until_utc})"
 
 
+LOG = logging.getLogger("sparkbus")
+# An empty receive from a subscription checks (at most every FANOUT_HINT_EVERY seconds, until it has said it
+# once) whether the topic holds messages older than FANOUT_HINT_AGE that no fan-out took: ported code that
+# forgets the namespace service otherwise waits without a word.
+FANOUT_HINT_AGE = timedelta(seconds=5)
+FANOUT_HINT_EVERY = 10.0
+
+
 class ServiceBusReceiver:
     """Receiver of a queue or subscription (or its dead-letter sub-queue); with session_id, of one session."""
 
@@ -389,6 +400,11 @@ class ServiceBusReceiver:
         self.max_wait_time = _check_wait(max_wait_time)
         self.entity_path = entity_path
         self._delivery = Delivery(catalog, entity_path, RECEIVER_KINDS, retry)
+        self._catalog = catalog
+        topic = split_subscription_path(entity_path)
+        self._topic = topic[0] if topic is not None and sub_queue is None else None  # whose fan-out feeds it
+        self._fanout_checked: Optional[float] = None  # monotonic time of the last check (_hint_fanout)
+        self._fanout_hinted = False
         self._source = (catalog.root, key(entity_path))
         self._closed = False
         self._governor = governor_of(catalog)
@@ -473,7 +489,30 @@ class ServiceBusReceiver:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
         wait = _check_wait(max_wait_time) if max_wait_time is not None else self.max_wait_time
-        return poll(lambda: self._receive(count), wait) or []
+        got = poll(lambda: self._receive(count), wait) or []
+        if not got and self._topic is not None:
+            self._hint_fanout()
+        return got
+
+    def _hint_fanout(self) -> None:
+        """Log one warning (once per receiver) when this subscription is empty while its topic holds messages
+        older than FANOUT_HINT_AGE that no fan-out has taken, saying what delivers them."""
+        now = time.monotonic()
+        if self._fanout_hinted or (self._fanout_checked is not None and now < self._fanout_checked + FANOUT_HINT_EVERY):
+            return
+        self._fanout_checked = now
+        try:
+            waiting = fanout.awaiting(resolve_current(self._catalog, self._topic, ("topic",)), older_than=FANOUT_HINT_AGE)
+        except Exception as error:  # a hint never fails a receive (the topic deleted meanwhile, a storage fault)
+            LOG.debug("could not count the messages awaiting fan-out in topic %r: %s", self._topic, error)
+            return
+        if waiting:
+            self._fanout_hinted = True
+            LOG.warning("%s received nothing, but topic %r holds %d message(s) older than %d s that no fan-out has "
+                        "delivered to its subscriptions: run the namespace service (`sparkbus serve`, "
+                        "sparkbus.streaming.serve) or fan out (`sparkbus fanout --once`, "
+                        "sparkbus.streaming.fanout_once)", self.entity_path, self._topic, waiting,
+                        FANOUT_HINT_AGE.total_seconds())
 
     @requires_open
     def receive_deferred_messages(self, sequence_numbers: Union[int, Iterable[int]]) -> list[ServiceBusReceivedMessage]:

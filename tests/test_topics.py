@@ -2,6 +2,7 @@
 fan-out is exactly once across replays, crashes and concurrent fan-outs (real Delta tables and processes)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -327,3 +328,36 @@ def test_crash_between_copies_and_their_dead_lettering_is_repaired(topic, client
     assert str(dead) == "m3" and dead.dead_letter_reason == "FilterEvaluationException"
     drain(ns_path)
     assert stored_messages(topic, "events/Subscriptions/dlq").num_rows == 5        # nothing copied twice
+
+
+def test_an_empty_subscription_says_once_that_its_topic_awaits_fan_out(topic, client, ns_path, caplog, monkeypatch,
+                                                                     capsys):
+    from sparkbus import receiver as receiver_module
+    from sparkbus.cli import main
+
+    topic.create_subscription("events", "all")
+    topic.create_topic("quiet")
+    topic.create_subscription("quiet", "all")
+    send(client, orders(3))
+    assert topic.get_topic_awaiting_fanout("events") == 3
+    assert topic.get_topic_awaiting_fanout("quiet") == 0
+    with caplog.at_level("WARNING", logger="sparkbus"):
+        with client.get_subscription_receiver("events", "all") as waiting:
+            assert waiting.receive_messages(10, max_wait_time=0) == []
+            assert not caplog.records  # the messages are younger than FANOUT_HINT_AGE
+            monkeypatch.setattr(receiver_module, "FANOUT_HINT_AGE", timedelta(0))
+            monkeypatch.setattr(receiver_module, "FANOUT_HINT_EVERY", 0.0)
+            for _ in range(3):
+                assert waiting.receive_messages(10, max_wait_time=0) == []
+        with client.get_subscription_receiver("quiet", "all") as quiet:
+            assert quiet.receive_messages(10, max_wait_time=0) == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings  # once per receiver, and none for a topic with nothing pending
+    assert "topic 'events' holds 3 message(s)" in warnings[0] and "sparkbus serve" in warnings[0]
+    capsys.readouterr()
+    assert main(["show", "--namespace", ns_path, "--json"]) == 0
+    rows = {r["path"]: r["awaiting_fanout"] for r in json.loads(capsys.readouterr().out)["entities"]}
+    assert (rows["events"], rows["quiet"], rows["events/Subscriptions/all"]) == (3, 0, "")
+    assert drain(ns_path).messages == 3
+    assert topic.get_topic_awaiting_fanout("events") == 0
+    assert sorted(str(m) for m in received(client, "all")) == ["m0", "m1", "m2"]

@@ -531,6 +531,21 @@ def pending(topic: EntityInfo, limit: int = 100_000) -> pa.Table:
                          messages=table)
 
 
+def awaiting(topic: EntityInfo, *, older_than: timedelta = timedelta(0), now: Optional[datetime] = None) -> int:
+    """How many of the topic's messages no fan-out has taken yet (above its cursor, not scheduled for later),
+    among those enqueued more than older_than ago."""
+    now = now or datetime.now(timezone.utc)
+    table = storage.open_table(topic.tables["messages"])
+    cursors = topic_cursors(table, topic.partition_count)
+    above = " OR ".join(f"(partition_id = {p} AND sequence_number > {sequencing.compose(p, n)})"
+                        for p, n in cursors.items())
+    due = storage.micros(now)
+    sql = (f"SELECT COUNT(*) AS n FROM messages WHERE ({above}) "
+           f"AND CAST(enqueued_time_utc AS BIGINT) <= {storage.micros(now - older_than)} "
+           f"AND (scheduled_enqueue_time_utc IS NULL OR CAST(scheduled_enqueue_time_utc AS BIGINT) <= {due})")
+    return int(storage.query(sql, messages=table)["n"][0].as_py())
+
+
 def read_ranges(topic: EntityInfo, ranges: dict[int, tuple[int, int]]) -> pa.Table:
     """Topic rows with sequence numbers in [low, high] per partition (a micro-batch of the fan-out query)."""
     table = storage.open_table(topic.tables["messages"])
