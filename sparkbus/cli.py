@@ -21,9 +21,10 @@ import sys
 import threading
 from typing import Any, NoReturn, Optional, Sequence
 
-from . import cli_entities, cli_messages, storage
+from . import __version__, cli_entities, cli_messages, storage
 from .capacity import format_plan, format_seed_table, plan, seed_table
 from .cli_entities import UsageError, credits_argument, pair, record, seconds, whole
+from .core.wording import plural
 from .definitions import apply_definition, load_definition
 from .engine.availability import set_partition_availability
 from .engine.namespace import NamespaceProperties
@@ -134,8 +135,9 @@ def _fanout(args: argparse.Namespace) -> None:
 
     spark = get_spark("sparkbus-fanout")
     if args.once:
-        fanout_once(spark, args.namespace, args.topic)
-        print(f"fanned out everything pending on {args.topic or 'every topic'}")
+        done = fanout_once(spark, args.namespace, args.topic)
+        print(f"fanned out everything pending on {args.topic or 'every topic'}: "
+              f"{plural(done.messages, 'topic message')} as {plural(sum(done.copies.values()), 'copy', 'copies')}")
         return
     query = start_fanout(spark, args.namespace, args.topic,
                          trigger={"processingTime": f"{args.trigger_ms} milliseconds"})
@@ -150,8 +152,9 @@ def _forward(args: argparse.Namespace) -> None:
 
     spark = get_spark("sparkbus-forward")
     if args.once:
-        forward_once(spark, args.namespace)
-        print("forwarded everything forwardable")
+        done = forward_once(spark, args.namespace)
+        print(f"forwarded everything forwardable: {plural(sum(done.forwarded.values()), 'message')} forwarded, "
+              f"{sum(done.dead_lettered.values())} transfer-dead-lettered")
         return
     query = start_forwarding(spark, args.namespace, trigger={"processingTime": f"{args.trigger_ms} milliseconds"})
     print("forwarding (Ctrl-C stops)")
@@ -291,6 +294,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sparkbus", description="Azure Service Bus on Spark and Delta Lake")
+    parser.add_argument("--version", action="version", version=f"sparkbus {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     apply = commands.add_parser("apply", help="create or update entities from a namespace definition (TOML)")
     apply.add_argument("file")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
+    from .engine.fanout import FanoutResult
+    from .engine.forwarding import ForwardResult
     from .spark.service import NamespaceService
 
 
@@ -27,13 +29,14 @@ def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, tri
 
 
 def fanout_once(spark, namespace: str, topic_name: Optional[str] = None, *,
-                storage_options: Optional[dict[str, str]] = None) -> None:
-    """Fan out everything pending now and return (a trigger(availableNow=True) run): for batch jobs and tests."""
+                storage_options: Optional[dict[str, str]] = None) -> "FanoutResult":
+    """Fan out everything pending now and return what was done (a trigger(availableNow=True) run): for batch
+    jobs and tests. Over Spark Connect the batches run in the server's process: the result is empty."""
     from .spark.background import run_once
     from .spark.datasource import ALL_TOPICS
 
-    run_once(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False,
-             storage_options=storage_options)
+    return run_once(spark, namespace, entity=topic_name or ALL_TOPICS, fan_out=True, forward=False,
+                    storage_options=storage_options).fanout
 
 
 def start_forwarding(spark, namespace: str, *, trigger: Optional[dict] = None,
@@ -47,12 +50,14 @@ def start_forwarding(spark, namespace: str, *, trigger: Optional[dict] = None,
                  storage_options=storage_options)
 
 
-def forward_once(spark, namespace: str, *, storage_options: Optional[dict[str, str]] = None) -> None:
-    """Forward everything forwardable now and return."""
+def forward_once(spark, namespace: str, *, storage_options: Optional[dict[str, str]] = None) -> "ForwardResult":
+    """Forward everything forwardable now and return what was moved (empty over Spark Connect, as
+    fanout_once)."""
     from .spark.background import run_once
     from .spark.datasource import ALL_FORWARDING
 
-    run_once(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True, storage_options=storage_options)
+    return run_once(spark, namespace, entity=ALL_FORWARDING, fan_out=False, forward=True,
+                    storage_options=storage_options).forwarding
 
 
 def serve(spark, namespace: str, *, trigger: Optional[dict] = None,

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import sparkbus
 from sparkbus import CorrelationRuleFilter, ServiceBusAdministrationClient, SqlRuleFilter
 from sparkbus.cli import main
 from sparkbus.definitions import apply_definition, load_definition
@@ -65,7 +66,11 @@ def test_cli_apply_show_and_partition(ns_path, capsys):
 
 def test_cli_errors_are_reported_not_raised(tmp_path, capsys):
     assert main(["show", "--namespace", str(tmp_path / "none")]) == 1
-    assert "MessagingEntityNotFoundError" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "MessagingEntityNotFoundError" in error
+    assert f"`sparkbus namespace create --namespace {tmp_path / 'none'}`" in error
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"sparkbus {sparkbus.__version__}\n"
 
 
 def test_console_script_in_fresh_process(ns_path):

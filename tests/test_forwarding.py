@@ -338,7 +338,7 @@ def test_cli_forward_once(spark, admin, client, ns_path, capsys):
     admin.create_queue("from", forward_to="to")
     client.get_queue_sender("from").send_messages(ServiceBusMessage("cli"))
     assert main(["forward", "--namespace", ns_path, "--once"]) == 0
-    assert "forwarded everything forwardable" in capsys.readouterr().out
+    assert "forwarded everything forwardable: 1 message forwarded, 0 transfer-dead-lettered" in capsys.readouterr().out
     assert [str(m) for m in receive_all(client, "to")] == ["cli"]
 
 

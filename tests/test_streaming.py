@@ -32,8 +32,9 @@ def test_dataframe_sent_to_a_topic_is_fanned_out_once(spark, admin, client, ns_p
     frame = spark.range(40).selectExpr("concat('m', id) AS body", "IF(id % 4 = 0, 'big', 'small') AS subject")
     with client.get_topic_sender("events") as sender:
         sender.send_dataframe(frame)
-    fanout_once(spark, ns_path, "events")
-    fanout_once(spark, ns_path)                                   # every topic; nothing left to copy
+    done = fanout_once(spark, ns_path, "events")
+    assert (done.messages, done.copies) == (40, {"events/Subscriptions/big": 10, "events/Subscriptions/all": 40})
+    assert fanout_once(spark, ns_path).messages == 0              # every topic; nothing left to copy
     big = copies(client, "events", "big")
     assert sorted(str(m) for m in big) == sorted(f"m{i}" for i in range(0, 40, 4))
     assert all(m.str_application_properties == {"seen": True, "RuleName": "big"} for m in big)
@@ -180,6 +181,6 @@ def test_cli_fanout_once(spark, admin, client, ns_path, capsys):
     with client.get_topic_sender("events") as sender:
         sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
     assert main(["fanout", "--namespace", ns_path, "--topic", "events", "--once"]) == 0
-    assert "fanned out everything pending on events" in capsys.readouterr().out
+    assert "fanned out everything pending on events: 2 topic messages as 2 copies" in capsys.readouterr().out
     assert admin.get_subscription_runtime_properties("events", "s").active_message_count == 2
     assert main(["fanout", "--namespace", ns_path, "--topic", "nope", "--once"]) == 1

@@ -191,7 +191,8 @@ def open_catalog(path: str, storage_options: Optional[dict[str, str]] = None) ->
     root = namespace_root(path, storage_options)
     catalog = Catalog(root)
     if not catalog.exists():
-        raise MessagingEntityNotFoundError(f"no sparkbus namespace at {root} (create it with sparkbus.create_namespace)")
+        raise MessagingEntityNotFoundError(f"no sparkbus namespace at {root} (create it with `sparkbus namespace create "
+                                           f"--namespace {root}` or sparkbus.create_namespace)")
     _upgrade(catalog)
     return catalog
 

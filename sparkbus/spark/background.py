@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .. import storage
+from ..core.wording import plural
 from ..engine import fanout, forwarding
 from ..engine.catalog import Catalog
 from ..engine.namespace import namespace_root
@@ -45,8 +46,8 @@ class BatchReport:
 
     def line(self) -> str:
         copies = sum(self.fanout.copies.values())
-        return (f"batch {self.batch_id}: fanned out {self.fanout.messages} topic messages as {copies} copies, "
-                f"forwarded {sum(self.forwarding.forwarded.values())} messages, "
+        return (f"batch {self.batch_id}: fanned out {plural(self.fanout.messages, 'topic message')} as "
+                f"{plural(copies, 'copy', 'copies')}, forwarded {plural(sum(self.forwarding.forwarded.values()), 'message')}, "
                 f"transfer-dead-lettered {sum(self.forwarding.dead_lettered.values())}, in {self.seconds:.2f} s")
 
 
@@ -153,11 +154,20 @@ def stop_query(query) -> None:
 
 
 def run_once(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool,
-             storage_options: Optional[dict[str, str]] = None) -> None:
-    """Everything pending now (availableNow), then return."""
+             storage_options: Optional[dict[str, str]] = None) -> BatchReport:
+    """Everything pending now (availableNow), then return what its batches did together (nothing is known
+    of them over Spark Connect, where they run in the server's process: an empty report)."""
+    total = BatchReport(-1)
+
+    def add(report: BatchReport) -> None:
+        total.fanout.add(report.fanout)
+        total.forwarding.add(report.forwarding)
+        total.seconds += report.seconds
+
     query = start(spark, namespace, entity=entity, fan_out=fan_out, forward=forward, available_now=True,
-                  storage_options=storage_options)
+                  storage_options=storage_options, on_batch=add)
     try:
         query.awaitTermination()
     finally:
         shutil.rmtree(query._sparkbus_checkpoint, ignore_errors=True)
+    return total
