@@ -189,3 +189,13 @@ def test_dead_letter_list_resubmit_and_maintain(admin, client, ns_path, capsys):
             pass
     assert main(["maintain", "--namespace", ns_path, "--json"]) == 0
     assert _json_lines(capsys) == [{"tables": 3, "removed": 2004}]
+
+
+def test_a_subscription_named_without_its_segment_is_pointed_to(admin, ns_path, capsys):
+    admin.create_topic("events")
+    admin.create_subscription("events", "eu")
+    assert main(["peek", "--namespace", ns_path, "--entity", "events/eu"]) == 1
+    assert "no queue, topic or subscription 'events/eu'" in (error := capsys.readouterr().err)
+    assert "the subscription is 'events/Subscriptions/eu'" in error
+    assert main(["peek", "--namespace", ns_path, "--entity", "events/us"]) == 1
+    assert "the subscription is" not in capsys.readouterr().err

@@ -44,7 +44,7 @@ from .. import storage
 from ..storage import commits, location, maintenance
 from ..core import entities, tiers
 from ..core.entities import EntityOptions
-from ..core.names import key
+from ..core.names import key, subscription_path
 from ..exceptions import InvalidOperationError, MessagingEntityNotFoundError
 from ..storage.schemas import ENTITY_TABLES
 from . import availability
@@ -114,7 +114,8 @@ def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> Ent
     """The entity at `path` ('<topic>/Subscriptions/<name>' for a subscription) if its kind is in kinds."""
     row = snap.get(key(path, " or ".join(kinds)))  # checked as written first: TypeError, ValueError
     if row is None or row.kind not in ("queue", "topic", "subscription"):
-        raise MessagingEntityNotFoundError(f"no queue, topic or subscription {path!r} in namespace {root}")
+        raise MessagingEntityNotFoundError(f"no queue, topic or subscription {path!r} in namespace {root}"
+                                           f"{_subscription_hint(snap, path)}")
     if row.kind not in kinds:
         raise InvalidOperationError(f"{path!r} is a {row.kind}; this operation needs a {' or '.join(kinds)}")
     subs = len(snap.children(row.key, "subscription")) if row.kind == "topic" else 0
@@ -123,6 +124,19 @@ def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> Ent
                       namespace=namespace_properties(snap.rows[NAMESPACE_KEY], root),
                       unavailable=frozenset(unavailable_partitions(snap, row.key, row.partition_count)),
                       subscription_count=subs, incarnation=row.storage, catalog_version=snap.version)
+
+
+def _subscription_hint(snap: Snapshot, path: str) -> str:
+    """For 'events/eu' naming nothing while topic events has a subscription eu: where it is."""
+    parts = path.split("/")
+    if len(parts) != 2:
+        return ""
+    candidate = subscription_path(*parts)
+    try:
+        found = snap.get(key(candidate)) is not None
+    except (TypeError, ValueError):  # not a name a subscription path can have
+        return ""
+    return f"; the subscription is {candidate!r}" if found else ""
 
 
 def resolve_current(catalog: Catalog, path: str, kinds: tuple[str, ...]) -> EntityInfo:
