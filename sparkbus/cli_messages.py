@@ -33,6 +33,7 @@ from .sender import ServiceBusSender
 MESSAGE_FIELDS = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
                   "reply_to", "reply_to_session_id")
 SHOWN = ("sequence_number", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count", "body")
+DEAD_LETTER_SHOWN = ("dead_letter_reason", "dead_letter_error_description")
 Numbered = tuple[str, ServiceBusMessage]  # (where the message came from, e.g. "messages.jsonl line 3", message)
 
 
@@ -206,7 +207,7 @@ def peek(args: argparse.Namespace) -> None:
             if not more:
                 break
             found += more
-    _print(found, args.json)
+    _print(found, args.json, args.dead_letter)
 
 
 def receive(args: argparse.Namespace) -> None:
@@ -214,7 +215,7 @@ def receive(args: argparse.Namespace) -> None:
     with ServiceBusClient(args.namespace) as client, _receiver(args, client) as receiver:
         got = receiver.receive_messages(max_message_count=args.count)
         receiver.complete_messages(got)
-    _print(got, args.json)
+    _print(got, args.json, args.dead_letter)
 
 
 def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
@@ -278,11 +279,14 @@ def _record(message: ServiceBusReceivedMessage) -> dict:
     record = {name: getattr(message, name) for name in SHOWN}
     record.update(body=str(message), enqueued_time_utc=message.enqueued_time_utc.isoformat(),
                   application_properties=message.str_application_properties,
-                  dead_letter_reason=message.dead_letter_reason)
+                  dead_letter_reason=message.dead_letter_reason,
+                  dead_letter_error_description=message.dead_letter_error_description)
     return record
 
 
-def _print(messages: list[ServiceBusReceivedMessage], as_json: bool) -> None:
+def _print(messages: list[ServiceBusReceivedMessage], as_json: bool, dead_letter: bool = False) -> None:
+    """Messages as a table (bodies, properties and dead-letter texts cut at 40 characters) or JSON lines;
+    dead-lettered ones with their reason and description."""
     if as_json:
         for message in messages:
             print(json.dumps(_record(message), default=str))
@@ -290,8 +294,11 @@ def _print(messages: list[ServiceBusReceivedMessage], as_json: bool) -> None:
     if not messages:
         print("no messages")
         return
-    rows = [{**_record(m), "body": str(m)[:40]} for m in messages]
-    print(format_table([{k: ("" if v is None else v) for k, v in r.items()} for r in rows], SHOWN))
+    columns = SHOWN + ("application_properties",) + (DEAD_LETTER_SHOWN if dead_letter else ())
+    rows = [{**_record(m), "body": str(m)[:40],
+             "application_properties": json.dumps(m.str_application_properties, default=str)[:40]
+             if m.str_application_properties else ""} for m in messages]
+    print(format_table([{k: ("" if v is None else str(v)[:40]) for k, v in r.items()} for r in rows], columns))
 
 
 def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:

@@ -172,6 +172,12 @@ def test_dead_letter_list_resubmit_and_maintain(admin, client, ns_path, capsys):
     assert main(["dead-letter", "list", "--entity", "q", "--namespace", ns_path, "--json"]) == 0
     listed = _json_lines(capsys)
     assert [(r["dead_letter_reason"], r["sequence_number"]) for r in listed] == [("bad", 1), ("bad", 2)]
+    assert [r["dead_letter_error_description"] for r in listed] == ["why", "why"]
+    assert main(["dead-letter", "list", "--entity", "q", "--namespace", ns_path]) == 0
+    header, _, first, second = capsys.readouterr().out.splitlines()
+    assert header.split()[-3:] == ["application_properties", "dead_letter_reason", "dead_letter_error_description"]
+    assert first.split()[-4:] == ['{"n":', '1}', "bad", "why"]
+    assert second.split()[-2:] == ["bad", "why"]
     assert main(["dead-letter", "resubmit", "--entity", "q", "--namespace", ns_path, "--json"]) == 0
     assert _json_lines(capsys) == [{"resubmitted": 2, "to": "q"}]
     with client.get_queue_receiver("q") as receiver:
