@@ -71,6 +71,7 @@ import sparkbus
 from sparkbus import ServiceBusAdministrationClient, ServiceBusClient, ServiceBusMessage
 from sparkbus.core.throttling import PREMIUM_CREDITS_PER_UNIT
 from sparkbus.exceptions import MessageSizeExceededError
+from sparkbus.storage import fsync_file
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -858,13 +859,6 @@ def commit_floor_ms(directory: Path, count: int = 500) -> dict[str, float]:
     part.mkdir()
     row = pa.table({"sequence_number": [1], "message_id": ["m"], "body": [os.urandom(SIZE)]})
 
-    def fsync(path: Path) -> None:
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
     commits, appends = [], []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for version in range(count):
@@ -874,12 +868,12 @@ def commit_floor_ms(directory: Path, count: int = 500) -> dict[str, float]:
                 pq.write_table(row, sink)
             staged = log / f".{uuid.uuid4().hex}.json.tmp"
             staged.write_bytes(json.dumps({"add": {"path": data.name, "size": data.stat().st_size}}).encode())
-            others = [pool.submit(fsync, p) for p in (data, part)]
-            fsync(staged)
+            others = [pool.submit(fsync_file, str(p)) for p in (data, part)]
+            fsync_file(str(staged))
             for other in others:
                 other.result()
             os.link(staged, log / f"{version:020d}.json")
-            fsync(log)
+            fsync_file(str(log))
             staged.unlink()
             commits.append((time.perf_counter() - start) * 1000)
     wal = root / "wal"

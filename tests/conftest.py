@@ -58,6 +58,20 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def listening(port: int, server: subprocess.Popen, timeout: float) -> bool:
+    """Whether server accepts connections on the loopback port within timeout seconds (False when it exited
+    or the time ran out)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                return False
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="session")
 def azurite():
     """An Azurite blob service on loopback for the run, its container created; yields the az:// base."""
@@ -69,16 +83,9 @@ def azurite():
     server = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                                "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                pytest.fail("Azurite did not start")
-            time.sleep(0.2)
+    if not listening(port, server, 60):
+        server.kill()
+        pytest.fail("Azurite did not start")
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update(AZURE_STORAGE_USE_EMULATOR="true", AZURE_STORAGE_ACCOUNT_NAME=EMULATOR_ACCOUNT,
                       AZURE_STORAGE_ACCOUNT_KEY=EMULATOR_KEY, AZURITE_BLOB_STORAGE_URL=endpoint)

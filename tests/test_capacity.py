@@ -223,8 +223,9 @@ def test_message_size_is_what_is_stored_and_received(ns_path):
 def fill(sender, make, partitions: int, batch_bytes: int = 256 * KB) -> int:
     """Send messages from make() until the quota refuses a single message on every partition in a row (keyless
     messages go round robin, so consecutive refusals are distinct partitions); big batches first, halved on
-    each refusal. Returns how many messages were accepted."""
-    size = batch_bytes // make().size_in_bytes
+    each refusal and doubled again after a send that fits (the partitions fill at different times). Returns
+    how many messages were accepted."""
+    largest = size = batch_bytes // make().size_in_bytes
     accepted = refusals = 0
     while refusals < partitions:
         try:
@@ -237,6 +238,7 @@ def fill(sender, make, partitions: int, batch_bytes: int = 256 * KB) -> int:
             continue
         accepted += size
         refusals = 0
+        size = min(size * 2, largest)
     return accepted
 
 

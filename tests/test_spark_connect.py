@@ -10,20 +10,20 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import pytest
-from conftest import _free_port
+from conftest import _free_port, listening
 
 import sparkbus
 from sparkbus import ServiceBusClient, ServiceBusMessage, streaming
 
 pytestmark = pytest.mark.slow
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+CONNECT_MODE = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")  # what a remote session sets
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +38,19 @@ def remote(tmp_path_factory):
              "--conf", f"spark.connect.grpc.binding.port={port}", "--name", "sparkbus-tests-connect"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    pytest.fail(f"the Spark Connect server did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.5)
+        if not listening(port, server, 120):
+            pytest.fail(f"the Spark Connect server did not start: {log.read_text()[-2000:]}")
         from pyspark.sql import SparkSession
 
+        before = {name: os.environ.get(name) for name in CONNECT_MODE}
         session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
         yield session
         session.stop()
+        for name, value in before.items():  # else the classic builder of later tests looks for a server
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the JVM and the Python workers it started
         try:
