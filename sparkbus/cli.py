@@ -44,7 +44,7 @@ def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
                      "availability": runtime.availability_status, "active": runtime.active_message_count,
                      "dead_letter": runtime.dead_letter_message_count,
                      "scheduled": runtime.scheduled_message_count, "total": runtime.total_message_count,
-                     "size_in_bytes": runtime.size_in_bytes, "awaiting_fanout": ""})
+                     "size_in_bytes": runtime.size_in_bytes, "awaiting_fanout": None})
 
     for queue in admin.list_queues():
         add("queue", queue.name, queue, admin.get_queue_runtime_properties(queue.name))
@@ -58,7 +58,8 @@ def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
 
 
 def format_table(rows: list[dict], columns: Sequence[str] = COLUMNS) -> str:
-    return cli_messages.format_table(rows, columns)
+    """namespace_rows as a table (None, e.g. a queue's awaiting_fanout, left blank)."""
+    return cli_messages.format_table([{k: "" if v is None else v for k, v in r.items()} for r in rows], columns)
 
 
 def _out(args: argparse.Namespace, human: str, data: Any) -> None:

@@ -363,7 +363,7 @@ def test_sparkbus_serve_subprocess_stops_on_ctrl_c(admin, client, ns_path):
         serve.send_signal(signal.SIGINT)
         output, _ = serve.communicate(timeout=120)
     assert serve.returncode == 0, output
-    assert "forwarded 1 messages" in output and "stopped serving namespace" in output
+    assert "forwarded 1 message," in output and "stopped serving namespace" in output
 
 
 def test_housekeeping_sweep_removes_what_nobody_else_would(admin, client, ns_path):

@@ -19,44 +19,84 @@ import pytest
 from conftest import _free_port, listening
 
 import sparkbus
-from sparkbus import ServiceBusClient, ServiceBusMessage, streaming
+from sparkbus import ServiceBusClient, ServiceBusMessage
 
 pytestmark = pytest.mark.slow
 SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
-CONNECT_MODE = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")  # what a remote session sets
+
+
+# The client runs in a process of its own, as a notebook on Databricks would: a process that holds a classic
+# SparkSession (this one does: the suite's) cannot open a remote one.
+CLIENT = """
+import sys
+from pyspark.sql import SparkSession
+from sparkbus import streaming
+from sparkbus.spark.background import is_connect
+
+port, path, step = sys.argv[1:4]
+spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+assert is_connect(spark)
+if step == "once":
+    streaming.fanout_once(spark, path)
+    print("fanned out", flush=True)
+    sys.stdin.readline()  # the test checks the subscription, then lets forwarding run
+    streaming.forward_once(spark, path)
+elif step == "serve":
+    service = streaming.serve(spark, path, trigger={"processingTime": "200 milliseconds"})
+    print("serving", flush=True)
+    sys.stdin.readline()  # the test sends, receives, then says stop
+    service.stop()
+elif step == "bad start":
+    try:
+        streaming.start_fanout(spark, path, "orders", trigger={"every": "1 second"})
+    except TypeError:
+        print("TypeError", flush=True)
+spark.stop()
+print("done", flush=True)
+"""
 
 
 @pytest.fixture(scope="module")
-def remote(tmp_path_factory):
-    """A Spark Connect session on a server of its own (local[2], UI off)."""
+def server(tmp_path_factory):
+    """The port of a Spark Connect server of its own (local[2], UI off), on loopback."""
     port = _free_port()
     log = tmp_path_factory.mktemp("connect") / "server.log"
     with open(log, "wb") as out:
-        server = subprocess.Popen(
+        process = subprocess.Popen(
             [SPARK_SUBMIT, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]",
              "--conf", "spark.ui.enabled=false", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
              "--conf", f"spark.connect.grpc.binding.port={port}", "--name", "sparkbus-tests-connect"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        if not listening(port, server, 120):
+        if not listening(port, process, 120):
             pytest.fail(f"the Spark Connect server did not start: {log.read_text()[-2000:]}")
-        from pyspark.sql import SparkSession
-
-        before = {name: os.environ.get(name) for name in CONNECT_MODE}
-        session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
-        yield session
-        session.stop()
-        for name, value in before.items():  # else the classic builder of later tests looks for a server
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        yield port
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the JVM and the Python workers it started
+        os.killpg(process.pid, signal.SIGTERM)  # the JVM and the Python workers it started
         try:
-            server.wait(60)
+            process.wait(60)
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def client(port: int, path: str, step: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CLIENT, str(port), path, step], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def said(process: subprocess.Popen, line: str) -> None:
+    """Wait for the client's next line, which must be `line` (else its error output fails the test)."""
+    got = process.stdout.readline().strip()
+    if got != line:
+        process.kill()
+        pytest.fail(f"the Connect client said {got!r}, not {line!r}: {process.stderr.read()[-3000:]}")
+
+
+def finish(process: subprocess.Popen) -> None:
+    process.stdin.write("\n")
+    process.stdin.flush()
+    said(process, "done")
+    assert process.wait(60) == 0, process.stderr.read()[-3000:]
 
 
 def queries_left() -> set[str]:
@@ -76,10 +116,9 @@ def received(path: str, *entity: str, count: int) -> list[str]:
     return sorted(bodies)
 
 
-def test_fan_out_forwarding_and_the_service_run_over_spark_connect(remote, tmp_path):
-    from sparkbus.spark.background import is_connect
-
-    assert is_connect(remote)
+@pytest.fixture
+def namespace(tmp_path) -> str:
+    """A namespace with topic orders (subscription all; subscription kept, forwarding to queue archive)."""
     path = str(tmp_path / "ns")
     sparkbus.create_namespace(path, credits_per_second=None)
     admin = sparkbus.ServiceBusAdministrationClient(path)
@@ -87,32 +126,36 @@ def test_fan_out_forwarding_and_the_service_run_over_spark_connect(remote, tmp_p
     admin.create_topic("orders")
     admin.create_subscription("orders", "all")
     admin.create_subscription("orders", "kept", forward_to="archive")
-    sender = ServiceBusClient(path).get_topic_sender("orders")
+    return path
+
+
+def test_fan_out_forwarding_and_the_service_run_over_spark_connect(server, namespace):
+    sender = ServiceBusClient(namespace).get_topic_sender("orders")
     sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(5)])
     before = queries_left()
 
-    streaming.fanout_once(remote, path)
-    assert received(path, "orders", "all", count=5) == [f"m{i}" for i in range(5)]
-    streaming.forward_once(remote, path)
-    assert received(path, "archive", count=5) == [f"m{i}" for i in range(5)]
+    once = client(server, namespace, "once")
+    said(once, "fanned out")
+    assert received(namespace, "orders", "all", count=5) == [f"m{i}" for i in range(5)]
+    finish(once)
+    assert received(namespace, "archive", count=5) == [f"m{i}" for i in range(5)]
 
-    service = streaming.serve(remote, path, trigger={"processingTime": "200 milliseconds"})
-    try:
-        sender.send_messages([ServiceBusMessage(f"n{i}") for i in range(3)])
-        assert received(path, "archive", count=3) == ["n0", "n1", "n2"]
-        assert received(path, "orders", "all", count=3) == ["n0", "n1", "n2"]
-    finally:
-        service.stop()
+    serving = client(server, namespace, "serve")
+    said(serving, "serving")
+    sender.send_messages([ServiceBusMessage(f"n{i}") for i in range(3)])
+    assert received(namespace, "archive", count=3) == ["n0", "n1", "n2"]
+    assert received(namespace, "orders", "all", count=3) == ["n0", "n1", "n2"]
+    finish(serving)
     assert queries_left() == before  # each query's checkpoint went with it
-    counts = admin.get_queue_runtime_properties("archive")
-    assert counts.total_message_count == 0
+    admin = sparkbus.ServiceBusAdministrationClient(namespace)
+    assert admin.get_queue_runtime_properties("archive").total_message_count == 0
+    assert admin.get_topic_awaiting_fanout("orders") == 0
 
 
-def test_a_start_that_fails_leaves_no_checkpoint_behind(remote, tmp_path):
-    path = str(tmp_path / "ns")
-    sparkbus.create_namespace(path, credits_per_second=None)
-    sparkbus.ServiceBusAdministrationClient(path).create_topic("t")
+def test_a_start_that_fails_leaves_no_checkpoint_behind(server, namespace):
     before = queries_left()
-    with pytest.raises(TypeError):
-        streaming.start_fanout(remote, path, "t", trigger={"every": "1 second"})
+    failing = client(server, namespace, "bad start")
+    said(failing, "TypeError")
+    said(failing, "done")
+    assert failing.wait(60) == 0
     assert queries_left() == before

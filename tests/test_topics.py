@@ -357,7 +357,7 @@ def test_an_empty_subscription_says_once_that_its_topic_awaits_fan_out(topic, cl
     capsys.readouterr()
     assert main(["show", "--namespace", ns_path, "--json"]) == 0
     rows = {r["path"]: r["awaiting_fanout"] for r in json.loads(capsys.readouterr().out)["entities"]}
-    assert (rows["events"], rows["quiet"], rows["events/Subscriptions/all"]) == (3, 0, "")
+    assert (rows["events"], rows["quiet"], rows["events/Subscriptions/all"]) == (3, 0, None)
     assert drain(ns_path).messages == 3
     assert topic.get_topic_awaiting_fanout("events") == 0
     assert sorted(str(m) for m in received(client, "all")) == ["m0", "m1", "m2"]
