@@ -64,16 +64,16 @@ def batch_function(root: str, *, fan_out: bool, forward: bool,
                    on_batch: Optional[Callable[[BatchReport], None]] = None, gate: Optional[Gate] = None):
     """foreachBatch: fan out the topics' ranges in the batch (and their due scheduled messages), then
     forward everything forwardable; on_batch gets the report. Without on_batch and gate the function
-    carries only the root and two flags, so it pickles: Spark Connect runs foreachBatch in a Python process
+    carries only the root, two flags and the namespace's storage options, so it pickles: Spark Connect runs foreachBatch in a Python process
     of its server, which makes its own catalog (a lock or a Catalog does not pickle)."""
-    if on_batch is None and gate is None:
-        return functools.partial(run_batch, root, fan_out, forward)
+    if on_batch is None and gate is None:  # the storage options too: the worker has not registered them
+        return functools.partial(run_batch, root, fan_out, forward, storage.location.options_for(root))
     gate = gate or Gate()
 
     def run(df, batch_id: int) -> None:
         with gate.lock:
             if not gate.closed.is_set():
-                report = run_batch(root, fan_out, forward, df, batch_id)
+                report = run_batch(root, fan_out, forward, {}, df, batch_id)
                 if on_batch is not None:
                     on_batch(report)
 
@@ -84,9 +84,12 @@ _catalogs: dict[str, Catalog] = {}  # root -> the catalog batches of this proces
 _catalogs_guard = threading.Lock()
 
 
-def run_batch(root: str, fan_out: bool, forward: bool, df, batch_id: int) -> BatchReport:
+def run_batch(root: str, fan_out: bool, forward: bool, storage_options: dict[str, str], df,
+              batch_id: int) -> BatchReport:
     """One micro-batch of the namespace at root: what batch_function's functions run, in whichever process
-    Spark calls them (the driver's; a Spark Connect server's Python worker)."""
+    Spark calls them (the driver's; a Spark Connect server's Python worker, which gets the namespace's
+    storage options with the function)."""
+    storage.location.register_options(root, storage_options)
     with _catalogs_guard:
         if root not in _catalogs:
             _catalogs[root] = Catalog(root)
