@@ -901,7 +901,8 @@ def machine(server_info: dict, load_before: tuple[float, float, float]) -> dict:
                                                           "pika")}
     versions.update(server_info.get("versions", {}))
     return {"nproc": os.cpu_count(), "memory_gib": round(memory_kb / 2**20, 1), "kernel": platform.release(),
-            "python": platform.python_version(), "fsync_4k_ms_p50": fsync_ms(SERVERS_DIR), **commit_floor_ms(SERVERS_DIR),
+            "python": platform.python_version(), "fsync_4k_ms_p50": fsync_ms(SERVERS_DIR),
+            **commit_floor_ms(SERVERS_DIR),
             # other work on the machine meanwhile shows here (the run itself keeps about 1-2 cores busy)
             "load_average_1_5_15_min_before": [round(x, 2) for x in load_before],
             "load_average_1_5_15_min_after": [round(x, 2) for x in os.getloadavg()],

@@ -502,7 +502,8 @@ class ServiceBusReceiver:
             return
         self._fanout_checked = now
         try:
-            waiting = fanout.awaiting(resolve_current(self._catalog, self._topic, ("topic",)), older_than=FANOUT_HINT_AGE)
+            topic = resolve_current(self._catalog, self._topic, ("topic",))
+            waiting = fanout.awaiting(topic, older_than=FANOUT_HINT_AGE)
         except Exception as error:  # a hint never fails a receive (the topic deleted meanwhile, a storage fault)
             LOG.debug("could not count the messages awaiting fan-out in topic %r: %s", self._topic, error)
             return

@@ -133,8 +133,9 @@ class SizeBounds:
     """Per partition, an upper bound of the bytes its messages store, kept between sends without reading.
 
     The bound is the sum of what each counted file adds (rows x its largest message, from statistics;
-    a send's own files exactly), or a partition's exact measure plus the files counted since. A file removed later (compaction, retention) subtracts what it added:
-    its live rows are in the file replacing it, counted when that is added. A partition measured exactly
+    a send's own files exactly), or a partition's exact measure plus the files counted since. A file
+    removed later (compaction, retention) subtracts what it added: its live rows are in the file
+    replacing it, counted when that is added. A partition measured exactly
     (`measured`) forgets its counted files, since the measure leaves out settled rows those files still
     hold: their removal then subtracts nothing, and the bound stays an upper bound. Without subtracting,
     each compaction counted a partition's messages again and every send near the quota measured exactly

@@ -46,8 +46,9 @@ class BatchReport:
 
     def line(self) -> str:
         copies = sum(self.fanout.copies.values())
+        forwarded = sum(self.forwarding.forwarded.values())
         return (f"batch {self.batch_id}: fanned out {plural(self.fanout.messages, 'topic message')} as "
-                f"{plural(copies, 'copy', 'copies')}, forwarded {plural(sum(self.forwarding.forwarded.values()), 'message')}, "
+                f"{plural(copies, 'copy', 'copies')}, forwarded {plural(forwarded, 'message')}, "
                 f"transfer-dead-lettered {sum(self.forwarding.dead_lettered.values())}, in {self.seconds:.2f} s")
 
 
@@ -64,8 +65,9 @@ def batch_function(root: str, *, fan_out: bool, forward: bool,
                    on_batch: Optional[Callable[[BatchReport], None]] = None, gate: Optional[Gate] = None):
     """foreachBatch: fan out the topics' ranges in the batch (and their due scheduled messages), then
     forward everything forwardable; on_batch gets the report. Without on_batch and gate the function
-    carries only the root, two flags and the namespace's storage options, so it pickles: Spark Connect runs foreachBatch in a Python process
-    of its server, which makes its own catalog (a lock or a Catalog does not pickle)."""
+    carries only the root, two flags and the namespace's storage options, so it pickles: Spark Connect runs
+    foreachBatch in a Python process of its server, which makes its own catalog (a lock or a Catalog does
+    not pickle)."""
     if on_batch is None and gate is None:  # the storage options too: the worker has not registered them
         return functools.partial(run_batch, root, fan_out, forward, storage.location.options_for(root))
     gate = gate or Gate()
