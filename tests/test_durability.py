@@ -25,33 +25,50 @@ SCENARIO = textwrap.dedent("""
             for message in receiver.receive_messages(max_message_count=3):
                 receiver.complete_message(message)
 """)
-FSYNC = re.compile(r"f(?:data)?sync\(\d+<(?P<path>[^>]*)>\)\s+= 0")
-UNFINISHED = re.compile(r"^(?P<thread>\d+) f(?:data)?sync\(\d+<(?P<path>[^>]*)> <unfinished \.\.\.>")
-RESUMED = re.compile(r"^(?P<thread>\d+) <\.\.\. f(?:data)?sync resumed>\)\s+= 0")
-LINK = re.compile(r'link(?:at)?\((?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<source>[^"]+)", (?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<target>[^"]+)"(?:, 0)?\)\s+= 0')
+LINE = re.compile(r"^(?P<thread>\d+) (?P<call>.*)$")
+RESUMED = re.compile(r"^<\.\.\. \w+ resumed>(?P<rest>.*)$")
+FSYNC = re.compile(r"^f(?:data)?sync\((?P<fd>\d+)(?:<(?P<path>[^>]*)>)?\)\s+= 0")
+OPENAT = re.compile(r'^openat\([^,]+, "(?P<path>[^"]+)", .*\)\s+= (?P<fd>\d+)')
+LINK = re.compile(r'^link(?:at)?\((?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<source>[^"]+)", (?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<target>[^"]+)"(?:, 0)?\)\s+= 0')
 
 
 def _fsynced(tmp_path, durability: str) -> tuple[str, dict[str, list[int]], dict[str, tuple[str, int]]]:
     """(namespace, the trace lines at which each path's fsyncs had returned, entry -> (temporary file
-    linked to it, line))."""
+    linked to it, line)). A call another thread's interrupted is joined with its resumption first; an
+    fsync's file is known from the descriptor's path (strace -y) or else from the open in the same thread
+    that returned the descriptor (strace cannot always read a descriptor's path)."""
     namespace, trace = str(tmp_path / "ns"), str(tmp_path / "trace")
     env = {**os.environ, "SPARKBUS_DURABILITY": durability}
-    subprocess.run(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync,link,linkat", "-o", trace,
+    subprocess.run(["strace", "-f", "-y", "-e", "trace=openat,fsync,fdatasync,link,linkat", "-o", trace,
                     sys.executable, "-c", SCENARIO, namespace], env=env, check=True, timeout=300)
     synced: dict[str, list[int]] = {}
     linked: dict[str, tuple[str, int]] = {}
-    started: dict[str, str] = {}  # thread id -> path of its fsync in progress (concurrent fsyncs)
+    pending: dict[str, str] = {}  # thread id -> the start of its call in progress
+    opened: dict[tuple[str, int], str] = {}  # (thread, descriptor) -> path of its latest open
     with open(trace) as lines:
         for number, line in enumerate(lines):
-            if (found := FSYNC.search(line)) is not None:
-                synced.setdefault(found["path"].rstrip("/"), []).append(number)
-            elif (found := UNFINISHED.search(line)) is not None:
-                started[found["thread"]] = found["path"].rstrip("/")
-            elif (found := RESUMED.search(line)) is not None and found["thread"] in started:
-                synced.setdefault(started.pop(found["thread"]), []).append(number)
-            elif (found := LINK.search(line)) is not None:
+            if (found := LINE.match(line.rstrip("\n"))) is None:
+                continue
+            thread, call = found["thread"], found["call"]
+            if call.endswith(" <unfinished ...>"):
+                pending[thread] = call.removesuffix(" <unfinished ...>")
+                continue
+            if (resumed := RESUMED.match(call)) is not None:
+                call = pending.pop(thread, "") + resumed["rest"]
+            if (found := OPENAT.match(call)) is not None:
+                opened[(thread, int(found["fd"]))] = found["path"]
+            elif (found := FSYNC.match(call)) is not None:
+                path = found["path"] or opened.get((thread, int(found["fd"])), "")
+                synced.setdefault(path.rstrip("/"), []).append(number)
+            elif (found := LINK.match(call)) is not None:
                 linked[found["target"]] = (found["source"], number)
     return namespace, synced, linked
+
+
+def _mentions(tmp_path, path: str) -> str:
+    """The trace's lines naming path (what a failure shows)."""
+    with open(tmp_path / "trace") as lines:
+        return "".join(line for line in lines if os.path.basename(path) in line)
 
 
 def test_every_commit_its_files_and_their_directories_are_fsynced(tmp_path):
@@ -67,7 +84,8 @@ def test_every_commit_its_files_and_their_directories_are_fsynced(tmp_path):
         staged, at = linked.get(entry, ("", -1))
         if staged.endswith(".json.tmp"):  # a direct commit (storage.commits)
             direct += 1
-            assert any(line < at for line in synced.get(staged, [])), f"{entry} linked before its content was fsynced"
+            assert any(line < at for line in synced.get(staged, [])), \
+                f"{entry} linked before its content was fsynced:\n{_mentions(tmp_path, staged)}"
             assert any(line > at for line in synced.get(log_dir, [])), f"{log_dir} not fsynced after {entry}"
         else:  # delta-rs commits: this module fsyncs their files, the entry, then the directories (sync_version)
             assert entry in synced, f"log entry {entry} was not fsynced"
