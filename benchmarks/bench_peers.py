@@ -261,7 +261,7 @@ class Sparkbus:
         bad, active = 0, set(range(SUBSCRIPTIONS))
         while active:  # one process, round robin over the subscriptions, as RabbitMQ's consumers share a channel
             for s in sorted(active):
-                batch = receivers[s].receive_messages(max_message_count=BATCH)
+                batch = receivers[s].receive_messages(max_message_count=BATCH, max_wait_time=0)
                 if not batch:
                     active.discard(s)
                     continue

@@ -119,7 +119,7 @@ def history(path: str, admin, completed: int, probes: int, size: int) -> float:
     admin.create_queue(queue, enable_partitioning=True, max_size_in_megabytes=5120, lock_duration="PT5M")
     fill(path, queue, completed, size)
     receiver = ServiceBusClient(path).get_queue_receiver(queue)
-    while batch := receiver.receive_messages(max_message_count=BATCH):
+    while batch := receiver.receive_messages(max_message_count=BATCH, max_wait_time=0):
         receiver.complete_messages(batch)
     return latency(path, admin, queue, probes, size, f" behind {completed:,} completed")
 

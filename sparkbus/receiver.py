@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import re
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
@@ -407,6 +408,7 @@ class ServiceBusReceiver:
         self._fanout_hinted = False
         self._source = (catalog.root, key(entity_path))
         self._closed = False
+        self._closing = threading.Event()  # set by close(): wakes a receive waiting in another thread
         self._governor = governor_of(catalog)
         self._retry = retry
         # Where this receiver starts its round of the partitions: receivers that all started at partition 0
@@ -458,8 +460,9 @@ class ServiceBusReceiver:
     def close(self) -> None:
         """Message locks simply expire, as in Service Bus. A held session is released: the locks of its
         unsettled messages end now (they are delivered again first), then the session lock. The receiver
-        refuses further operations."""
+        refuses further operations; a receive waiting in another thread returns what it has (nothing)."""
         self._closed = True
+        self._closing.set()
         if self.session is None or self._session_closed:
             return
         self._session_closed = True
@@ -469,8 +472,9 @@ class ServiceBusReceiver:
             pass  # another receiver holds the session already
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
-        """Yields messages as they arrive; stops once max_wait_time passes without one."""
-        while True:
+        """Yields messages as they arrive; stops once the receiver's max_wait_time passes without one (never
+        when it is None, as the SDK's) or the receiver is closed."""
+        while not self._closed:
             got = self.receive_messages(max_message_count=1)
             if not got:
                 return
@@ -483,16 +487,21 @@ class ServiceBusReceiver:
                          max_wait_time: Optional[float] = None) -> list[ServiceBusReceivedMessage]:
         """Up to max_message_count available messages from any partitions, oldest first in each.
 
-        Waits up to max_wait_time (default: the receiver's; None: no waiting) while nothing is available.
+        Waits for the first message up to max_wait_time seconds (default: the receiver's), then returns
+        what is available; with neither set it waits until a message arrives, as the SDK's, or the receiver
+        is closed from another thread (then []). max_wait_time=0 returns at once.
         """
         count = 1 if max_message_count is None else max_message_count
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
         wait = _check_wait(max_wait_time) if max_wait_time is not None else self.max_wait_time
-        got = poll(lambda: self._receive(count), wait) or []
-        if not got and self._topic is not None:
-            self._hint_fanout()
-        return got
+
+        def attempt() -> list[ServiceBusReceivedMessage]:
+            got = self._receive(count)
+            if not got and self._topic is not None:
+                self._hint_fanout()
+            return got
+        return poll(attempt, wait, changed=None if wait == 0 else self._delivery.watch(), stop=self._closing) or []
 
     def _hint_fanout(self) -> None:
         """Log one warning (once per receiver) when this subscription is empty while its topic holds messages

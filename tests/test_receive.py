@@ -49,7 +49,7 @@ def test_peek_lock_settlements_keep_counts_exact(admin, client):
     assert again and again[0].delivery_count == 2  # the abandoned one, redelivered
     for m in rest:
         receiver.complete_message(m)
-    assert receiver.receive_messages(max_message_count=5) == []
+    assert receiver.receive_messages(max_message_count=5, max_wait_time=0) == []
     deferred = receiver.receive_deferred_messages([got[2].sequence_number])
     assert [m.sequence_number for m in deferred] == [got[2].sequence_number]
     assert deferred[0].state == ServiceBusMessageState.DEFERRED
@@ -79,7 +79,7 @@ def test_max_delivery_count_dead_letters(admin, client):
         (m,) = receiver.receive_messages()
         assert m.delivery_count == expected
         receiver.abandon_message(m)
-    assert receiver.receive_messages() == []
+    assert receiver.receive_messages(max_wait_time=0) == []
     assert counts(admin, "q") == (0, 1, 0, 1)
     (dead,) = client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER).receive_messages()
     assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
@@ -137,7 +137,7 @@ def test_scheduled_and_cancelled_messages(admin, client):
     (cancelled,) = sender.schedule_messages(ServiceBusMessage("never"), soon)
     sender.cancel_scheduled_messages(cancelled)
     receiver = client.get_queue_receiver("q")
-    assert receiver.receive_messages() == []
+    assert receiver.receive_messages(max_wait_time=0) == []
     assert [m.state for m in receiver.peek_messages(5)] == [ServiceBusMessageState.SCHEDULED]
     got = receiver.receive_messages(max_message_count=5, max_wait_time=3)
     assert [m.sequence_number for m in got] == [kept]
@@ -242,7 +242,7 @@ def test_receiver_errors(admin, client):
         client.get_queue_receiver("off", receive_mode="sometimes")
     admin.create_topic("t")
     admin.create_subscription("t", "s")
-    assert client.get_subscription_receiver("t", "s").receive_messages(max_message_count=3) == []
+    assert client.get_subscription_receiver("t", "s").receive_messages(max_message_count=3, max_wait_time=0) == []
 
 
 @pytest.mark.slow
@@ -263,5 +263,5 @@ def test_complete_messages_is_all_or_nothing_across_partitions(admin, client):
     with pytest.raises(MessageAlreadySettled):
         thief.complete_messages(stolen[:1])
     rest = client.get_queue_receiver("p").receive_messages(max_message_count=9)
-    assert len(rest) == 6 and client.get_queue_receiver("p").receive_messages() == []
+    assert len(rest) == 6 and client.get_queue_receiver("p").receive_messages(max_wait_time=0) == []
     assert {m.delivery_count for m in rest} == {2}

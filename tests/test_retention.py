@@ -253,7 +253,7 @@ def test_receivers_trigger_retention_on_their_own(admin, client):
     assert admin.get_queue_runtime_properties("q").active_message_count == len(live)
 
     got = []
-    while batch := receiver.receive_messages(max_message_count=1_000):
+    while batch := receiver.receive_messages(max_message_count=1_000, max_wait_time=0):
         got += batch
         receiver.complete_messages(batch)
     assert sorted(m.sequence_number for m in got) == sorted(live - {deferred.sequence_number})

@@ -35,7 +35,7 @@ def test_session_receiver_gets_its_session_in_order(admin, client):
     assert [str(m) for m in again] == ["a-0", "a-3", "a-4", "a-5", "a-6"]
     assert again[0].delivery_count == 2
     receiver.complete_messages(again + [got[2]])
-    assert receiver.receive_messages(max_message_count=10) == []
+    assert receiver.receive_messages(max_message_count=10, max_wait_time=0) == []
     assert [str(m) for m in receiver.peek_messages(10)] == []
     assert admin.get_queue_runtime_properties("s").active_message_count == 3  # session b is untouched
 
@@ -125,7 +125,7 @@ def test_next_available_session_and_errors(admin, client):
     with pytest.raises(TypeError):
         client.get_queue_receiver("s", session_id=5)
     dead = client.get_queue_receiver("s", sub_queue=ServiceBusSubQueue.DEAD_LETTER)  # no session needed
-    assert dead.receive_messages() == []
+    assert dead.receive_messages(max_wait_time=0) == []
     message = one.receive_messages()[0]
     one.dead_letter_message(message, reason="bad")
     assert [m.session_id for m in dead.receive_messages()] == [one.session.session_id]
@@ -211,7 +211,7 @@ def test_a_session_on_an_unavailable_partition_delivers_nothing_until_it_returns
     receiver = client.get_queue_receiver("s", session_id="a")
     set_partition_availability(ns_path, receiver.session._lock.partition, False, entity_path="s", reason="disk")
     time.sleep(1.1)  # receivers re-read entity settings at most once a second
-    assert receiver.receive_messages(max_message_count=2) == []
+    assert receiver.receive_messages(max_message_count=2, max_wait_time=0) == []
     set_partition_availability(ns_path, receiver.session._lock.partition, True, entity_path="s")
     time.sleep(1.1)
     assert [str(m) for m in receiver.receive_messages(max_message_count=2)] == ["a-0", "a-1"]

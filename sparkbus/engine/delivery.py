@@ -50,7 +50,8 @@ from .registry import CachedEntity, EntityDeleted, EntityInfo
 from .retry import RetryPolicy
 
 T = TypeVar("T")
-POLL_START, POLL_MAX = 0.01, 0.5  # seconds between polls of an empty entity, doubling
+POLL_START, POLL_MAX = 0.01, 0.5  # seconds between tries on an empty entity, doubling (poll)
+WATCH_EVERY = 0.02  # seconds between looks at a local entity's log directories while a receive waits
 # The message columns choosing and planning a lock read (transitions.candidates and plan).
 CHOOSING = ("sequence_number", "session_id", "enqueued_time_utc", "scheduled_enqueue_time_utc", "expires_at_utc")
 NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session with available messages
@@ -91,17 +92,33 @@ def policy(info: EntityInfo) -> Policy:
                   dead_letter_on_expiry=info.options.dead_lettering_on_message_expiration)
 
 
-def poll(attempt: Callable[[], Optional[T]], wait: Optional[float]) -> Optional[T]:
-    """attempt() until it returns something or `wait` seconds passed (None: once), pausing 10 ms,
-    doubling to 0.5 s, between tries."""
-    deadline = time.monotonic() + (wait or 0)
+def poll(attempt: Callable[[], Optional[T]], wait: Optional[float], *, changed: Optional[Callable[[], bool]] = None,
+         stop: Optional[threading.Event] = None) -> Optional[T]:
+    """attempt() until it returns something, `wait` seconds passed (0: one try; None: no limit) or stop is
+    set, pausing 10 ms, doubling to POLL_MAX, between tries. changed (a cheap look at whether the entity's
+    tables changed since the previous look; Delivery.watch) is called once before the first try, then every
+    WATCH_EVERY seconds of a pause, and ends the pause when true: a local receiver sees a new message within
+    tens of milliseconds, while an idle one reads storage every POLL_MAX seconds (locks expire and
+    scheduled messages fall due without a write)."""
+    deadline = None if wait is None else time.monotonic() + wait
     pause = POLL_START
+    stop = stop or threading.Event()
+    if changed is not None and wait != 0:
+        changed()
     while True:
         got = attempt()
-        if got or time.monotonic() >= deadline:
+        now = time.monotonic()
+        if got or stop.is_set() or (deadline is not None and now >= deadline):
             return got
-        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        until = now + pause if deadline is None else min(now + pause, deadline)
         pause = min(pause * 2, POLL_MAX)
+        while (left := until - now) > 0:
+            step = left if changed is None else min(left, WATCH_EVERY)
+            if stop.wait(step):
+                return got
+            if changed is not None and changed():
+                break
+            now = time.monotonic()
 
 
 class Delivery:
@@ -130,6 +147,25 @@ class Delivery:
             _keep_only(self._tables, info)
         self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
         return self._tables[uri]
+
+    def watch(self) -> Callable[[], bool]:
+        """For poll: a look at whether any of the entity's tables changed since the previous look (their
+        log directories' modification times). Never for an object store, which has no cheap sign (poll's
+        timer serves it); always when the entity cannot be resolved (the next try raises what the caller
+        should see)."""
+        seen: list[tuple] = []
+
+        def changed() -> bool:
+            try:
+                marks = tuple(storage.log_marker(uri) for uri in self.entity.get().tables.values())
+            except Exception:
+                return True
+            if None in marks:
+                return False
+            moved = seen != [marks]
+            seen[:] = [marks]
+            return moved
+        return changed
 
     def view(self, info: EntityInfo, role: str) -> commits.LogView:
         """The entity table's files at its latest version, followed from its log (kept between calls)."""
@@ -497,7 +533,7 @@ class Delivery:
                 refused[:] = [error]
                 return None
 
-        taken = poll(attempt, wait)
+        taken = poll(attempt, wait or 0)
         if taken is None and refused:
             raise refused[0]
         if taken is None:

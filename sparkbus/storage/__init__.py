@@ -235,6 +235,19 @@ def local_root(uri: str) -> Optional[str]:
     return None if "://" in uri else uri
 
 
+def log_marker(uri: str) -> Optional[int]:
+    """A cheap sign that a local table changed: its log directory's modification time in ns, which every
+    new entry (a link into the directory) moves; -1 when the directory is gone; None for an object store,
+    which has no cheap sign (callers poll)."""
+    root = local_root(uri)
+    if root is None:
+        return None
+    try:
+        return os.stat(os.path.join(root, "_delta_log")).st_mtime_ns
+    except FileNotFoundError:
+        return -1
+
+
 def fsync_file(path: str) -> None:
     """fsync one file or directory by path."""
     descriptor = os.open(path, os.O_RDONLY)
