@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export SPARK_CONF_DIR := $(CURDIR)/conf
 
-.PHONY: install demo test test-fast dist crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers bench-peers-quick bench-servers clean
+.PHONY: install demo test test-fast dist docs crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers bench-peers-quick bench-servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,15 @@ dist: $(RUNTIME)
 	rm -rf dist build
 	$(BIN)/python -m pip install --quiet build
 	$(BIN)/python -m build --outdir dist .
+
+# The documentation site (mkdocs.yml, docs/) in site/: --strict fails on a broken link or a page left out of nav.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]' --config-settings editable_mode=compat
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 test-fast: install
 	$(BIN)/python -m pytest -m 'not slow'
@@ -101,4 +110,4 @@ bench-peers-quick: $(BENCH_STAMP) bench-servers
 	$(BIN)/python benchmarks/bench_peers.py --quick $(BENCH_PEERS_ARGS)
 
 clean:
-	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info .azurite
+	rm -rf $(VENV) .sparkbus .pytest_cache *.egg-info .azurite site

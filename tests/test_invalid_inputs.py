@@ -1,5 +1,5 @@
-"""Every invalid input of the README's table ("Invalid inputs") gets the error the table names, and nothing
-is written: the calls are read from the README and run as written, and every file under the test's
+"""Every invalid input of the documentation's table (docs/reference/invalid-inputs.md) gets the error the
+table names, and nothing is written: the calls are read from the table and run as written, and every file under the test's
 directory (the namespace and where the refused namespaces would have gone) is compared before and after."""
 from __future__ import annotations
 
@@ -19,16 +19,17 @@ from sparkbus.management import SqlRuleFilter
 from sparkbus.storage import maintenance
 from conftest import files_under
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "reference",
+                     "invalid-inputs.md")
 ROW = re.compile(r"^\| `(?P<call>.+)` \| (?P<error>\w+) \| (?P<says>.*?) ?\|$")
 
 
 def documented_calls() -> list[tuple[str, str, str]]:
-    with open(README, encoding="utf-8") as handle:
+    with open(TABLE, encoding="utf-8") as handle:
         text = handle.read()
     table = text.split("<!-- invalid-inputs:start -->", 1)[1].split("<!-- invalid-inputs:end -->", 1)[0]
     rows = [ROW.match(line) for line in [line for line in table.splitlines() if line.strip()][2:]]
-    assert all(rows), "every row of the README's invalid-inputs table is | `call` | Error | message |"
+    assert all(rows), "every row of the invalid-inputs table is | `call` | Error | message |"
     return [(m["call"], m["error"], m["says"]) for m in rows]
 
 

@@ -1,4 +1,5 @@
-"""Promises README.md makes in so many words, each tested as it is worded there (quoted per test)."""
+"""Promises the documentation (README.md, docs/) makes in so many words, each tested as it is worded
+there (quoted per test)."""
 from __future__ import annotations
 
 import subprocess
@@ -32,7 +33,7 @@ def _rows_at(admin, entity: str, version: int) -> list[dict]:
 
 
 def _keys_for_every_partition(count: int) -> dict[int, str]:
-    """A partition key landing in each of `count` partitions (the README's placement function)."""
+    """A partition key landing in each of `count` partitions (the documented placement function)."""
     keys: dict[int, str] = {}
     i = 0
     while len(keys) < count:

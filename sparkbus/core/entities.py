@@ -99,7 +99,7 @@ class EntityOptions:
     forward_to: Optional[str] = None
     forward_dead_lettered_messages_to: Optional[str] = None
     status: str = "Active"
-    # Stored and returned as the SDK's; sparkbus does not act on them (README, "Differences").
+    # Stored and returned as the SDK's; sparkbus does not act on them (docs/guides/porting.md, "Differences from Service Bus").
     auto_delete_on_idle: timedelta = MAX_DURATION
     enable_batched_operations: bool = True
     enable_express: bool = False

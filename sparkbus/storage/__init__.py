@@ -2,7 +2,7 @@
 
 Every read goes through delta-rs' own DataFusion engine (QueryBuilder), never through pyarrow's
 dataset scanner: scanner threads still alive at interpreter exit made about 1 process in 12 abort
-with "terminate called without an active exception" (measured; see README, "Clean exit").
+with "terminate called without an active exception" (measured; see docs/architecture.md, "Clean exit").
 
 Durability: delta-rs writes a commit's data files and log entry without fsync, so an acknowledged
 message would survive a process crash but not a power loss. `sync_version` fsyncs what one version
