@@ -205,3 +205,78 @@ def test_a_subscription_named_without_its_segment_is_pointed_to(admin, ns_path, 
     assert "the subscription is 'events/Subscriptions/eu'" in error
     assert main(["peek", "--namespace", ns_path, "--entity", "events/us"]) == 1
     assert "the subscription is" not in capsys.readouterr().err
+
+
+def test_receive_settles_as_asked_and_send_takes_time_fields(admin, ns_path, tmp_path, capsys):
+    from datetime import datetime, timedelta, timezone
+
+    admin.create_queue("q")
+    lines = tmp_path / "timed.jsonl"
+    lines.write_text('{"body": "ttl", "time_to_live": 90}\n{"body": "iso", "time_to_live": "PT1H"}\n'
+                     '{"body": "later", "scheduled_enqueue_time_utc": "2099-01-01T00:00:00"}\n')
+    assert main(["send", "--namespace", ns_path, "--entity", "q", "--file", str(lines)]) == 0
+    peeked = {str(m): m for m in sparkbus.ServiceBusClient(ns_path).get_queue_receiver("q").peek_messages(10)}
+    assert peeked["ttl"].time_to_live == timedelta(seconds=90) and peeked["iso"].time_to_live == timedelta(hours=1)
+    assert peeked["later"].scheduled_enqueue_time_utc == datetime(2099, 1, 1, tzinfo=timezone.utc)
+    capsys.readouterr()
+    for settle in ("abandon", "defer"):
+        assert main(["receive", "--namespace", ns_path, "--entity", "q", "--count", "1", "--settle", settle,
+                     "--json"]) == 0
+        [got] = _json_lines(capsys)
+        with sparkbus.ServiceBusClient(ns_path).get_queue_receiver("q") as receiver:
+            if settle == "abandon":  # available again at once, delivered a second time
+                [again] = receiver.receive_messages(max_wait_time=0)
+                assert (again.sequence_number, again.delivery_count) == (got["sequence_number"], 2)
+                receiver.abandon_message(again)
+            elif settle == "defer":  # received again only by its number
+                [deferred] = receiver.receive_deferred_messages(got["sequence_number"])
+                receiver.defer_message(deferred)
+    assert main(["receive", "--namespace", ns_path, "--entity", "q", "--count", "1", "--settle", "dead-letter",
+                 "--reason", "r", "--description", "d"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "dead-lettered 1 message"
+    assert main(["dead-letter", "list", "--namespace", ns_path, "--entity", "q", "--json"]) == 0
+    [dead] = _json_lines(capsys)
+    assert (dead["dead_letter_reason"], dead["dead_letter_error_description"]) == ("r", "d")
+    assert main(["receive", "--namespace", ns_path, "--entity", "q", "--from-dead-letter", "--json"]) == 0
+    assert [m["body"] for m in _json_lines(capsys)] == [dead["body"]]
+    # refused before anything is read: a reason without dead-lettering; bad time fields name their line
+    assert main(["receive", "--namespace", ns_path, "--entity", "q", "--reason", "r"]) == 2
+    assert "--reason and --description go with --settle dead-letter" in capsys.readouterr().err
+    for line, says in (('{"body": "x", "time_to_live": 0}', "time_to_live must be more than 0 seconds"),
+                       ('{"body": "x", "time_to_live": "soon"}', "is not an ISO 8601 duration"),
+                       ('{"body": "x", "scheduled_enqueue_time_utc": 5}', "scheduled_enqueue_time_utc is an ISO 8601"),
+                       ('{"body": {"a": 1}}', '"body" is a JSON object; a body is a string')):
+        lines.write_text(f'"fine"\n{line}\n')
+        assert main(["send", "--namespace", ns_path, "--entity", "q", "--file", str(lines)]) == 1
+        err = capsys.readouterr().err
+        assert "timed.jsonl line 2: " in err and says in err, err
+    assert admin.get_queue_runtime_properties("q").total_message_count == 2  # nothing more was sent
+
+
+def test_typos_are_answered_with_a_suggestion_and_rules_and_never_read_plainly(tmp_path, capsys):
+    ns = str(tmp_path / "ns")
+    assert main(["namespace", "create", "--namespace", ns]) == 0
+    for argv, says in ((["recieve", "--namespace", ns], "did you mean 'receive'?"),
+                       (["queue", "creat", "q", "--namespace", ns], "did you mean 'create'?"),
+                       (["queue", "list", "--namespace", ns, "--jsn"], "did you mean '--json'?")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.splitlines()) == 1, err
+    assert main(["queue", "create", "q", "--namespace", ns]) == 0
+    assert main(["topic", "create", "t", "--namespace", ns]) == 0
+    assert main(["subscription", "create", "s", "--topic", "t", "--namespace", ns]) == 0
+    assert main(["rule", "create", "red", "--topic", "t", "--subscription", "s", "--namespace", ns,
+                 "--correlation", "subject=order", "--correlation", "color=red"]) == 0
+    capsys.readouterr()
+    assert main(["queue", "show", "q", "--namespace", ns]) == 0
+    shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines() if len(line.split()) > 1)
+    assert shown["default_message_time_to_live"] == "never" and shown["auto_delete_on_idle"] == "never"
+    assert main(["queue", "show", "q", "--namespace", ns, "--json"]) == 0
+    assert _json_lines(capsys)[0]["default_message_time_to_live"] == "P10675199DT2H48M5.4775807S"  # as the service
+    assert main(["rule", "list", "--topic", "t", "--subscription", "s", "--namespace", ns]) == 0
+    table = capsys.readouterr().out
+    assert "$Default  TRUE" in table and "correlation subject='order', color='red'" in table
+    assert main(["rule", "list", "--topic", "t", "--subscription", "s", "--namespace", ns, "--json"]) == 0
+    rules = {r["name"]: r["filter"] for r in _json_lines(capsys)}
+    assert rules == {"$Default": {"type": "true"},
+                     "red": {"type": "correlation", "subject": "order", "properties": {"color": "red"}}}

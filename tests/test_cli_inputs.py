@@ -235,7 +235,7 @@ COMMANDS = [["show"], ["metrics"], ["update-namespace"], ["partition"], ["send"]
             ["topic", "delete"], ["subscription", "create"], ["rule", "create"], ["rule", "list"], ["maintain"],
             ["namespace", "show"], ["dead-letter"], ["queue"]]
 TOKENS = ["--count", "--entity", "--body", "--file", "--set", "--to", "--wait", "--partition", "--unavailable",
-          "--topic", "--subscription", "--sql", "--correlation", "--json", "--dead-letter", "--messaging-units",
+          "--topic", "--subscription", "--sql", "--correlation", "--json", "--from-dead-letter", "--settle", "--messaging-units",
           "--credits-per-second", "--storage-option", "--session-id", "-1", "0", "1", "nan", "inf", "1e999", "",
           "x", "q", "a=b", "=", "off", "t/Subscriptions/s", "a\nb", "\udcff", "\x1c", "9" * 30, "--", "-x",
           "max_delivery_count=5", "subject=order", "color = 'red'"]

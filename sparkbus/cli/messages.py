@@ -14,24 +14,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime, timedelta, timezone
 from typing import Iterable, Iterator, Optional, Sequence
 
 from tqdm import tqdm
 
-from .amqp import AmqpAnnotatedMessage
-from .cli_entities import UsageError, seconds, whole
-from .client import ServiceBusClient
-from .core.names import split_subscription_path
-from .definitions import parse_nested
-from .engine.enqueue import check_rows
-from .engine.registry import EntityInfo
-from .exceptions import MessageSizeExceededError, ServiceBusError
-from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing
-from .receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
-from .sender import ServiceBusSender
+from ..amqp import AmqpAnnotatedMessage
+from ..client import ServiceBusClient
+from ..core.durations import MAX_DURATION, parse_duration
+from ..core.names import split_subscription_path
+from ..core.wording import plural
+from ..definitions import parse_nested
+from ..engine.enqueue import check_rows
+from ..engine.registry import EntityInfo
+from ..exceptions import MessageSizeExceededError, ServiceBusError
+from ..message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing
+from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
+from ..sender import ServiceBusSender
+from .entities import UsageError, seconds, whole
 
 MESSAGE_FIELDS = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
                   "reply_to", "reply_to_session_id")
+TIMED_FIELDS = ("time_to_live", "scheduled_enqueue_time_utc")  # JSON has no durations or times: see _timed
 SHOWN = ("sequence_number", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count", "body")
 DEAD_LETTER_SHOWN = ("dead_letter_reason", "dead_letter_error_description")
 Numbered = tuple[str, ServiceBusMessage]  # (where the message came from, e.g. "messages.jsonl line 3", message)
@@ -70,14 +74,47 @@ def message_from_json(line: str, where: str) -> ServiceBusMessage:
     if not isinstance(value, (str, dict)) or isinstance(value, dict) and "body" not in value:
         raise ValueError(f"{where}: expected a string or an object with \"body\", got {line.strip()[:60]!r}")
     if isinstance(value, dict):
-        unknown = sorted(set(value) - {"body", "application_properties", *MESSAGE_FIELDS})
+        unknown = sorted(set(value) - {"body", "application_properties", *MESSAGE_FIELDS, *TIMED_FIELDS})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: body, application_properties, "
-                             f"{', '.join(MESSAGE_FIELDS)}")
+                             f"{', '.join(MESSAGE_FIELDS + TIMED_FIELDS)}")
+        if isinstance(value["body"], (dict, list)):
+            raise TypeError(f"{where}: \"body\" is a JSON {type(value['body']).__name__.replace('dict', 'object')}"
+                            "; a body is a string: send JSON as a string (e.g. \"body\": \"{\\\"a\\\": 1}\")")
     try:
-        return ServiceBusMessage(value) if isinstance(value, str) else ServiceBusMessage(**value)
+        if isinstance(value, str):
+            return ServiceBusMessage(value)
+        return ServiceBusMessage(**{**value, **_timed(value)})
     except (ValueError, TypeError) as error:
         raise reworded(error, f"{where}: {error}") from None
+
+
+def _timed(value: dict) -> dict:
+    """The time fields of a JSON message as ServiceBusMessage takes them: time_to_live from seconds (a
+    number) or ISO 8601 duration text, scheduled_enqueue_time_utc from ISO 8601 date-time text (UTC when
+    it names no offset). ValueError or TypeError saying what is allowed."""
+    timed: dict = {}
+    if "time_to_live" in value:
+        ttl = value["time_to_live"]
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float, str)):
+            raise TypeError(f"time_to_live is seconds (a number) or an ISO 8601 duration such as \"PT5M\", got {ttl!r}")
+        if isinstance(ttl, str):
+            timed["time_to_live"] = parse_duration(ttl, "time_to_live")
+        elif not 0 < ttl < MAX_DURATION.total_seconds():
+            raise ValueError(f"time_to_live must be more than 0 seconds and less than {MAX_DURATION.days} days, got {ttl!r}")
+        else:
+            timed["time_to_live"] = timedelta(seconds=ttl)
+    if "scheduled_enqueue_time_utc" in value:
+        when = value["scheduled_enqueue_time_utc"]
+        try:
+            parsed = datetime.fromisoformat(when) if isinstance(when, str) else None
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            raise ValueError("scheduled_enqueue_time_utc is an ISO 8601 date-time such as "
+                             f"\"2026-01-31T12:00:00Z\", got {when!r}")
+        timed["scheduled_enqueue_time_utc"] = parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return timed
 
 
 def _file_lines(name: str) -> Iterator[tuple[str, str]]:
@@ -210,12 +247,30 @@ def peek(args: argparse.Namespace) -> None:
     _print(found, args.json, args.dead_letter)
 
 
+SETTLEMENTS = ("complete", "abandon", "dead-letter", "defer")
+
+
 def receive(args: argparse.Namespace) -> None:
-    """Receive up to --count messages and complete them (they leave the entity)."""
+    """Receive up to --count messages and settle them as --settle says: complete (they leave the entity),
+    abandon (available again at once, their delivery count raised), dead-letter (with --reason and
+    --description) or defer (kept, to be received by sequence number)."""
+    if args.settle != "dead-letter" and (args.reason is not None or args.description is not None):
+        raise UsageError("--reason and --description go with --settle dead-letter")
     with ServiceBusClient(args.namespace) as client, _receiver(args, client) as receiver:
         got = receiver.receive_messages(max_message_count=args.count)
-        receiver.complete_messages(got)
+        if args.settle == "complete":
+            receiver.complete_messages(got)
+        for message in got if args.settle != "complete" else ():
+            if args.settle == "abandon":
+                receiver.abandon_message(message)
+            elif args.settle == "defer":
+                receiver.defer_message(message)
+            else:
+                receiver.dead_letter_message(message, reason=args.reason, error_description=args.description)
     _print(got, args.json, args.dead_letter)
+    if not args.json and got:
+        done = {"complete": "completed", "abandon": "abandoned", "dead-letter": "dead-lettered", "defer": "deferred"}
+        print(f"{done[args.settle]} {plural(len(got), 'message')}")
 
 
 def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
@@ -313,13 +368,19 @@ def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentPars
     snd.set_defaults(run=send)
     made = [snd]
     for name, run, text in (("peek", peek, "browse messages without locking them"),
-                            ("receive", receive, "receive messages and complete them")):
+                            ("receive", receive, "receive messages and settle them (complete by default)")):
         cmd = commands.add_parser(name, help=text)
         cmd.add_argument("--entity", required=True, help="queue or '<topic>/Subscriptions/<name>'")
         cmd.add_argument("--count", type=whole(1), default=10, help="at most this many messages")
-        cmd.add_argument("--dead-letter", action="store_true", help="the entity's dead-letter sub-queue")
+        cmd.add_argument("--from-dead-letter", dest="dead_letter", action="store_true",
+                         help="read the entity's dead-letter sub-queue instead of the entity")
         cmd.add_argument("--wait", type=seconds(zero=True), default=1.0,
                          help="seconds to wait for a first message (receive)")
+        if name == "receive":
+            cmd.add_argument("--settle", choices=SETTLEMENTS, default="complete",
+                             help="what to do with the received messages (default: complete)")
+            cmd.add_argument("--reason", help="dead-letter reason (--settle dead-letter)")
+            cmd.add_argument("--description", help="dead-letter error description (--settle dead-letter)")
         cmd.set_defaults(run=run)
         made.append(cmd)
     dead = commands.add_parser("dead-letter", help="list or resubmit an entity's dead-lettered messages")

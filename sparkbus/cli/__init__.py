@@ -1,6 +1,6 @@
 """The `sparkbus` command: apply namespace definitions, show a namespace, its metrics and plot them, scale
-it (update-namespace), manage namespaces, entities and rules and run maintenance (sparkbus.cli_entities),
-send, peek, receive and resubmit messages (sparkbus.cli_messages), mark partitions (operators), plan
+it (update-namespace), manage namespaces, entities and rules and run maintenance (sparkbus.cli.entities),
+send, peek, receive and resubmit messages (sparkbus.cli.messages), mark partitions (operators), plan
 capacity, and run background work: fan-out, forwarding, or all of it as the namespace service (`serve`).
 `--json` gives scripts JSON instead of tables.
 
@@ -13,23 +13,26 @@ closed by its reader (e.g. `| head`), quietly."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 from typing import Any, NoReturn, Optional, Sequence
 
-from . import __version__, cli_entities, cli_messages, storage
-from .capacity import format_plan, format_seed_table, plan, seed_table
-from .cli_entities import UsageError, credits_argument, pair, record, seconds, whole
-from .core.wording import plural
-from .definitions import apply_definition, load_definition
-from .engine.availability import set_partition_availability
-from .engine.namespace import NamespaceProperties
-from .management import ServiceBusAdministrationClient
-from .metrics import format_metrics, plot_metrics
+from .. import __version__, storage
+from ..capacity import format_plan, format_seed_table, plan, seed_table
+from ..core.wording import plural
+from ..definitions import apply_definition, load_definition
+from ..engine.availability import set_partition_availability
+from ..engine.namespace import NamespaceProperties
+from ..management import ServiceBusAdministrationClient
+from ..metrics import format_metrics, plot_metrics
+from . import entities as cli_entities, messages as cli_messages
+from .entities import UsageError, credits_argument, pair, record, seconds, whole
 
 COLUMNS = ("kind", "path", "partitions", "status", "availability", "active", "dead_letter", "scheduled",
            "total", "size_in_bytes", "awaiting_fanout")
@@ -131,8 +134,8 @@ def _capacity(args: argparse.Namespace) -> None:
 
 def _fanout(args: argparse.Namespace) -> None:
     """Fan out with a SparkSession of its own: once (everything pending), or until interrupted."""
-    from .spark import get_spark
-    from .streaming import fanout_once, start_fanout
+    from ..spark import get_spark
+    from ..streaming import fanout_once, start_fanout
 
     spark = get_spark("sparkbus-fanout")
     if args.once:
@@ -148,8 +151,8 @@ def _fanout(args: argparse.Namespace) -> None:
 
 def _forward(args: argparse.Namespace) -> None:
     """Forward with a SparkSession of its own: once (everything forwardable), or until interrupted."""
-    from .spark import get_spark
-    from .streaming import forward_once, start_forwarding
+    from ..spark import get_spark
+    from ..streaming import forward_once, start_forwarding
 
     spark = get_spark("sparkbus-forward")
     if args.once:
@@ -169,9 +172,9 @@ def _send_batch(args: argparse.Namespace) -> None:
 
     from pyspark.sql import functions as F
 
-    from .client import ServiceBusClient
-    from .spark import get_spark
-    from .spark.dataframes import messages_from_dataset
+    from ..client import ServiceBusClient
+    from ..spark import get_spark
+    from ..spark.dataframes import messages_from_dataset
 
     spark = get_spark("sparkbus-send-batch")
     reader = spark.read.option("header", "true") if args.format == "csv" else spark.read
@@ -194,7 +197,7 @@ def _send_batch(args: argparse.Namespace) -> None:
 
 
 def _run_until_stopped(query) -> None:
-    from .spark.background import stop_query
+    from ..spark.background import stop_query
 
     try:
         query.awaitTermination()
@@ -204,8 +207,8 @@ def _run_until_stopped(query) -> None:
 
 def _serve(args: argparse.Namespace) -> None:
     """The namespace service until SIGTERM or Ctrl-C; the batch under way finishes first."""
-    from .spark import get_spark
-    from .streaming import serve
+    from ..spark import get_spark
+    from ..streaming import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -231,7 +234,30 @@ class _Parser(argparse.ArgumentParser):
         self.set_defaults(command_prog=self.prog)
 
     def error(self, message: str) -> NoReturn:
+        choice = _INVALID_CHOICE.search(message)
+        if choice is not None:
+            message += _did_you_mean(choice["word"], re.findall(r"'([^']*)'", choice["choices"]))
         raise UsageError(message, self.prog)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """'; did you mean X?' for the choice closest to a mistyped word, or '' when none is close."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string of parser and of the commands under it."""
+    found = []
+    for action in parser._actions:
+        found += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _option_strings(sub)
+    return found
 
 
 _LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
@@ -269,7 +295,9 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     try:
         args, unknown = parser.parse_known_args(argv)
         if unknown:
-            raise UsageError(f"unrecognized arguments: {' '.join(unknown)}", args.command_prog)
+            options = [u.split("=", 1)[0] for u in unknown if u.startswith("--")]
+            hint = _did_you_mean(options[0], sorted(set(_option_strings(parser)))) if options else ""
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)}{hint}", args.command_prog)
     except SystemExit as done:  # --help printed the help
         return done.code if isinstance(done.code, int) else 0
     except UsageError as error:
@@ -365,6 +393,3 @@ def _parser() -> argparse.ArgumentParser:
                               "default: the environment's credentials (repeatable)")
     return parser
 
-
-if __name__ == "__main__":
-    sys.exit(main())

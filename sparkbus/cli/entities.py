@@ -17,11 +17,19 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Callable, Optional
 
-from .core.durations import format_duration
-from .core.filters import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter, filter_to_json
-from .engine.housekeeping import sweep
-from .engine.namespace import NamespaceProperties, create_namespace, open_catalog
-from .management import ServiceBusAdministrationClient
+from ..core.durations import MAX_DURATION, MAX_DURATION_TEXT, format_duration
+from ..core.filters import (
+    CORRELATION_FIELDS,
+    CorrelationRuleFilter,
+    FalseRuleFilter,
+    RuleProperties,
+    SqlRuleAction,
+    SqlRuleFilter,
+    TrueRuleFilter,
+)
+from ..engine.housekeeping import sweep
+from ..engine.namespace import NamespaceProperties, create_namespace, open_catalog
+from ..management import ServiceBusAdministrationClient
 
 MAX_NUMBER = 2**31 - 1  # the largest whole number any option takes (Service Bus's counts are 32-bit)
 MAX_SECONDS = 86_400.0  # the longest time in seconds any option takes (a day)
@@ -116,9 +124,10 @@ LIST_COLUMNS = {"queue": ("name", "status", "partition_count", "max_size_in_mega
 
 
 def plain(value: Any) -> Any:
-    """A value as JSON shows it: durations as ISO 8601, times as ISO text, enums by value."""
+    """A value as JSON shows it: durations as ISO 8601 (Service Bus' "never", TimeSpan.MaxValue, exactly as
+    the service writes it), times as ISO text, enums by value."""
     if isinstance(value, timedelta):
-        return format_duration(value)
+        return MAX_DURATION_TEXT if value >= MAX_DURATION else format_duration(value)
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, Enum):
@@ -130,10 +139,34 @@ def plain(value: Any) -> Any:
     return value
 
 
+def filter_record(rule_filter: Any) -> dict:
+    """A rule filter as plain values: {"type": "sql", "sql_expression", "parameters"}, {"type": "true"} or
+    "false", or {"type": "correlation", <the fields it sets>, "properties"}."""
+    if isinstance(rule_filter, CorrelationRuleFilter):
+        fields = {f: getattr(rule_filter, f) for f in CORRELATION_FIELDS if getattr(rule_filter, f) is not None}
+        return {"type": "correlation", **fields, "properties": plain(rule_filter.properties)}
+    if isinstance(rule_filter, (TrueRuleFilter, FalseRuleFilter)):
+        return {"type": "true" if isinstance(rule_filter, TrueRuleFilter) else "false"}
+    return {"type": "sql", "sql_expression": rule_filter.sql_expression, "parameters": plain(rule_filter.parameters)}
+
+
+def filter_text(rule_filter: Any) -> str:
+    """A rule filter in one line for tables: the SQL expression (and its parameters), TRUE, FALSE, or the
+    correlation filter's fields and properties as name=value."""
+    shown = filter_record(rule_filter)
+    if shown["type"] in ("true", "false"):
+        return shown["type"].upper()
+    if shown["type"] == "sql":
+        parameters = ", ".join(f"{k}={v!r}" for k, v in shown["parameters"].items())
+        return shown["sql_expression"] + (f" ({parameters})" if parameters else "")
+    pairs = {k: v for k, v in shown.items() if k not in ("type", "properties")} | shown["properties"]
+    return "correlation " + ", ".join(f"{k}={v!r}" for k, v in pairs.items())
+
+
 def record(item: Any) -> dict:
     """A properties object (or rule) as a flat dict of plain values."""
     if isinstance(item, RuleProperties):
-        return {"name": item.name, "filter": json.loads(filter_to_json(item.filter)),
+        return {"name": item.name, "filter": filter_record(item.filter),
                 "action": item.action.sql_expression if item.action else None}
     if isinstance(item, NamespaceProperties):
         out = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "limits"}
@@ -142,7 +175,7 @@ def record(item: Any) -> dict:
 
 
 def print_records(items: list, kind: str, as_json: bool) -> None:
-    from .cli_messages import format_table
+    from .messages import format_table
 
     rows = [record(item) for item in items]
     if as_json:
@@ -153,7 +186,8 @@ def print_records(items: list, kind: str, as_json: bool) -> None:
         print(f"no {kind}s")
         return
     columns = LIST_COLUMNS[kind]
-    print(format_table([{c: "" if r.get(c) is None else r[c] for c in columns} for r in rows], columns))
+    shown = [_for_people(item, row) for item, row in zip(items, rows)]
+    print(format_table([{c: "" if r.get(c) is None else r[c] for c in columns} for r in shown], columns))
 
 
 def print_record(item: Any, as_json: bool) -> None:
@@ -161,9 +195,18 @@ def print_record(item: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(row, default=str))
         return
+    row = _for_people(item, row)
     width = max(len(k) for k in row)
     for key, value in row.items():
         print(f"{key.ljust(width)}  {'' if value is None else value}")
+
+
+def _for_people(item: Any, row: dict) -> dict:
+    """A record as text output shows it: "never" for TimeSpan.MaxValue, a rule's filter in one line."""
+    shown = {k: "never" if v == MAX_DURATION_TEXT else v for k, v in row.items()}
+    if isinstance(item, RuleProperties):
+        shown["filter"] = filter_text(item.filter)
+    return shown
 
 
 def _parent(args: argparse.Namespace, kind: str) -> tuple:
@@ -249,7 +292,8 @@ def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentPars
         actions = parser.add_subparsers(dest="action", required=True)
         names = ["list", "show", "create", "delete"] + ([] if kind == "rule" else ["runtime"])
         for action in names:
-            leaf = actions.add_parser(action, help=f"{action} {kind}s" if action == "list" else f"{action} a {kind}")
+            leaf = actions.add_parser(action, help={"list": f"list {kind}s", "runtime": f"runtime properties of a {kind}"}
+                                     .get(action, f"{action} a {kind}"))
             leaf.set_defaults(run=entity_command, kind=kind)
             if action != "list":
                 leaf.add_argument("name", help=f"the {kind}'s name")
