@@ -99,3 +99,49 @@ def test_row_order_is_kept_across_spark_partitions(spark, admin, sender):
     expected = [r.body.encode() for r in df.collect()]
     sender.send_dataframe(df)
     assert stored_messages(admin, "q")["body"].to_pylist() == expected  # numbered in the DataFrame's order
+
+
+def test_a_csv_dataset_sends_typed_properties_and_fields_that_rules_select(spark, admin, ns_path, tmp_path, capsys):
+    """send-batch with --property-columns: CSV columns become typed application properties (a rule comparing
+    a number selects them), --field maps message fields to columns, a null cell is no property."""
+    from sparkbus.cli import main
+    from sparkbus.management import SqlRuleFilter
+    from sparkbus.streaming import fanout_once
+
+    data = tmp_path / "orders.csv"
+    data.write_text("id,region,amount,customer,ttl\n1,eu,150,c1,60\n2,eu,50,c2,60\n3,us,500,c1,\n4,eu,101.5,c3,30\n")
+    admin.create_topic("orders")
+    admin.create_subscription("orders", "big-eu")
+    admin.delete_rule("orders", "big-eu", "$Default")
+    admin.create_rule("orders", "big-eu", "big", filter=SqlRuleFilter("region = 'eu' AND amount > 100"))
+    assert main(["send-batch", "--namespace", ns_path, "--entity", "orders", "--input", str(data), "--format", "csv",
+                 "--body-column", "id", "--property-columns", "region,amount", "--field", "session_id=customer",
+                 "--field", "time_to_live=ttl", "--json"]) == 0
+    assert '{"sent": 4}' in capsys.readouterr().out
+    fanout_once(spark, ns_path, "orders")
+    with ServiceBusClient(ns_path).get_subscription_receiver("orders", "big-eu") as receiver:
+        got = sorted(receiver.receive_messages(10, max_wait_time=0), key=str)
+    assert [str(m) for m in got] == ["1", "4"]
+    assert [m.application_properties for m in got] == [{b"region": b"eu", b"amount": 150},
+                                                        {b"region": b"eu", b"amount": 101.5}]
+    assert [(m.session_id, m.time_to_live) for m in got] == [("c1", timedelta(seconds=60)), ("c3", timedelta(seconds=30))]
+
+
+def test_dataset_columns_as_properties_and_fields(spark, admin, sender):
+    from sparkbus.spark.dataframes import ALL_COLUMNS, messages_from_dataset
+
+    df = spark.createDataFrame([("a", "eu", 3, True, None, "2031-01-01T00:00:00Z")],
+                               "body string, region string, n long, flag boolean, note string, due string")
+    sender.send_dataframe(messages_from_dataset(df, property_columns=ALL_COLUMNS,
+                                                field_columns={"scheduled_enqueue_time_utc": "due"}))
+    [row] = stored_messages(admin, "q").to_pylist()
+    assert decode_properties(row["application_properties"]) == {"region": "eu", "n": 3, "flag": True}
+    assert row["scheduled_enqueue_time_utc"] == datetime(2031, 1, 1, tzinfo=timezone.utc)
+    with pytest.raises(ValueError, match=r"no column\(s\) \['nope'\]"):
+        messages_from_dataset(df, property_columns=["nope"])
+    with pytest.raises(ValueError, match=r"no message field\(s\) \['colour'\]"):
+        messages_from_dataset(df, field_columns={"colour": "region"})
+    nested = spark.createDataFrame([("a", [1])], "body string, xs array<int>")
+    with pytest.raises(TypeError, match="application property column 'xs' has type array<int>"):
+        sender.send_dataframe(messages_from_dataset(nested, property_columns=["xs"]))
+    assert len(stored_messages(admin, "q")) == 1

@@ -59,7 +59,7 @@ def test_send_batch_and_maintain_through_spark_submit(tmp_path):
             [("hello", "a"), ("world", "b")]
 
     bad = submit("send_batch.py", "--namespace", ns, "--entity", "rows", "--input", data, "--body-column", "nope")
-    assert bad.returncode == 1 and "the dataset has no column 'nope'" in bad.stdout, bad.stdout[-2000:]  # spark-submit: Python's stderr comes out on stdout
+    assert bad.returncode == 1 and "the dataset has no column(s) ['nope']" in bad.stdout, bad.stdout[-2000:]  # spark-submit: Python's stderr comes out on stdout
     swept = submit("maintain.py", "--namespace", ns, "--json")
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert json.loads(swept.stdout.strip().splitlines()[-1]) == {"tables": 6, "removed": 0}

@@ -174,11 +174,15 @@ def _send_batch(args: argparse.Namespace) -> None:
 
     from ..client import ServiceBusClient
     from ..spark import get_spark
-    from ..spark.dataframes import messages_from_dataset
+    from ..spark.dataframes import ALL_COLUMNS, messages_from_dataset
 
     spark = get_spark("sparkbus-send-batch")
-    reader = spark.read.option("header", "true") if args.format == "csv" else spark.read
-    messages = messages_from_dataset(reader.format(args.format).load(args.input), args.body_column)
+    reader = spark.read
+    if args.format == "csv":
+        reader = reader.option("header", "true").option("inferSchema", str(not args.no_infer_types).lower())
+    properties = ALL_COLUMNS if args.property_columns == [ALL_COLUMNS] else args.property_columns or ()
+    messages = messages_from_dataset(reader.format(args.format).load(args.input), args.body_column,
+                                     property_columns=properties, field_columns=dict(args.field or ()))
     with ServiceBusClient(args.namespace, spark=spark) as client, client.get_queue_sender(args.entity) as sender:
         if not args.batch_rows:
             result = sender.send_dataframe(messages)
@@ -194,6 +198,14 @@ def _send_batch(args: argparse.Namespace) -> None:
                     sent += count
                     bar.update(count)
     _out(args, f"sent {sent} message(s) from {args.input} to {args.entity}", {"sent": sent})
+
+
+def _column_list(text: str) -> list[str]:
+    """An argparse type: comma-separated column names, or '*'."""
+    columns = [c.strip() for c in text.split(",")]
+    if not all(columns):
+        raise argparse.ArgumentTypeError(f"takes column names separated by commas, or '*', got {text!r}")
+    return columns
 
 
 def _run_until_stopped(query) -> None:
@@ -374,6 +386,14 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--input", required=True, help="file or directory of the dataset")
     batch.add_argument("--format", default="parquet", choices=("parquet", "csv", "json"))
     batch.add_argument("--body-column", help="the column that is the body; default 'body', else the row as JSON")
+    batch.add_argument("--property-columns", type=_column_list, metavar="COL,COL|*",
+                       help="columns that become application properties, typed ('*': every column not the body "
+                            "or a field)")
+    batch.add_argument("--field", action="append", type=pair, metavar="FIELD=COLUMN",
+                       help="a message field from a column, e.g. session_id=customer, time_to_live=ttl_seconds, "
+                            "scheduled_enqueue_time_utc=due (default: columns named like the fields; repeatable)")
+    batch.add_argument("--no-infer-types", action="store_true",
+                       help="CSV: keep every column a string (default: numbers, booleans and times are inferred)")
     batch.add_argument("--batch-rows", type=whole(0), default=0, help="rows per commit; default 0: one atomic commit")
     batch.set_defaults(run=_send_batch)
     serve = commands.add_parser("serve", help="run all background work of the namespace until SIGTERM or Ctrl-C")

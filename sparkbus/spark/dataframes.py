@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,13 @@ if TYPE_CHECKING:
 CODE = "_sparkbus_partition_code"
 STAGING_DIR = "_staging"  # under the namespace: executors and the driver both reach it
 OPTIONAL_COLUMNS = (*STRING_PROPERTIES, "application_properties", "time_to_live", "scheduled_enqueue_time_utc")
+
+
+def _property_spark_types() -> tuple:
+    from pyspark.sql import types as T
+
+    return (T.StringType, T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType,
+            T.DoubleType, T.BinaryType, T.TimestampType, T.TimestampNTZType)
 
 
 def placement_udf(requires_duplicate_detection: bool, partition_count: int):
@@ -73,30 +80,71 @@ def check_columns(schema: "StructType") -> dict[str, object]:
     if unknown:
         raise ValueError(f"unknown message column(s) {unknown}; allowed: body, {', '.join(OPTIONAL_COLUMNS)}")
     expected = {"body": (T.StringType, T.BinaryType), "time_to_live": (T.DayTimeIntervalType,),
-                "scheduled_enqueue_time_utc": (T.TimestampType, T.TimestampNTZType), "application_properties": (T.MapType,)}
+                "scheduled_enqueue_time_utc": (T.TimestampType, T.TimestampNTZType),
+                "application_properties": (T.MapType, T.StructType)}
     for name, dtype in fields.items():
         allowed = expected.get(name, (T.StringType,))
         if not isinstance(dtype, allowed):
             raise TypeError(f"column {name!r} has type {dtype.simpleString()}; expected "
                             f"{' or '.join(a.__name__.replace('Type', '').lower() for a in allowed)}")
+    properties = fields.get("application_properties")
+    for field in properties.fields if isinstance(properties, T.StructType) else ():
+        if not isinstance(field.dataType, _property_spark_types()):
+            raise TypeError(f"application property column {field.name!r} has type {field.dataType.simpleString()}; "
+                            "a property column is a string, boolean, integer, floating-point, binary or timestamp")
     return fields
 
 
-def messages_from_dataset(df: "DataFrame", body_column: "str | None" = None) -> "DataFrame":
-    """A dataset's rows as message rows for send_dataframe: the body is body_column (default: a 'body'
-    column if there is one, else each whole row as JSON text), and columns named like message fields
-    (subject, session_id, ...) become those fields; other columns are left out when a column is the body.
-    Raises ValueError naming a body_column the dataset lacks."""
-    from pyspark.sql import functions as F
+ALL_COLUMNS = "*"  # messages_from_dataset(property_columns=ALL_COLUMNS): every column not otherwise used
+FIELD_COLUMNS = tuple(name for name in OPTIONAL_COLUMNS if name != "application_properties")
+
+
+def messages_from_dataset(df: "DataFrame", body_column: "str | None" = None, *,
+                          property_columns: "Sequence[str] | str" = (),
+                          field_columns: "Mapping[str, str] | None" = None) -> "DataFrame":
+    """A dataset's rows as message rows for send_dataframe.
+
+    The body is body_column (default: a 'body' column if there is one, else each whole row as JSON text;
+    a column that is not text or binary is sent as its text).
+    A message field (subject, session_id, partition_key, time_to_live, scheduled_enqueue_time_utc, ...)
+    comes from the column field_columns names for it, else from a column of its name. property_columns
+    become application properties with their types (a row's null cells are left out); ALL_COLUMNS takes
+    every column that is not the body or a field. time_to_live may be seconds (a number) and
+    scheduled_enqueue_time_utc ISO 8601 text (UTC unless it names an offset). Raises ValueError naming a
+    column the dataset lacks or a field that does not exist, TypeError for a column of the wrong type."""
+    from pyspark.sql import functions as F, types as T
 
     names = df.columns
-    fields = [F.col(f"`{n}`") for n in names if n in OPTIONAL_COLUMNS and n != body_column]
+    chosen = dict(field_columns or {})
+    unknown = sorted(set(chosen) - set(FIELD_COLUMNS))
+    if unknown:
+        raise ValueError(f"no message field(s) {unknown}; the fields a column can set: {', '.join(FIELD_COLUMNS)}")
+    for name in FIELD_COLUMNS:
+        if name not in chosen and name in names and name != body_column:
+            chosen[name] = name
+    used = {*chosen.values(), body_column or "body"}
+    wanted = [n for n in names if n not in used] if property_columns == ALL_COLUMNS else list(property_columns)
+    missing = [c for c in [body_column, *chosen.values(), *wanted] if c is not None and c not in names]
+    if missing:
+        raise ValueError(f"the dataset has no column(s) {missing}; its columns are {names}")
     if body_column is None and "body" not in names:
-        return df.select(F.to_json(F.struct(*[F.col(f"`{n}`") for n in names])).alias("body"), *fields)
-    column = body_column or "body"
-    if column not in names:
-        raise ValueError(f"the dataset has no column {column!r} for the body; its columns are {names}")
-    return df.select(F.col(f"`{column}`").alias("body"), *fields)
+        body = F.to_json(F.struct(*[F.col(f"`{n}`") for n in names]))
+    else:
+        body = F.col(f"`{body_column or 'body'}`")
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if not isinstance(types.get(body_column or "body", T.StringType()), (T.StringType, T.BinaryType)):
+        body = body.cast("string")  # a number or date column (e.g. inferred from CSV) is sent as its text
+    columns = [body.alias("body")]
+    for field, column in chosen.items():
+        value = F.col(f"`{column}`")
+        if field == "time_to_live" and isinstance(types[column], T.NumericType):
+            value = F.make_dt_interval(secs=value.cast("decimal(18,6)"))
+        elif field == "scheduled_enqueue_time_utc" and isinstance(types[column], T.StringType):
+            value = F.to_timestamp(value)
+        columns.append(value.alias(field))
+    if wanted:
+        columns.append(F.struct(*[F.col(f"`{c}`").alias(c) for c in wanted]).alias("application_properties"))
+    return df.select(*columns)
 
 
 def _select(df: "DataFrame", fields: dict) -> "DataFrame":
@@ -128,6 +176,8 @@ def complete_batch(batch: pa.RecordBatch, requires_duplicate_detection: bool, pa
         columns["message_id"] = pc.coalesce(columns["message_id"], new_message_ids(n))
     if "application_properties" in batch.schema.names:
         maps = batch.column("application_properties").to_pylist()
+        if pa.types.is_struct(batch.schema.field("application_properties").type):  # columns: a null cell is no property
+            maps = [None if m is None else {k: v for k, v in m.items() if v is not None} for m in maps]
         columns["application_properties"] = pa.array(
             [None if m is None else encode_properties(dict(m)) for m in maps], pa.string())
     if "time_to_live" in batch.schema.names:
