@@ -455,3 +455,25 @@ def test_the_fan_out_query_goes_on_past_poisoned_messages_and_deleted_topics(spa
         query.stop()
     [dead] = received(client, "reads", dead_letter=True)
     assert dead.message_id == "bad" and dead.dead_letter_reason == "FilterEvaluationException"
+
+
+def test_a_dead_letter_copy_is_not_active_before_its_state_row_is_written(admin, client, ns_path):
+    """Fan-out commits a dead-letter copy, then its dead-lettered state row (another table, a second commit).
+    In between, as here with the state row taken away again, the copy's own row keeps it from receivers of
+    the active queue (a receiver polling a local namespace sees the copy within milliseconds) and a
+    dead-letter receiver finds it with its reason."""
+    admin.create_topic("t")
+    only_rules(admin, "reads", [("r", SqlRuleFilter("a = 'x'"), None)])
+    with client.get_topic_sender("t") as sender:
+        sender.send_messages(messages(["bad", "ok"]))
+    poison(admin, "t", "bad", POISONS["surrogate-value"])
+    fanout.drain(Catalog(normalize(ns_path)), "t")
+    subscription = resolve_current(admin._catalog, "t/Subscriptions/reads", ("subscription",))
+    storage.open_table(subscription.tables["locks"]).delete()  # as before fan-out's second commit
+    with client.get_subscription_receiver("t", "reads") as receiver:
+        assert [m.message_id for m in receiver.receive_messages(10, max_wait_time=0)] == ["ok"]
+        assert receiver.receive_messages(10, max_wait_time=0) == []
+    with client.get_subscription_receiver("t", "reads", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dead_letters:
+        [dead] = dead_letters.receive_messages(10, max_wait_time=0)
+        assert (dead.message_id, dead.dead_letter_reason) == ("bad", "FilterEvaluationException")
+        assert "rule 'r'" in dead.dead_letter_error_description

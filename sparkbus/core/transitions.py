@@ -150,6 +150,8 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     now_us = micros(now)
     position = pc.index_in(messages["sequence_number"], value_set=states["sequence_number"])
     lock_state = states["state"].take(position)
+    born_dead = pc.and_(pc.is_null(position), pc.is_valid(messages["born_dead_letter_reason"]))
+    lock_state = pc.if_else(born_dead, DEAD_LETTERED, lock_state)  # its dead-lettered state row is on its way
     until = states["locked_until_utc"].take(position).cast(pa.int64())
     keep = pc.fill_null(pc.less_equal(until, now_us), True)  # no state row, no lock, or a lapsed one
     if queue == ACTIVE:
@@ -175,10 +177,12 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     if not np.array_equal(order, np.arange(found.num_rows)):  # files hold rows in order: mostly no copy
         found = found.take(pa.array(order))
     at = pc.index_in(found["sequence_number"], value_set=states["sequence_number"])
-    prior = {"lock_state": states["state"].take(at),  # CANDIDATE_STATE_COLUMNS
+    born = pc.and_(pc.is_null(at), pc.is_valid(found["born_dead_letter_reason"]))
+    prior = {"lock_state": pc.if_else(born, DEAD_LETTERED, states["state"].take(at)),  # CANDIDATE_STATE_COLUMNS
              "prior_deliveries": pc.fill_null(states["delivery_count"].take(at), 0),
-             "prior_reason": states["dead_letter_reason"].take(at),
-             "prior_description": states["dead_letter_error_description"].take(at)}
+             "prior_reason": pc.if_else(born, found["born_dead_letter_reason"], states["dead_letter_reason"].take(at)),
+             "prior_description": pc.if_else(born, found["born_dead_letter_description"],
+                                              states["dead_letter_error_description"].take(at))}
     for name, column in prior.items():
         found = found.append_column(name, column)
     return found

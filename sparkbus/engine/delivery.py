@@ -43,7 +43,8 @@ from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNo
                           MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError, SessionLockLostError)
 from ..storage import commits, maintenance
-from ..storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES, TRANSFER_DEAD_LETTERED
+from ..storage.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES,
+                               TRANSFER_DEAD_LETTERED)
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
 from .registry import CachedEntity, EntityDeleted, EntityInfo
@@ -53,7 +54,8 @@ T = TypeVar("T")
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between tries on an empty entity, doubling (poll)
 WATCH_EVERY = 0.02  # seconds between looks at a local entity's log directories while a receive waits
 # The message columns choosing and planning a lock read (transitions.candidates and plan).
-CHOOSING = ("sequence_number", "session_id", "enqueued_time_utc", "scheduled_enqueue_time_utc", "expires_at_utc")
+CHOOSING = ("sequence_number", "session_id", "enqueued_time_utc", "scheduled_enqueue_time_utc", "expires_at_utc",
+            *BORN_DEAD_LETTER_COLUMNS)
 NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session with available messages
 # What a receiver's decode of a stored row written by an older version or another tool can raise: such a
 # message is dead-lettered instead of delivered (decoded).

@@ -43,7 +43,7 @@ from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSi
                           MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
                           ServiceBusQuotaExceededError)
 from ..storage import commits, maintenance
-from ..storage.schemas import CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
+from ..storage.schemas import BORN_DEAD_LETTER_COLUMNS, CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
 from .registry import EntityDeleted, EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
@@ -474,7 +474,7 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
     headroom_ms = (LATEST_TIME_US - now_us) // 1000
     expires = np.where(has_ttl & (ttl_ms < headroom_ms), now_us + ttl_ms * 1000, LATEST_TIME_US).astype(np.int64)
     columns = {name: rows[name] for name in rows.column_names}
-    for name in TRANSFER_COLUMNS:  # a sender's message has made no transfer
+    for name in (*TRANSFER_COLUMNS, *BORN_DEAD_LETTER_COLUMNS):  # no transfer made; not a dead-letter copy
         columns.setdefault(name, pa.nulls(len(sequence), MESSAGES.field(name).type))
     columns.update(partition_id=pa.array(partitions, pa.int32()), sequence_number=pa.array(sequence, pa.int64()),
                    enqueued_time_utc=pa.array(np.full(len(sequence), now_us), pa.int64()).cast(MESSAGES.field("enqueued_time_utc").type),

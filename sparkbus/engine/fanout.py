@@ -35,7 +35,10 @@ What no batch stops on. Stored messages and rules can hold what this version's c
 an older version or by another tool). A message a rule cannot evaluate, or whose copy an action would
 give a value Service Bus refuses, becomes a dead-letter copy (reason FilterEvaluationException, the rule
 and the error as description) in that subscription, numbered and committed with the batch's other copies,
-so the exactly-once reasoning above covers it; a rule that cannot be evaluated at all is logged (a
+so the exactly-once reasoning above covers it. Its dead-lettered state row is a second commit (to the
+locks table); the copy's row says it is born dead-lettered (storage.schemas, born_dead_letter_reason), so
+in between no receiver of the active queue can take it (receivers polling a local namespace see the
+copy within milliseconds); a rule that cannot be evaluated at all is logged (a
 warning naming topic, subscription, rule and error) and skipped (sparkbus.core.language.select). A topic
 deleted during fan-out ends it with MessagingEntityNotFoundError; a subscription deleted meanwhile is
 skipped; what either had written into the deleted directories is removed (registry.CachedEntity.confirm).
@@ -64,7 +67,7 @@ from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
 from ..storage import commits, maintenance
-from ..storage.schemas import COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
+from ..storage.schemas import BORN_DEAD_LETTER_COLUMNS, COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
 from .namespace import governor_of
@@ -300,8 +303,11 @@ def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
         sessionless = pc.and_(pc.is_null(table["session_id"]), pc.is_null(reasons))
         reasons = pc.if_else(sessionless, transitions.SESSION_ID_NULL_REASON, reasons)
         described = pc.if_else(sessionless, transitions.SESSION_ID_NULL_DESCRIPTION, described)
-    return _Built(table, sources, reasons.combine_chunks() if isinstance(reasons, pa.ChunkedArray) else reasons,
-                  described.combine_chunks() if isinstance(described, pa.ChunkedArray) else described)
+    reasons = reasons.combine_chunks() if isinstance(reasons, pa.ChunkedArray) else reasons
+    described = described.combine_chunks() if isinstance(described, pa.ChunkedArray) else described
+    for name, column in zip(BORN_DEAD_LETTER_COLUMNS, (reasons, described)):  # dead-lettered as committed
+        table = table.set_column(table.schema.get_field_index(name), name, column.cast(pa.string()))
+    return _Built(table, sources, reasons, described)
 
 
 def _copy_sources(view: MessageView, copies: Copies, dead_letter: bool):

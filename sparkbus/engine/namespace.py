@@ -23,9 +23,9 @@ from .catalog import CATALOG_DIR, NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .throttle import Governor, governor, set_budget
 
 # 2: messages tables carry the forwarding columns (storage.schemas.TRANSFER_COLUMNS); 3: and body_type
-# (AMQP sequence and value bodies). Namespaces of older versions are upgraded in place when first opened
-# (see _upgrade).
-FORMAT_VERSION = 3
+# (AMQP sequence and value bodies); 4: and the born_dead_letter columns of fan-out's dead-letter copies.
+# Namespaces of older versions are upgraded in place when first opened (see _upgrade).
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,15 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamArrowWriter, DataSourceStreamReader,
-                                    InputPartition, WriterCommitMessage)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from .. import storage
@@ -31,13 +38,13 @@ from ..core import sequencing
 from ..core.throttling import data_cost
 from ..engine.catalog import Catalog
 from ..engine.enqueue import EntityWriter
-from ..engine.namespace import governor_of, namespace_root
-from ..engine.retry import NO_RETRY
-from ..engine.throttle import Usage
 from ..engine.fanout import topic_cursors
 from ..engine.forwarding import sources as forwarding_sources
+from ..engine.namespace import governor_of, namespace_root
 from ..engine.registry import CachedEntity, EntityDeleted, EntityInfo, resolve
-from ..storage.schemas import GONE_SQL, MESSAGES
+from ..engine.retry import NO_RETRY
+from ..engine.throttle import Usage
+from ..storage.schemas import BORN_DEAD_LETTER_COLUMNS, GONE_SQL, MESSAGES
 from . import dataframes
 
 FORMAT = "sparkbus"
@@ -58,7 +65,9 @@ SCHEMA = (
     "time_to_live_ms long, enqueued_time_utc timestamp, scheduled_enqueue_time_utc timestamp, "
     "expires_at_utc timestamp, body_size long, header_size long, transfer_hop_count int, "
     "dead_letter_source_entity string, body_type string")
-_ARROW = pa.schema([pa.field("entity", pa.string())] + [f.with_nullable(True) for f in MESSAGES])
+# The stored message columns but the born_dead_letter ones, which only bridge two commits of fan-out.
+SHOWN = pa.schema([f for f in MESSAGES if f.name not in BORN_DEAD_LETTER_COLUMNS])
+_ARROW = pa.schema([pa.field("entity", pa.string())] + [f.with_nullable(True) for f in SHOWN])
 # .option("content", "ranges"): one row per entity partition and micro-batch naming the sequence numbers
 # it covers, no message read (the fan-out and forwarding queries read the rows themselves, on the driver).
 RANGES_SCHEMA = "entity string, partition_id int, first_sequence_number long, last_sequence_number long"
@@ -108,7 +117,7 @@ def read_slice(piece: Slice) -> Iterator[pa.RecordBatch]:
         WHERE m.partition_id = {piece.partition} AND m.sequence_number > {low} AND m.sequence_number <= {high}
           AND (l.state IS NULL OR l.state NOT IN ({GONE_SQL}))
         ORDER BY m.sequence_number""", messages=messages, locks=locks)
-    rows = rows.select(MESSAGES.names).cast(MESSAGES)
+    rows = rows.select(SHOWN.names).cast(SHOWN)
     table = pa.Table.from_arrays([pa.array([piece.entity] * rows.num_rows, pa.string()), *rows.columns], schema=_ARROW)
     yield from table.to_batches()
 
@@ -237,21 +246,32 @@ class _Entities:
         return pieces
 
 
-class SparkbusStreamReader(DataSourceStreamReader):
+class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict) -> None:
         self.entities = _Entities(options)
+        self.target: Optional[dict] = None  # trigger(availableNow=True): the offsets at the query's start
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """availableNow: read what is there now and nothing that arrives later (latestOffset stops here)."""
+        self.target = self.entities.marks()
 
     def initialOffset(self) -> dict:
         return self.entities.starts()
 
     def latestOffset(self, start: Optional[dict] = None, limit: object = None) -> dict:
         latest = self.entities.marks()
+        begins: dict[str, dict] = {}
         if start:  # topics created later start at their cursor; nothing ever moves back
             fresh = self.entities.starts() if any(path not in start for path in latest) else {}
             for path, partitions in latest.items():
-                begin = start.get(path) or fresh.get(path, {})
+                begin = begins[path] = start.get(path) or fresh.get(path, {})
                 for p in partitions:
                     partitions[p] = max(partitions[p], begin.get(p, 0))
+        if self.target is not None:  # availableNow: nothing past the target (entities created since: nothing)
+            for path, partitions in latest.items():
+                begin, cap = begins.get(path, {}), self.target.get(path, {})
+                for p in partitions:
+                    partitions[p] = max(min(partitions[p], cap.get(p, begin.get(p, 0))), begin.get(p, 0))
         return latest
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:

@@ -40,9 +40,16 @@ MESSAGES = pa.schema([
     # Null for an ordinary body (one AMQP data section, stored as its bytes); "data", "sequence" or "value"
     # when body holds AMQP body sections (sparkbus.core.amqp: several data sections, sequences, a value).
     pa.field("body_type", pa.string()),
+    # A copy fan-out dead-letters as it makes it (a rule that cannot be evaluated for the message, a copy
+    # without a session id for a session subscription): the reason and description. Its dead-lettered state
+    # row follows in the locks table, a second commit; until it is there, no receiver of the active queue
+    # takes the copy and receivers of the dead-letter sub-queue find it (sparkbus.core.transitions.candidates).
+    pa.field("born_dead_letter_reason", pa.string()),
+    pa.field("born_dead_letter_description", pa.string()),
 ])
 # Columns of MESSAGES that forwarding carries from a message to its copy (a sender leaves them null).
 TRANSFER_COLUMNS = ("transfer_hop_count", "dead_letter_source_entity")
+BORN_DEAD_LETTER_COLUMNS = ("born_dead_letter_reason", "born_dead_letter_description")
 
 # Which queue a message is in, per the locks table; a message without a row there is active. A lock is
 # separate: lock_token and locked_until_utc, so an expired lock leaves the message where it was.
