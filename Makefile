@@ -6,7 +6,6 @@ STAMP := $(VENV)/.installed
 AZURITE := .azurite/node_modules/.bin/azurite-blob
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
-export SPARK_CONF_DIR := $(CURDIR)/conf
 
 .PHONY: install demo test test-fast dist docs crash soak bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers bench-peers-quick bench-servers clean
 
@@ -39,7 +38,8 @@ install: $(STAMP) $(AZURITE)
 
 demo: $(RUNTIME)
 	rm -rf .sparkbus/demo
-	$(BIN)/spark-submit --master "local[2]" --conf spark.ui.enabled=false jobs/demo.py \
+	env -u PYSPARK_PYTHON -u PYSPARK_DRIVER_PYTHON $(BIN)/sparkbus submit --master "local[2]" \
+		--conf spark.ui.enabled=false jobs/demo.py \
 		--namespace .sparkbus/demo --definition conf/namespace.toml
 
 test: install

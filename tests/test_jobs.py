@@ -1,11 +1,14 @@
-"""The jobs in jobs/, run end to end through spark-submit as a user runs them."""
+"""The jobs in jobs/, run end to end as a user runs them: `sparkbus submit JOB`, from a fresh shell."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -18,14 +21,37 @@ from sparkbus import ServiceBusMessage
 
 pytestmark = pytest.mark.slow
 JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
-SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+SPARKBUS = os.path.join(os.path.dirname(sys.executable), "sparkbus")
+# What a shell without the virtualenv activated lacks: `sparkbus submit` finds pyspark, its Python and the
+# packaged Spark configuration on its own.
+SET_UP_BY_HAND = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR", "SPARK_HOME", "VIRTUAL_ENV")
+
+
+def fresh_shell(env: dict | None = None) -> dict:
+    """The environment of a fresh shell: none of SET_UP_BY_HAND, the virtualenv's bin/ not on PATH."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in SET_UP_BY_HAND}
+    venv_bin = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    return env
+
+
+def job_command(job: str, *args: str) -> list[str]:
+    return [SPARKBUS, "submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", os.path.join(JOBS, job),
+            *args]
 
 
 def submit(job: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**(os.environ if env is None else env), "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable}
-    return subprocess.run([SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-                           os.path.join(JOBS, job), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    """A job run as the documentation says, from a fresh shell in an empty directory; Spark logs nothing
+    at INFO and no warnings (but the JVM's own notice about its incubator modules)."""
+    cwd = tempfile.mkdtemp(prefix="sparkbus-job-")
+    try:
+        done = subprocess.run(job_command(job, *args), capture_output=True, text=True, timeout=timeout,
+                              env=fresh_shell(env), cwd=cwd)
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
+    noise = [line for line in done.stderr.splitlines() if re.match(r"^\S+ \S+ (INFO|WARN) ", line)]
+    assert not noise, "Spark logged:\n" + "\n".join(noise[:20])
+    return done
 
 
 def test_send_batch_and_maintain_through_spark_submit(tmp_path):
@@ -80,10 +106,8 @@ def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     assert admin.get_queue_runtime_properties("archive").active_message_count == 5
 
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    service = subprocess.Popen([SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-                                os.path.join(JOBS, "serve.py"), "--namespace", ns, "--trigger-ms", "200"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    service = subprocess.Popen(job_command("serve.py", "--namespace", ns, "--trigger-ms", "200"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fresh_shell(),
                                start_new_session=True)
     try:
         with client.get_topic_sender("events") as sender:
@@ -92,11 +116,11 @@ def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
         while admin.get_queue_runtime_properties("archive").active_message_count < 6:
             assert time.monotonic() < deadline and service.poll() is None, "the service did not forward in time"
             time.sleep(0.5)
-        # SIGTERM to the Python driver (spark-submit's child) stops the service cleanly; spark-submit then
-        # exits with the driver's exit code
+        # SIGTERM to the Python driver (spark-submit's child) stops the service cleanly; spark-submit, and
+        # `sparkbus submit` with it, then exit with the driver's exit code
         # (the driver is the child running our Python: a child the JVM has forked and not yet exec'd to start
         # a worker still shows the JVM's own command line, serve.py included)
-        driver = [pid for pid in _children(service.pid)
+        driver = [pid for pid in _descendants(service.pid)
                   if _cmdline(pid).startswith(sys.executable + " ") and "serve.py" in _cmdline(pid)]
         assert len(driver) == 1, driver
         os.kill(driver[0], signal.SIGTERM)
@@ -114,6 +138,12 @@ def _cmdline(pid: int) -> str:
             return cmdline.read().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids below pid: its children, theirs, ... (from /proc)."""
+    children = _children(pid)
+    return children + [d for child in children for d in _descendants(child)]
 
 
 def _children(pid: int) -> list[int]:

@@ -1,6 +1,6 @@
 """The wheel installs and works without the checkout: built as `make dist` builds it, installed with its spark
-extra into a fresh virtual environment, and run from an empty directory (a queue's send, receive and complete,
-a topic's fan-out through Spark, and `.format("sparkbus")` found without registration)."""
+extra into a fresh virtual environment, and run from an empty directory (the README's hello world, the CLI, a
+job through `sparkbus submit`)."""
 from __future__ import annotations
 
 import os
@@ -13,38 +13,22 @@ import pytest
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-HELLO = textwrap.dedent('''
+JOB = textwrap.dedent('''
     import sparkbus
-    from sparkbus import ServiceBusAdministrationClient, ServiceBusClient, ServiceBusMessage, streaming
     from sparkbus.spark import get_spark
 
     assert "site-packages" in sparkbus.__file__, sparkbus.__file__
-    sparkbus.create_namespace("ns")
-    admin = ServiceBusAdministrationClient("ns")
-    admin.create_queue("orders")
-    admin.create_topic("events")
-    admin.create_subscription("events", "all")
-    with ServiceBusClient("ns") as client:
-        client.get_queue_sender("orders").send_messages(ServiceBusMessage("hello"))
-        with client.get_queue_receiver("orders", max_wait_time=5) as receiver:
-            for message in receiver.receive_messages():
-                print("queue:", message)
-                receiver.complete_message(message)
-        client.get_topic_sender("events").send_messages(ServiceBusMessage("to every subscription"))
-        spark = get_spark("hello", master="local[1]", settings={"spark.ui.enabled": "false"})
-        spark.sparkContext.setLogLevel("ERROR")
-        streaming.fanout_once(spark, "ns")  # what delivers topic messages to subscriptions
-        with client.get_subscription_receiver("events", "all", max_wait_time=5) as receiver:
-            for message in receiver.receive_messages():
-                print("subscription:", message)
-                receiver.complete_message(message)
-        client.get_queue_sender("orders").send_messages(ServiceBusMessage("kept"))
-        print("rows:", spark.read.format("sparkbus").option("namespace", "ns").option("entity", "orders").load().count())
-        spark.stop()
+    spark = get_spark("job")
+    print("rows:", spark.read.format("sparkbus").option("namespace", "hello-ns").option("entity", "orders").load().count())
 ''')
 
 
 def test_the_built_wheel_installs_with_its_spark_extra_and_runs_from_an_empty_directory(tmp_path):
+    """In an environment where the wheel is installed (its bin/ first on PATH, as when it is activated): the
+    README's hello world runs as written, the CLI sends, and `sparkbus submit` runs a job with the packaged
+    Spark configuration (no INFO logging) that finds the "sparkbus" data source without registration."""
+    from test_docs import README, code_blocks
+
     dist, venv, work = tmp_path / "dist", tmp_path / "venv", tmp_path / "work"
     work.mkdir()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), REPO],
@@ -52,14 +36,22 @@ def test_the_built_wheel_installs_with_its_spark_extra_and_runs_from_an_empty_di
     wheels = list(dist.glob("sparkbus-*.whl"))
     assert len(wheels) == 1, wheels
     subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
+    python, sparkbus_command = str(venv / "bin" / "python"), str(venv / "bin" / "sparkbus")
     subprocess.run([python, "-m", "pip", "install", "--quiet", f"{wheels[0]}[spark]"], check=True, capture_output=True)
-    (work / "hello.py").write_text(HELLO)
-    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_CONF_DIR")}
-    environment.update(PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
-    done = subprocess.run([python, "hello.py"], cwd=work, env=environment, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["queue: hello", "subscription: to every subscription", "rows: 1"], done.stdout
-    cli = subprocess.run([str(venv / "bin" / "sparkbus"), "show", "--namespace", "ns"], cwd=work, env=environment,
-                         capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 0 and "orders" in cli.stdout, cli.stderr[-2000:]
+    hello = next(block for block in code_blocks(README) if block.runnable)
+    (work / "hello.py").write_text(hello.code)
+    (work / "job.py").write_text(JOB)
+    unset = ("PYTHONPATH", "SPARK_CONF_DIR", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME", "VIRTUAL_ENV")
+    environment = {k: v for k, v in os.environ.items() if k not in unset}
+    environment["PATH"] = f"{venv / 'bin'}:{os.environ['PATH']}"
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(argv, cwd=work, env=environment, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        return done
+    printed = run(python, "hello.py").stdout.splitlines()
+    assert all(line in printed for line in hello.output), printed
+    run(sparkbus_command, "send", "--namespace", "hello-ns", "--entity", "orders", "--body", "kept")
+    job = run(sparkbus_command, "submit", "--master", "local[1]", "--conf", "spark.ui.enabled=false", "job.py")
+    assert job.stdout.splitlines()[-1] == "rows: 1"
+    assert " INFO " not in job.stderr, job.stderr[-3000:]

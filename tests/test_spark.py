@@ -10,7 +10,7 @@ from chispa import assert_df_equality
 
 from sparkbus.cli import namespace_rows
 from sparkbus.definitions import apply_definition, load_definition
-from sparkbus.spark import read_spark_conf
+from sparkbus.spark import DEFAULT_CONF, read_spark_conf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +22,7 @@ def test_read_spark_conf(tmp_path):
     conf.write_text("lonely\n")
     with pytest.raises(ValueError, match="spark.conf:1: expected 'key value'"):
         read_spark_conf(str(conf))
-    assert "spark.sql.session.timeZone" in read_spark_conf(os.path.join(ROOT, "conf", "spark-defaults.conf"))
+    assert "spark.sql.session.timeZone" in read_spark_conf(DEFAULT_CONF)  # the packaged settings
 
 
 @pytest.mark.spark

@@ -146,7 +146,7 @@ def test_fan_out_forwarding_and_the_service_run_over_spark_connect(server, names
     assert received(namespace, "archive", count=3) == ["n0", "n1", "n2"]
     assert received(namespace, "orders", "all", count=3) == ["n0", "n1", "n2"]
     finish(serving)
-    assert queries_left() == before  # each query's checkpoint went with it
+    assert queries_left() <= before  # each query's checkpoint went with it (others' may go meanwhile)
     admin = sparkbus.ServiceBusAdministrationClient(namespace)
     assert admin.get_queue_runtime_properties("archive").total_message_count == 0
     assert admin.get_topic_awaiting_fanout("orders") == 0
@@ -158,4 +158,4 @@ def test_a_start_that_fails_leaves_no_checkpoint_behind(server, namespace):
     said(failing, "TypeError")
     said(failing, "done")
     assert failing.wait(60) == 0
-    assert queries_left() == before
+    assert queries_left() <= before

@@ -200,6 +200,13 @@ def _send_batch(args: argparse.Namespace) -> None:
     _out(args, f"sent {sent} message(s) from {args.input} to {args.entity}", {"sent": sent})
 
 
+def _submit(args: argparse.Namespace) -> int:
+    """Run a job through spark-submit (sparkbus.spark.submit); its exit code is the command's."""
+    from ..spark.submit import run, submission
+
+    return run(submission(args.job, args.job_args, master=args.master, conf=args.conf or ()))
+
+
 def _column_list(text: str) -> list[str]:
     """An argparse type: comma-separated column names, or '*'."""
     columns = [c.strip() for c in text.split(",")]
@@ -320,7 +327,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         if getattr(args, "storage_option", None):
             root = storage.location.normalize(args.namespace)
             storage.location.register_options(root, dict(args.storage_option))
-        args.run(args)
+        code = args.run(args)
         sys.stdout.flush()  # a reader that went away (BrokenPipeError) is found here, not at exit
     except UsageError as error:
         _error_line(f"{args.command_prog}: error: {error} (see {args.command_prog} --help)")
@@ -330,7 +337,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     except Exception as error:  # refused or failed: one line, no traceback, whatever was raised
         _error_line(f"sparkbus: {type(error).__name__}: {error}")
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -396,6 +403,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="CSV: keep every column a string (default: numbers, booleans and times are inferred)")
     batch.add_argument("--batch-rows", type=whole(0), default=0, help="rows per commit; default 0: one atomic commit")
     batch.set_defaults(run=_send_batch)
+    job = commands.add_parser("submit", help="run a job script through spark-submit (this Python, WARN logging)")
+    job.add_argument("--master", help="the Spark master (default: spark-submit's, local[*])")
+    job.add_argument("--conf", action="append", type=pair, metavar="KEY=VALUE", help="a Spark setting (repeatable)")
+    job.add_argument("job", help="a job script, or the name of one in ./jobs (demo, send_batch, fanout, serve, ...)")
+    job.add_argument("job_args", nargs=argparse.REMAINDER, help="the job's own arguments")
+    job.set_defaults(run=_submit)
     serve = commands.add_parser("serve", help="run all background work of the namespace until SIGTERM or Ctrl-C")
     serve.add_argument("--trigger-ms", type=whole(0), default=500, help="micro-batch interval")
     serve.add_argument("--maintenance-interval", type=seconds(zero=False), default=30.0,

@@ -29,7 +29,8 @@ from ..engine.catalog import Catalog
 from ..engine.namespace import namespace_root
 from ..engine.registry import resolve
 from ..exceptions import MessagingEntityNotFoundError
-from .datasource import ALL_BACKGROUND, ALL_FORWARDING, ALL_TOPICS, FORMAT, STORAGE_PREFIX, SparkbusDataSource
+from . import register
+from .datasource import ALL_BACKGROUND, ALL_FORWARDING, ALL_TOPICS, FORMAT, STORAGE_PREFIX
 
 LOG = logging.getLogger("sparkbus.service")
 DEFAULT_TRIGGER = {"processingTime": "500 milliseconds"}
@@ -129,7 +130,7 @@ def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, t
     """Start the query over `entity` (one topic, ALL_TOPICS, ALL_FORWARDING or ALL_BACKGROUND); returns the
     StreamingQuery (run_once removes its checkpoint; a stopped query's is removed by stop_query).
     storage_options: of an object-store namespace, as create_namespace takes them."""
-    spark.dataSource.register(SparkbusDataSource)
+    register(spark)
     root = namespace_root(namespace, storage_options)
     if entity not in (ALL_TOPICS, ALL_FORWARDING, ALL_BACKGROUND):
         resolve(root, Catalog(root).snapshot(), entity, ("topic",))  # unknown topic -> error now

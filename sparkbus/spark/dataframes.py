@@ -21,11 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..storage import location
 from ..core import partitioning
 from ..core.encoding import OUTGOING, STRING_PROPERTIES, new_message_ids
 from ..core.values import encode_properties
 from ..engine.enqueue import EnqueueResult
+from ..storage import location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
