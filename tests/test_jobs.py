@@ -1,4 +1,6 @@
-"""The jobs in jobs/, run end to end as a user runs them: `sparkbus submit JOB`, from a fresh shell."""
+"""The jobs in jobs/, run end to end as a user runs them: `sparkbus submit JOB`, from a fresh shell; on a
+Spark standalone cluster (a master and a worker on loopback, executors in their own JVMs) where the job
+has Spark do its work."""
 from __future__ import annotations
 
 import json
@@ -27,31 +29,98 @@ SPARKBUS = os.path.join(os.path.dirname(sys.executable), "sparkbus")
 SET_UP_BY_HAND = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR", "SPARK_HOME", "VIRTUAL_ENV")
 
 
-def fresh_shell(env: dict | None = None) -> dict:
-    """The environment of a fresh shell: none of SET_UP_BY_HAND, the virtualenv's bin/ not on PATH."""
+def fresh_shell(env: dict | None = None, master: str = "local[2]") -> dict:
+    """The environment of a fresh shell: none of SET_UP_BY_HAND, the virtualenv's bin/ not on PATH; for the
+    loopback cluster, SPARK_LOCAL_IP (as its user would set it: the driver must bind where the cluster is)."""
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in SET_UP_BY_HAND}
     venv_bin = os.path.dirname(sys.executable)
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    if master.startswith("spark://127.0.0.1:"):
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"
     return env
 
 
-def job_command(job: str, *args: str) -> list[str]:
-    return [SPARKBUS, "submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false", os.path.join(JOBS, job),
-            *args]
+def job_command(job: str, *args: str, master: str = "local[2]") -> list[str]:
+    return [SPARKBUS, "submit", "--master", master, "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.executor.memory=1g", os.path.join(JOBS, job) if job.endswith(".py") else job, *args]
 
 
-def submit(job: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def submit(job: str, *args: str, timeout: float = 300, env: dict | None = None,
+           master: str = "local[2]") -> subprocess.CompletedProcess:
     """A job run as the documentation says, from a fresh shell in an empty directory; Spark logs nothing
     at INFO and no warnings (but the JVM's own notice about its incubator modules)."""
     cwd = tempfile.mkdtemp(prefix="sparkbus-job-")
     try:
-        done = subprocess.run(job_command(job, *args), capture_output=True, text=True, timeout=timeout,
-                              env=fresh_shell(env), cwd=cwd)
+        done = subprocess.run(job_command(job, *args, master=master), capture_output=True, text=True,
+                              timeout=timeout, env=fresh_shell(env, master), cwd=cwd)
     finally:
         shutil.rmtree(cwd, ignore_errors=True)
     noise = [line for line in done.stderr.splitlines() if re.match(r"^\S+ \S+ (INFO|WARN) ", line)]
     assert not noise, "Spark logged:\n" + "\n".join(noise[:20])
     return done
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A Spark standalone cluster on loopback, from the installed pyspark: a master and a worker (2 cores),
+    whose executors run in JVMs of their own; yields the master's URL. Stopped by process group."""
+    import pyspark
+    from conftest import _free_port, listening
+
+    home, work = os.path.dirname(pyspark.__file__), tmp_path_factory.mktemp("standalone")
+    env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1"}
+    port = _free_port()
+    master = [os.path.join(home, "bin", "spark-class"), "org.apache.spark.deploy.master.Master", "--host",
+              "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port())]
+    worker = [os.path.join(home, "bin", "spark-class"), "org.apache.spark.deploy.worker.Worker",
+              f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
+              "--webui-port", str(_free_port()), "--work-dir", str(work / "work")]
+    started = []
+    try:
+        for name, command in (("master", master), ("worker", worker)):
+            with open(work / f"{name}.log", "wb") as log:
+                started.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                start_new_session=True))
+            if name == "master" and not listening(port, started[0], 120):
+                pytest.fail(f"the master did not start: {(work / 'master.log').read_text()[-2000:]}")
+        deadline = time.monotonic() + 120  # the worker registers with the master
+        while "Successfully registered with master" not in (work / "worker.log").read_text():
+            if time.monotonic() > deadline or started[1].poll() is not None:
+                pytest.fail(f"the worker did not register: {(work / 'worker.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for process in reversed(started):
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+ON_THE_CLUSTER = """
+import sys, tempfile
+from sparkbus import ServiceBusClient, streaming
+from sparkbus.spark import get_spark
+
+path = sys.argv[1]
+spark = get_spark("sparkbus-cluster-test")
+assert spark.sparkContext.master.startswith("spark://"), spark.sparkContext.master
+client = ServiceBusClient(path, spark=spark)
+rows = spark.range(30).selectExpr("CONCAT('r', CAST(id AS STRING)) AS body", "CAST(id % 4 AS STRING) AS partition_key")
+print("sent", client.get_queue_sender("rows").send_dataframe(rows.repartition(3)).message_count)
+with client.get_queue_receiver("rows") as receiver:
+    locked = receiver.receive_dataframe(10, max_wait_time=5)
+    print("completed", receiver.complete_dataframe(locked))
+query = (spark.readStream.format("sparkbus").option("namespace", path).option("entity", "rows").load()
+         .selectExpr("body", "'copy' AS subject")
+         .writeStream.format("sparkbus").option("namespace", path).option("entity", "events")
+         .option("checkpointLocation", tempfile.mkdtemp()).trigger(availableNow=True).start())
+query.awaitTermination()
+print("streamed", spark.read.format("sparkbus").option("namespace", path).option("entity", "events").load().count())
+print("fanned out", streaming.fanout_once(spark, path).copies)
+print("forwarded", sum(streaming.forward_once(spark, path).forwarded.values()))
+"""
 
 
 def test_send_batch_and_maintain_through_spark_submit(tmp_path):
@@ -107,7 +176,8 @@ def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
     assert admin.get_queue_runtime_properties("archive").active_message_count == 5
 
     service = subprocess.Popen(job_command("serve.py", "--namespace", ns, "--trigger-ms", "200"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fresh_shell(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=fresh_shell(),
                                start_new_session=True)
     try:
         with client.get_topic_sender("events") as sender:
@@ -194,3 +264,26 @@ def test_cli_and_jobs_reach_an_azurite_namespace_through_storage_options_alone(a
         while batch := receiver.receive_messages(300, max_wait_time=2):
             got += batch
     assert sorted(json.loads(str(m))["n"] for m in got) == list(range(300))
+
+
+def test_dataframes_streams_fanout_and_forwarding_on_a_standalone_cluster(tmp_path, cluster):
+    """One job whose tasks run in the cluster's executors: send_dataframe of a DataFrame in 3 partitions,
+    receive_dataframe / complete_dataframe, a readStream -> writeStream query from a queue to a topic,
+    then fan-out to a subscription that forwards to a queue."""
+    ns = str(tmp_path / "ns")
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("rows", enable_partitioning=True)
+    admin.create_queue("archive")
+    admin.create_topic("events")
+    admin.create_subscription("events", "all", forward_to="archive")
+    script = tmp_path / "on_the_cluster.py"
+    script.write_text(ON_THE_CLUSTER)
+    done = submit(str(script), ns, master=cluster)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-5:] == ["sent 30", "completed 10", "streamed 20",
+                                             "fanned out {'events/Subscriptions/all': 20}", "forwarded 20"], \
+        done.stdout[-2000:]
+    with sparkbus.ServiceBusClient(ns).get_queue_receiver("archive") as receiver:
+        got = receiver.receive_messages(50, max_wait_time=5)
+    assert len(got) == 20 and {m.subject for m in got} == {"copy"}

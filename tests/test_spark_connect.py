@@ -1,6 +1,6 @@
-"""Topic delivery, forwarding and the namespace service over Spark Connect, the way Databricks serverless and
-shared compute (and Databricks Connect) run PySpark code: the client holds a remote session and functions
-handed to Spark run in a Python process of the server.
+"""Topic delivery, forwarding, the namespace service, DataFrames and the streaming source and sink over Spark
+Connect, the way Databricks serverless and shared compute (and Databricks Connect) run PySpark code: the
+client holds a remote session and functions handed to Spark run in a Python process of the server.
 
 The server is the one the installed pyspark ships (org.apache.spark.sql.connect.service.SparkConnectServer,
 through spark-submit), started for this module on a free loopback port and stopped by its process id.
@@ -46,6 +46,23 @@ elif step == "serve":
     print("serving", flush=True)
     sys.stdin.readline()  # the test sends, receives, then says stop
     service.stop()
+elif step == "dataframes":
+    import tempfile
+    from sparkbus import ServiceBusClient
+    client = ServiceBusClient(path, spark=spark)
+    frame = spark.createDataFrame([(f"d{i}", "s") for i in range(4)], "body string, subject string")
+    print("sent", client.get_queue_sender("archive").send_dataframe(frame).message_count, flush=True)
+    snapshot = spark.read.format("sparkbus").option("namespace", path).option("entity", "archive").load()
+    print("rows", snapshot.where("subject = 's'").count(), flush=True)
+    with client.get_queue_receiver("archive") as receiver:
+        locked = receiver.receive_dataframe(2, max_wait_time=5)
+        print("completed", receiver.complete_dataframe(locked), flush=True)
+    query = (spark.readStream.format("sparkbus").option("namespace", path).option("entity", "archive").load()
+             .selectExpr("body", "'copy' AS subject")
+             .writeStream.format("sparkbus").option("namespace", path).option("entity", "copies")
+             .option("checkpointLocation", tempfile.mkdtemp()).trigger(availableNow=True).start())
+    query.awaitTermination()
+    print("streamed", flush=True)
 elif step == "bad start":
     try:
         streaming.start_fanout(spark, path, "orders", trigger={"every": "1 second"})
@@ -118,7 +135,8 @@ def received(path: str, *entity: str, count: int) -> list[str]:
 
 @pytest.fixture
 def namespace(tmp_path) -> str:
-    """A namespace with topic orders (subscription all; subscription kept, forwarding to queue archive)."""
+    """A namespace with topic orders (subscription all; subscription kept, forwarding to queue archive) and
+    queue copies."""
     path = str(tmp_path / "ns")
     sparkbus.create_namespace(path, credits_per_second=None)
     admin = sparkbus.ServiceBusAdministrationClient(path)
@@ -126,6 +144,7 @@ def namespace(tmp_path) -> str:
     admin.create_topic("orders")
     admin.create_subscription("orders", "all")
     admin.create_subscription("orders", "kept", forward_to="archive")
+    admin.create_queue("copies")
     return path
 
 
@@ -159,3 +178,17 @@ def test_a_start_that_fails_leaves_no_checkpoint_behind(server, namespace):
     said(failing, "done")
     assert failing.wait(60) == 0
     assert queries_left() <= before
+
+
+def test_dataframes_and_the_streaming_source_and_sink_run_over_spark_connect(server, namespace):
+    """send_dataframe, spark.read and SQL over the messages, receive_dataframe and complete_dataframe, and a
+    readStream -> writeStream query from queue to queue, all from a remote session."""
+    remote = client(server, namespace, "dataframes")
+    for line in ("sent 4", "rows 4", "completed 2", "streamed", "done"):
+        said(remote, line)
+    assert remote.wait(60) == 0, remote.stderr.read()[-3000:]
+    admin = sparkbus.ServiceBusAdministrationClient(namespace)
+    assert admin.get_queue_runtime_properties("archive").active_message_count == 2
+    with ServiceBusClient(namespace).get_queue_receiver("copies") as receiver:
+        copies = receiver.receive_messages(10, max_wait_time=5)
+    assert sorted(str(m) for m in copies) == ["d2", "d3"] and {m.subject for m in copies} == {"copy"}

@@ -33,7 +33,6 @@ def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_
               settings: Optional[dict[str, str]] = None):
     """Get or create the SparkSession; conf_file defaults to $SPARKBUS_SPARK_CONF, else the packaged
     spark-defaults.conf (CONF_DIR)."""
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -49,8 +48,8 @@ def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    elif "spark.master" not in merged and not SparkConf().contains("spark.master"):  # spark-submit sets it
-        builder = builder.master("local[*]")
+    elif "spark.master" not in merged and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master("local[*]")  # not under spark-submit, whose --master the session keeps
     for k, v in merged.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
