@@ -5,7 +5,7 @@ get_entity_metrics(path) (sparkbus.engine.metrics says how they are counted and 
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import timedelta
 from typing import Optional
 
 import pyarrow as pa
@@ -41,30 +41,59 @@ def format_metrics(report: Metrics) -> str:
     return "\n".join(lines)
 
 
-def plot_metrics(report: Metrics, path: str, *, title: Optional[str] = None) -> str:
-    """Render a report as a PNG at path: messages per second in and out (top), throttled requests and
-    credits used per minute (bottom). Returns path."""
-    import matplotlib
+def plot_metrics(report: Metrics, path: str, *, title: Optional[str] = None, namespace: Optional[str] = None) -> str:
+    """Render a report as a PNG at path: messages in and out per minute (bars, top), throttled requests and
+    credits used per minute (bottom). Axes start at zero and leave room above the tallest bar, so a run of a
+    few minutes or a single throttled request reads as what it is; ticks are minutes. The title names the
+    entity and the namespace. Returns path."""
+    from matplotlib import dates, ticker
+    from matplotlib.figure import Figure  # not pyplot: a notebook's backend and figures are left alone
 
-    matplotlib.use("Agg")  # files only: no display needed on a cluster or in CI
-    from matplotlib import pyplot
-
-    times: list[datetime] = [p.time_utc for p in report.points]
-    figure, (top, bottom) = pyplot.subplots(2, 1, sharex=True, figsize=(9, 6))
-    top.plot(times, [p.incoming_messages / 60 for p in report.points], marker="o", label="incoming messages/s")
-    top.plot(times, [p.outgoing_messages / 60 for p in report.points], marker="o", label="outgoing messages/s")
-    top.set_ylabel("messages per second")
-    top.legend(loc="upper left")
-    bottom.bar(times, [p.throttled_requests for p in report.points], width=0.0005, color="tab:red",
-               label="throttled requests")
-    bottom.set_ylabel("throttled requests per minute")
-    credits = bottom.twinx()
-    credits.plot(times, [p.credits_used for p in report.points], color="tab:gray", marker=".", label="credits used")
-    credits.set_ylabel("credits per minute")
-    bottom.legend(loc="upper left")
-    credits.legend(loc="upper right")
-    figure.suptitle(title or f"sparkbus metrics: {report.entity or 'namespace'}")
+    figure = Figure(figsize=(9, 6))
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    _draw(report, top, bottom)
+    for axis in (top, bottom):
+        axis.xaxis.set_major_locator(dates.AutoDateLocator(minticks=3, maxticks=10))
+        axis.xaxis.set_major_formatter(dates.DateFormatter("%H:%M"))
+    bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    scope = report.entity or "all entities"
+    where = f" in {namespace}" if namespace else ""
+    figure.suptitle(title or f"sparkbus metrics: {scope}{where} (per minute, UTC)")
     figure.autofmt_xdate()
     figure.savefig(path, dpi=100)
-    pyplot.close(figure)
     return path
+
+
+def _draw(report: Metrics, top, bottom) -> None:
+    """The bars of plot_metrics: one group per minute, zero-based axes with headroom."""
+    from matplotlib import dates
+
+    points = report.points
+    minutes = [dates.date2num(p.time_utc) for p in points]
+    width = (1 / (24 * 60)) * 0.4  # of a minute, in days (matplotlib's date unit): two bars side by side
+    incoming = [p.incoming_messages for p in points]
+    outgoing = [p.outgoing_messages for p in points]
+    top.bar([m - width / 2 for m in minutes], incoming, width=width, label="incoming messages")
+    top.bar([m + width / 2 for m in minutes], outgoing, width=width, label="outgoing messages")
+    top.set_ylabel("messages per minute")
+    top.set_ylim(0, _headroom(incoming + outgoing))
+    top.legend(loc="upper left")
+    throttled = [p.throttled_requests for p in points]
+    bottom.bar(minutes, throttled, width=width, color="tab:red", label="throttled requests")
+    bottom.set_ylabel("throttled requests per minute")
+    bottom.set_ylim(0, _headroom(throttled, floor=5))
+    credits = bottom.twinx()
+    used = [p.credits_used for p in points]
+    credits.plot(minutes, used, color="tab:gray", marker="o", label="credits used")
+    credits.set_ylabel("credits per minute")
+    credits.set_ylim(0, _headroom(used))
+    bottom.legend(loc="upper left")
+    credits.legend(loc="upper right")
+    if points:  # half a minute of margin either side, so one minute is a bar and not a sliver at the edge
+        low, high = min(p.time_utc for p in points), max(p.time_utc for p in points)
+        bottom.set_xlim(dates.date2num(low - timedelta(seconds=45)), dates.date2num(high + timedelta(seconds=45)))
+
+
+def _headroom(values: list[float], floor: float = 1) -> float:
+    """An axis top a quarter above the largest value, at least floor (all zero: 0 to floor, not -0.04..0.04)."""
+    return max([floor, *(v * 1.25 for v in values)])

@@ -385,3 +385,32 @@ def test_forwarding_waits_for_credits_instead_of_failing(ns_path):
     destination = admin.get_entity_metrics("dst")
     assert destination.throttled_requests >= 1 and destination.incoming_messages == 10
     assert destination.credits_used == 10 + 10  # the forwarded copies as a send, and the peek above
+
+
+def test_the_metrics_plot_is_readable_for_a_short_run():
+    """One minute with one throttled request: bars from zero with headroom (not a panel filled by one
+    request, nor a flat axis from -0.04 to 0.04), minute ticks, the namespace in the title."""
+    from datetime import datetime, timezone
+
+    import matplotlib
+    from matplotlib import dates
+    from matplotlib.figure import Figure
+
+    from sparkbus.engine.metrics import Metrics, MetricsPoint
+    from sparkbus.metrics import _draw, plot_metrics
+
+    minute = datetime(2026, 11, 25, 6, 30, tzinfo=timezone.utc)
+    report = Metrics(entity="q", points=(MetricsPoint(time_utc=minute, incoming_messages=120, throttled_requests=1,
+                                                     credits_used=0),))
+    top, bottom = Figure().subplots(2, 1, sharex=True)
+    _draw(report, top, bottom)
+    assert top.get_ylim() == (0, 150) and bottom.get_ylim() == (0, 5)
+    assert bottom.figure.axes[-1].get_ylim() == (0, 1)  # credits: all zero, still 0 to 1
+    low, high = bottom.get_xlim()
+    assert dates.num2date(low) < minute < dates.num2date(high) and (high - low) * 24 * 60 == pytest.approx(1.5)
+    backend = matplotlib.get_backend()
+    import tempfile
+    with tempfile.TemporaryDirectory() as directory:
+        path = plot_metrics(report, f"{directory}/m.png", namespace="/data/sb/prod")
+        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.get_backend() == backend  # a notebook's inline plots keep working

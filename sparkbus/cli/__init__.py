@@ -91,7 +91,7 @@ def _metrics(args: argparse.Namespace) -> None:
     report = admin.get_entity_metrics(args.entity) if args.entity else admin.get_namespace_metrics()
     _out(args, format_metrics(report), record(report))
     if args.plot:
-        print(f"plot written to {plot_metrics(report, args.plot)}")
+        print(f"plot written to {plot_metrics(report, args.plot, namespace=args.namespace)}")
 
 
 def _update_namespace(args: argparse.Namespace) -> None:
