@@ -128,19 +128,12 @@ def test_send_batch_and_maintain_through_spark_submit(tmp_path):
     sparkbus.create_namespace(ns, credits_per_second=None)
     admin = sparkbus.ServiceBusAdministrationClient(ns)
     admin.create_queue("rows", enable_partitioning=True)
-    admin.create_queue("bodies")
     data = str(tmp_path / "orders.parquet")
     pq.write_table(pa.table({"order": list(range(1000)), "subject": [f"s{i % 3}" for i in range(1000)]}), data)
     done = submit("send_batch.py", "--namespace", ns, "--entity", "rows", "--input", data, "--batch-rows", "400",
                   "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"sent": 1000}
-    csv = tmp_path / "lines.csv"
-    csv.write_text("text,session_id\nhello,a\nworld,b\n")
-    done = submit("send_batch.py", "--namespace", ns, "--entity", "bodies", "--input", str(csv), "--format", "csv",
-                  "--body-column", "text")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == f"sent 2 message(s) from {csv} to bodies"
 
     client = sparkbus.ServiceBusClient(ns)
     with client.get_queue_receiver("rows", receive_mode="receiveanddelete") as receiver:
@@ -149,15 +142,12 @@ def test_send_batch_and_maintain_through_spark_submit(tmp_path):
             got += batch
     assert sorted(json.loads(str(m))["order"] for m in got) == list(range(1000))
     assert all(m.subject == f"s{json.loads(str(m))['order'] % 3}" for m in got)
-    with client.get_queue_receiver("bodies") as receiver:
-        assert sorted((str(m), m.session_id) for m in receiver.receive_messages(5, max_wait_time=1)) == \
-            [("hello", "a"), ("world", "b")]
 
     bad = submit("send_batch.py", "--namespace", ns, "--entity", "rows", "--input", data, "--body-column", "nope")
     assert bad.returncode == 1 and "the dataset has no column(s) ['nope']" in bad.stdout, bad.stdout[-2000:]  # spark-submit: Python's stderr comes out on stdout
     swept = submit("maintain.py", "--namespace", ns, "--json")
     assert swept.returncode == 0, swept.stderr[-3000:]
-    assert json.loads(swept.stdout.strip().splitlines()[-1]) == {"tables": 6, "removed": 0}
+    assert json.loads(swept.stdout.strip().splitlines()[-1]) == {"tables": 3, "removed": 0}
 
 
 def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
@@ -170,11 +160,8 @@ def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
     client = sparkbus.ServiceBusClient(ns)
     with client.get_topic_sender("events") as sender:
         sender.send_messages([ServiceBusMessage(f"e{i}") for i in range(5)])
-    for job in ("fanout.py", "forward.py"):
-        done = submit(job, "--namespace", ns, "--once")
-        assert done.returncode == 0, done.stderr[-3000:]
-    assert admin.get_queue_runtime_properties("archive").active_message_count == 5
-
+    # the service delivers these five and one sent while it runs (fanout.py --once runs in the Azurite test, fan-out
+    # and forwarding once on the cluster)
     service = subprocess.Popen(job_command("serve.py", "--namespace", ns, "--trigger-ms", "200"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=fresh_shell(),
