@@ -25,7 +25,7 @@ SCENARIO = textwrap.dedent("""
             for message in receiver.receive_messages(max_message_count=3):
                 receiver.complete_message(message)
 """)
-LINE = re.compile(r"^(?P<thread>\d+) (?P<call>.*)$")
+LINE = re.compile(r"^(?P<thread>\d+)\s+(?P<call>.*)$")  # strace pads a process id to 5 columns
 RESUMED = re.compile(r"^<\.\.\. \w+ resumed>(?P<rest>.*)$")
 FSYNC = re.compile(r"^f(?:data)?sync\((?P<fd>\d+)(?:<(?P<path>[^>]*)>)?\)\s+= 0")
 OPENAT = re.compile(r'^openat\([^,]+, "(?P<path>[^"]+)", .*\)\s+= (?P<fd>\d+)')
@@ -76,6 +76,7 @@ def test_every_commit_its_files_and_their_directories_are_fsynced(tmp_path):
     locks, settlements) fsyncs its entry's content, data files and their directories before the entry is
     linked into place (the commit point), and its log directory after."""
     namespace, synced, linked = _fsynced(tmp_path, "on")
+    assert synced and linked, "no fsync or link read from the trace:\n" + (tmp_path / "trace").read_text()[:2000]
     entries = glob.glob(os.path.join(namespace, "**", "_delta_log", "*.json"), recursive=True)
     assert len(entries) >= 10  # catalog, 3 tables x creation, 3 sends, the lock and the completes
     direct = 0
