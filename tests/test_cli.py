@@ -258,7 +258,8 @@ def test_typos_are_answered_with_a_suggestion_and_rules_and_never_read_plainly(t
     assert main(["namespace", "create", "--namespace", ns]) == 0
     for argv, says in ((["recieve", "--namespace", ns], "did you mean 'receive'?"),
                        (["queue", "creat", "q", "--namespace", ns], "did you mean 'create'?"),
-                       (["queue", "list", "--namespace", ns, "--jsn"], "did you mean '--json'?")):
+                       (["queue", "list", "--namespace", ns, "--jsn"], "did you mean '--json'?"),
+                       (["show", "--namspace", ns], "unrecognized option --namspace, did you mean '--namespace'?")):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert says in err and len(err.splitlines()) == 1, err

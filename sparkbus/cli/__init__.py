@@ -279,6 +279,19 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return found
 
 
+def _misspelled(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser, message: str) -> str:
+    """For an error other than the unrecognized-arguments one (e.g. a required --namespace missing because
+    it was typed --namspace): '; unrecognized option X, did you mean Y?' for the first unknown option of argv."""
+    if message.startswith("unrecognized arguments"):
+        return ""
+    known = sorted(set(_option_strings(parser)))
+    for word in sys.argv[1:] if argv is None else argv:
+        option = word.split("=", 1)[0]
+        if option.startswith("--") and option != "--" and option not in known:
+            return f"; unrecognized option {option}{_did_you_mean(option, known).replace(';', ',', 1)}"
+    return ""
+
+
 _LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
@@ -321,7 +334,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return done.code if isinstance(done.code, int) else 0
     except UsageError as error:
         prog = error.prog or parser.prog
-        _error_line(f"{prog}: error: {error} (see {prog} --help)")
+        _error_line(f"{prog}: error: {error}{_misspelled(argv, parser, str(error))} (see {prog} --help)")
         return 2
     try:
         if getattr(args, "storage_option", None):
