@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable, Collection, Optional, TypeVar, Union
 
 from deltalake.exceptions import DeltaError
@@ -119,19 +119,21 @@ class ServiceBusAdministrationClient:
 
     # ---- metrics ---------------------------------------------------------------------------------------
 
-    def get_namespace_metrics(self, *, start_time: Optional[datetime] = None,
-                              end_time: Optional[datetime] = None) -> Metrics:
-        """Request and message counts of the whole namespace, per minute and in total: what every process
-        persisted to the metrics table, plus this process's counts not yet persisted."""
-        return metrics.read(self._catalog.root, self._governor.recorder, start=start_time, end=end_time)
+    def get_namespace_metrics(self, *, start_time: Optional[datetime] = None, end_time: Optional[datetime] = None,
+                              period: timedelta = metrics.MINUTE) -> Metrics:
+        """Request and message counts of the whole namespace, per period (a minute, or 10 seconds or any
+        multiple of it; ValueError otherwise) and in total: what every process persisted to the metrics
+        table, plus this process's counts not yet persisted."""
+        return metrics.read(self._catalog.root, self._governor.recorder, start=start_time, end=end_time,
+                            period=period)
 
     def get_entity_metrics(self, entity_path: str, *, start_time: Optional[datetime] = None,
-                           end_time: Optional[datetime] = None) -> Metrics:
+                           end_time: Optional[datetime] = None, period: timedelta = metrics.MINUTE) -> Metrics:
         """The data-plane counts of one queue, topic or subscription ('<topic>/Subscriptions/<name>');
-        management operations are the namespace's."""
+        management operations are the namespace's. period as get_namespace_metrics."""
         row = self._find(self._catalog.snapshot(), None, entity_path)
         return metrics.read(self._catalog.root, self._governor.recorder, entity=row.path, start=start_time,
-                            end=end_time)
+                            end=end_time, period=period)
 
     # ---- queues and topics -----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Namespace metrics for people and notebooks: the persisted per-minute rows as an Arrow table (for Spark:
+"""Namespace metrics for people and notebooks: the persisted rows (one per ten seconds) as an Arrow table (for Spark:
 spark.createDataFrame(metrics_table(ns).to_pandas())), a text report, and a PNG plot of throughput and
 throttled requests. The counts themselves: ServiceBusAdministrationClient.get_namespace_metrics() and
 get_entity_metrics(path) (sparkbus.engine.metrics says how they are counted and persisted).
@@ -11,28 +11,62 @@ from typing import Optional
 import pyarrow as pa
 
 from .engine import metrics
-from .engine.metrics import Metrics
+from .engine.metrics import BUCKET_SECONDS, MINUTE, Metrics
 from .engine.namespace import open_catalog
 from .storage.schemas import METRICS_COUNTERS
 
 
+FINE = timedelta(seconds=BUCKET_SECONDS)
+FINE_UP_TO = timedelta(minutes=10)  # a report spanning at most this reads best per ten seconds
+
+
+def period_name(period: timedelta) -> str:
+    """'10 s', 'minute', '5 min', 'hour', '2 h': the period as axis labels and headers say it."""
+    seconds = int(period.total_seconds())
+    if seconds < 60 or seconds % 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes % 60:
+        return "minute" if minutes == 1 else f"{minutes} min"
+    return "hour" if minutes == 60 else f"{minutes // 60} h"
+
+
+def parse_period(text: str) -> timedelta:
+    """'10s', '30s', '1m', '5m', '1h' (a number and s, m or h) as a timedelta; raises ValueError for anything
+    else or a period that is not a multiple of ten seconds."""
+    unit = {"s": 1, "m": 60, "h": 3600}.get(text[-1:].lower())
+    if unit is None or not text[:-1].isdigit():
+        raise ValueError(f"a metrics period is a whole number and s, m or h (10s, 1m, 1h), not {text!r}")
+    period = timedelta(seconds=int(text[:-1]) * unit)
+    metrics.check_period(period)
+    return period
+
+
+def fitting_period(report: Metrics) -> timedelta:
+    """Ten seconds for a report spanning at most FINE_UP_TO (a short run in detail), else a minute."""
+    times = [p.time_utc for p in report.points]
+    return FINE if times and max(times) - min(times) <= FINE_UP_TO else MINUTE
+
+
 def metrics_table(namespace: str) -> pa.Table:
-    """Every persisted metrics row of the namespace (one per minute, entity and process), with this
+    """Every persisted metrics row of the namespace (one per ten seconds, entity and process), with this
     process's counts not yet persisted; columns as sparkbus.storage.schemas.METRICS."""
     root = open_catalog(namespace).root
     return metrics.all_rows(root, metrics.known(root))
 
 
 def format_metrics(report: Metrics) -> str:
-    """Totals and one line per minute, as `sparkbus metrics` prints them."""
+    """Totals and one line per period (a minute unless the report was read per another), as `sparkbus
+    metrics` prints them."""
     scope = report.entity or "namespace"
     lines = [f"{scope}: " + "  ".join(f"{name}={getattr(report, name)}" for name in METRICS_COUNTERS)]
     if report.cpu_percent is not None:
         lines[0] += f"  cpu_percent={report.cpu_percent:.1f}  memory_percent={report.memory_percent:.1f}"
-    header = ("minute (UTC)", "requests", "successful", "throttled", "in msgs", "out msgs", "credits", "cpu %", "mem %")
+    fine = report.period.total_seconds() % 60 != 0
+    header = ("time (UTC)" if fine else "minute (UTC)", "requests", "successful", "throttled", "in msgs", "out msgs", "credits", "cpu %", "mem %")
     rows = [header]
     for p in report.points:
-        rows.append((p.time_utc.strftime("%Y-%m-%d %H:%M"), p.incoming_requests, p.successful_requests,
+        rows.append((p.time_utc.strftime("%Y-%m-%d %H:%M:%S" if fine else "%Y-%m-%d %H:%M"), p.incoming_requests, p.successful_requests,
                      p.throttled_requests, p.incoming_messages, p.outgoing_messages, p.credits_used,
                      "" if p.cpu_percent is None else f"{p.cpu_percent:.1f}",
                      "" if p.memory_percent is None else f"{p.memory_percent:.1f}"))
@@ -42,10 +76,11 @@ def format_metrics(report: Metrics) -> str:
 
 
 def plot_metrics(report: Metrics, path: str, *, title: Optional[str] = None, namespace: Optional[str] = None) -> str:
-    """Render a report as a PNG at path: messages in and out per minute (bars, top), throttled requests and
-    credits used per minute (bottom). Axes start at zero and leave room above the tallest bar, so a run of a
-    few minutes or a single throttled request reads as what it is; ticks are minutes. The title names the
-    entity and the namespace. Returns path."""
+    """Render a report as a PNG at path: messages in and out per period (bars, top), throttled requests and
+    credits used per period (bottom), the period being the report's (read a short run per ten seconds:
+    fitting_period). Axes start at zero and leave room above the tallest bar, so a run of a few minutes or
+    a single throttled request reads as what it is. The title names the entity, the namespace and the
+    period. Returns path."""
     from matplotlib import dates, ticker
     from matplotlib.figure import Figure  # not pyplot: a notebook's backend and figures are left alone
 
@@ -54,44 +89,45 @@ def plot_metrics(report: Metrics, path: str, *, title: Optional[str] = None, nam
     _draw(report, top, bottom)
     for axis in (top, bottom):
         axis.xaxis.set_major_locator(dates.AutoDateLocator(minticks=3, maxticks=10))
-        axis.xaxis.set_major_formatter(dates.DateFormatter("%H:%M"))
+        axis.xaxis.set_major_formatter(dates.DateFormatter("%H:%M" if report.period >= MINUTE else "%H:%M:%S"))
     bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     scope = report.entity or "all entities"
     where = f" in {namespace}" if namespace else ""
-    figure.suptitle(title or f"sparkbus metrics: {scope}{where} (per minute, UTC)")
+    figure.suptitle(title or f"sparkbus metrics: {scope}{where} (per {period_name(report.period)}, UTC)")
     figure.autofmt_xdate()
     figure.savefig(path, dpi=100)
     return path
 
 
 def _draw(report: Metrics, top, bottom) -> None:
-    """The bars of plot_metrics: one group per minute, zero-based axes with headroom."""
+    """The bars of plot_metrics: one group per period, zero-based axes with headroom."""
     from matplotlib import dates
 
-    points = report.points
-    minutes = [dates.date2num(p.time_utc) for p in points]
-    width = (1 / (24 * 60)) * 0.4  # of a minute, in days (matplotlib's date unit): two bars side by side
+    points, per = report.points, f"per {period_name(report.period)}"
+    starts = [dates.date2num(p.time_utc) for p in points]
+    width = report.period / timedelta(days=1) * 0.4  # in days (matplotlib's date unit): two bars side by side
     incoming = [p.incoming_messages for p in points]
     outgoing = [p.outgoing_messages for p in points]
-    top.bar([m - width / 2 for m in minutes], incoming, width=width, label="incoming messages")
-    top.bar([m + width / 2 for m in minutes], outgoing, width=width, label="outgoing messages")
-    top.set_ylabel("messages per minute")
+    top.bar([m - width / 2 for m in starts], incoming, width=width, label="incoming messages")
+    top.bar([m + width / 2 for m in starts], outgoing, width=width, label="outgoing messages")
+    top.set_ylabel(f"messages {per}")
     top.set_ylim(0, _headroom(incoming + outgoing))
     top.legend(loc="upper left")
     throttled = [p.throttled_requests for p in points]
-    bottom.bar(minutes, throttled, width=width, color="tab:red", label="throttled requests")
-    bottom.set_ylabel("throttled requests per minute")
+    bottom.bar(starts, throttled, width=width, color="tab:red", label="throttled requests")
+    bottom.set_ylabel(f"throttled requests {per}")
     bottom.set_ylim(0, _headroom(throttled, floor=5))
     credits = bottom.twinx()
     used = [p.credits_used for p in points]
-    credits.plot(minutes, used, color="tab:gray", marker="o", label="credits used")
-    credits.set_ylabel("credits per minute")
+    credits.plot(starts, used, color="tab:gray", marker="o", label="credits used")
+    credits.set_ylabel(f"credits {per}")
     credits.set_ylim(0, _headroom(used))
     bottom.legend(loc="upper left")
     credits.legend(loc="upper right")
-    if points:  # half a minute of margin either side, so one minute is a bar and not a sliver at the edge
+    if points:  # three quarters of a period of margin either side, so one period is a bar, not a sliver at the edge
         low, high = min(p.time_utc for p in points), max(p.time_utc for p in points)
-        bottom.set_xlim(dates.date2num(low - timedelta(seconds=45)), dates.date2num(high + timedelta(seconds=45)))
+        margin = report.period * 0.75
+        bottom.set_xlim(dates.date2num(low - margin), dates.date2num(high + margin))
 
 
 def _headroom(values: list[float], floor: float = 1) -> float:

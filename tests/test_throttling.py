@@ -390,7 +390,7 @@ def test_forwarding_waits_for_credits_instead_of_failing(ns_path):
 def test_the_metrics_plot_is_readable_for_a_short_run():
     """One minute with one throttled request: bars from zero with headroom (not a panel filled by one
     request, nor a flat axis from -0.04 to 0.04), minute ticks, the namespace in the title."""
-    from datetime import datetime, timezone
+    from datetime import datetime, timedelta, timezone
 
     import matplotlib
     from matplotlib import dates
@@ -408,9 +408,65 @@ def test_the_metrics_plot_is_readable_for_a_short_run():
     assert bottom.figure.axes[-1].get_ylim() == (0, 1)  # credits: all zero, still 0 to 1
     low, high = bottom.get_xlim()
     assert dates.num2date(low) < minute < dates.num2date(high) and (high - low) * 24 * 60 == pytest.approx(1.5)
+    assert top.get_ylabel() == "messages per minute"
+    fine = Metrics(entity="q", period=timedelta(seconds=10), points=report.points)
+    top, bottom = Figure().subplots(2, 1, sharex=True)
+    _draw(fine, top, bottom)  # a short run per ten seconds: bars a tenth-minute wide, labelled so
+    low, high = bottom.get_xlim()
+    assert (high - low) * 24 * 3600 == pytest.approx(15) and top.get_ylabel() == "messages per 10 s"
     backend = matplotlib.get_backend()
     import tempfile
     with tempfile.TemporaryDirectory() as directory:
         path = plot_metrics(report, f"{directory}/m.png", namespace="/data/sb/prod")
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.get_backend() == backend  # a notebook's inline plots keep working
+
+
+def test_metrics_are_kept_per_ten_seconds_and_read_per_any_multiple_of_it(ns_path):
+    """Rows of two processes in three ten-second buckets of one minute and one of the next: per 10 s each
+    bucket is a point, per minute they add up, and the premium CPU share of a period is the mean over its
+    sampled buckets of what the processes used together."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+
+    from sparkbus.engine import metrics
+    from sparkbus.metrics import fitting_period, format_metrics, parse_period, period_name
+    from sparkbus.storage import location
+    from sparkbus.storage.schemas import METRICS, METRICS_COUNTERS
+
+    sparkbus.create_namespace(ns_path)
+    start = datetime(2026, 11, 25, 8, 0, tzinfo=timezone.utc)
+    rows = []
+    for seconds, process, incoming, cpu in ((0, "a", 1, 10.0), (0, "b", 2, 20.0), (10, "a", 4, None),
+                                            (50, "b", 8, 30.0), (60, "a", 16, None)):
+        row = {name: 0 for name in METRICS_COUNTERS}
+        row.update(time_utc=start + timedelta(seconds=seconds), entity="", process=process,
+                   incoming_messages=incoming, incoming_requests=1, cpu_percent=cpu,
+                   memory_percent=None if cpu is None else 1.0)
+        rows.append(row)
+    metrics._append(location.join(ns_path, metrics.METRICS_DIR), pa.Table.from_pylist(rows, schema=METRICS))
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    fine = admin.get_namespace_metrics(period=timedelta(seconds=10), start_time=start)
+    assert [(p.time_utc - start).seconds for p in fine.points] == [0, 10, 50, 60]
+    assert [p.incoming_messages for p in fine.points] == [3, 4, 8, 16]
+    assert [p.cpu_percent for p in fine.points] == [30.0, None, 30.0, None]  # a and b together at 0 s
+    minutes = admin.get_namespace_metrics(start_time=start)
+    assert [(p.time_utc - start).seconds for p in minutes.points] == [0, 60]
+    assert [p.incoming_messages for p in minutes.points] == [15, 16] and minutes.incoming_messages == 31
+    assert minutes.points[0].cpu_percent == 30.0 and minutes.points[1].cpu_percent is None
+    assert minutes.period == timedelta(minutes=1) and fine.period == timedelta(seconds=10)
+    assert admin.get_namespace_metrics(period=timedelta(minutes=2), start_time=start).points[0].incoming_messages == 31
+    assert fitting_period(minutes) == timedelta(seconds=10)  # a run of two minutes reads best in detail
+    text = format_metrics(fine).splitlines()
+    assert text[1].split()[:2] == ["time", "(UTC)"] and text[2].startswith("2026-11-25 08:00:00")
+    for bad in (timedelta(seconds=15), timedelta(0), timedelta(seconds=-10)):
+        with pytest.raises(ValueError, match="metrics period must be a positive multiple of 10 seconds"):
+            admin.get_namespace_metrics(period=bad)
+    assert [parse_period(t) for t in ("10s", "1m", "5m", "2h")] == [
+        timedelta(seconds=10), timedelta(minutes=1), timedelta(minutes=5), timedelta(hours=2)]
+    for bad in ("7s", "m", "1d", "ten s", ""):
+        with pytest.raises(ValueError):
+            parse_period(bad)
+    assert [period_name(parse_period(t)) for t in ("10s", "90s", "1m", "5m", "1h", "2h")] == [
+        "10 s", "90 s", "minute", "5 min", "hour", "2 h"]

@@ -21,7 +21,8 @@ import re
 import signal
 import sys
 import threading
-from typing import Any, NoReturn, Optional, Sequence
+from datetime import timedelta
+from typing import Any, NoReturn, Optional, Sequence, Union
 
 from .. import __version__, storage
 from ..capacity import format_plan, format_seed_table, plan, seed_table
@@ -30,7 +31,7 @@ from ..definitions import apply_definition, load_definition
 from ..engine.availability import set_partition_availability
 from ..engine.namespace import NamespaceProperties
 from ..management import ServiceBusAdministrationClient
-from ..metrics import format_metrics, plot_metrics
+from ..metrics import MINUTE, Metrics, fitting_period, format_metrics, parse_period, plot_metrics
 from . import entities as cli_entities, messages as cli_messages
 from .entities import UsageError, credits_argument, pair, record, seconds, whole
 
@@ -86,9 +87,18 @@ def _namespace_line(ns: NamespaceProperties) -> str:
 
 
 def _metrics(args: argparse.Namespace) -> None:
-    """Totals and per-minute counts of the namespace or one entity; --plot also writes them as a PNG."""
+    """Totals and per-period counts of the namespace or one entity (--period auto: per ten seconds for a run
+    of a few minutes, else per minute); --plot also writes them as a PNG."""
     admin = ServiceBusAdministrationClient(args.namespace)
-    report = admin.get_entity_metrics(args.entity) if args.entity else admin.get_namespace_metrics()
+
+    def read(period: timedelta) -> Metrics:
+        if args.entity:
+            return admin.get_entity_metrics(args.entity, period=period)
+        return admin.get_namespace_metrics(period=period)
+
+    report = read(MINUTE if args.period == "auto" else args.period)
+    if args.period == "auto" and fitting_period(report) != MINUTE:
+        report = read(fitting_period(report))
     _out(args, format_metrics(report), record(report))
     if args.plot:
         print(f"plot written to {plot_metrics(report, args.plot, namespace=args.namespace)}")
@@ -205,6 +215,16 @@ def _submit(args: argparse.Namespace) -> int:
     from ..spark.submit import run, submission
 
     return run(submission(args.job, args.job_args, master=args.master, conf=args.conf or ()))
+
+
+def _period(text: str) -> Union[str, timedelta]:
+    """--period: 'auto' or parse_period's forms."""
+    if text == "auto":
+        return text
+    try:
+        return parse_period(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _column_list(text: str) -> list[str]:
@@ -362,8 +382,11 @@ def _parser() -> argparse.ArgumentParser:
     apply.set_defaults(run=_apply)
     show = commands.add_parser("show", help="print entities and their runtime properties")
     show.set_defaults(run=_show)
-    met = commands.add_parser("metrics", help="request and message counts per minute (and a PNG plot of them)")
+    met = commands.add_parser("metrics", help="request and message counts per period (and a PNG plot of them)")
     met.add_argument("--entity", help="one queue, topic or '<topic>/Subscriptions/<name>'; default: the namespace")
+    met.add_argument("--period", type=_period, default="auto",
+                     help="10s, 30s, 1m, 5m, 1h, ... (a multiple of 10 seconds); default auto: per ten seconds "
+                          "when the counts span at most ten minutes, else per minute")
     met.add_argument("--plot", metavar="FILE.png", help="also draw throughput and throttled requests into FILE.png")
     met.set_defaults(run=_metrics)
     upd = commands.add_parser("update-namespace", help="scale a premium namespace or set the credit budget")

@@ -2,13 +2,17 @@
 successful and throttled requests, user and server errors, incoming and outgoing messages, credits used,
 and for premium namespaces the CPU and memory usage.
 
-Each process counts in memory, per minute and entity, in one Recorder per namespace that all its clients
+Each process counts in memory, per ten seconds and entity, in one Recorder per namespace that all its clients
 share (a dict update under a lock: nothing on a caller's path touches storage). The counts are persisted
 by appending them to the namespace's `_metrics` Delta table: by clients when they close, by the namespace
 service periodically, and at interpreter exit. Blind appends do not conflict, so any number of processes
 persist at once, and a count leaves memory only after its append committed (a failed append keeps it for
 the next). A reader sums the table's rows and this process's counts not yet persisted: what a process did
 is visible to itself at once and to every process once persisted.
+
+Reports come per minute (Azure Monitor's finest grain) unless asked for a period of 10 seconds or a multiple
+of it: the rows are kept per ten seconds (BUCKET_SECONDS) so a run of a minute or two can be seen in detail.
+Rows persisted before the finer grain (one per minute) count at the start of their minute.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Optional
 
 import pyarrow as pa
@@ -32,12 +36,14 @@ from ..storage import maintenance
 from ..storage.schemas import METRICS, METRICS_COUNTERS
 
 METRICS_DIR = "_metrics"
+BUCKET_SECONDS = 10  # the grain rows are counted and persisted at
+MINUTE = timedelta(minutes=1)
 NAMESPACE = ""  # the entity of operations on the namespace itself (management)
 
 
 @dataclass(frozen=True)
 class Counts:
-    """Counters of one minute, entity or namespace (names as Azure Monitor's Service Bus metrics)."""
+    """Counters of one period, entity or namespace (names as Azure Monitor's Service Bus metrics)."""
 
     incoming_requests: int = 0
     successful_requests: int = 0
@@ -67,8 +73,8 @@ def succeeded(credits: int, incoming_messages: int = 0, outgoing_messages: int =
 
 @dataclass(frozen=True)
 class MetricsPoint(Counts):
-    """The counts of one minute; cpu_percent and memory_percent (premium) are the share of the machine
-    the namespace's processes used in it."""
+    """The counts of the period starting at time_utc; cpu_percent and memory_percent (premium) are the
+    share of the machine the namespace's processes used in it (the mean of its samples)."""
 
     time_utc: datetime = storage.EPOCH
     cpu_percent: Optional[float] = None
@@ -77,10 +83,11 @@ class MetricsPoint(Counts):
 
 @dataclass(frozen=True)
 class Metrics(Counts):
-    """Totals over the minutes in `points` for one entity (entity=None: the whole namespace); cpu_percent
-    and memory_percent are those of the latest minute that has them."""
+    """Totals over the periods in `points` for one entity (entity=None: the whole namespace); cpu_percent
+    and memory_percent are those of the latest period that has them."""
 
     entity: Optional[str] = None
+    period: timedelta = MINUTE
     cpu_percent: Optional[float] = None
     memory_percent: Optional[float] = None
     points: tuple[MetricsPoint, ...] = ()
@@ -93,16 +100,16 @@ class Recorder:
         self.uri = location.join(root, METRICS_DIR)
         self.resources = resources  # sample CPU and memory (premium)
         self._counts: dict[tuple[int, str], Counts] = {}
-        self._samples: dict[int, tuple[float, float]] = {}  # minute -> (cpu %, memory %)
+        self._samples: dict[int, tuple[float, float]] = {}  # bucket -> (cpu %, memory %)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._process = f"{socket.gethostname()}:{os.getpid()}"
         self._cpu_mark = (time.monotonic(), _cpu_seconds())
 
     def add(self, entity: str, counts: Counts) -> None:
-        minute = int(time.time()) // 60
+        bucket = int(time.time()) // BUCKET_SECONDS
         with self._lock:
-            slot = (minute, entity)
+            slot = (bucket, entity)
             self._counts[slot] = self._counts[slot] + counts if slot in self._counts else counts
 
     def pending(self) -> pa.Table:
@@ -131,30 +138,30 @@ class Recorder:
                         self._counts[slot] = left
                     else:
                         del self._counts[slot]
-                for minute in samples:
-                    self._samples.pop(minute, None)
+                for bucket in samples:
+                    self._samples.pop(bucket, None)
             return rows.num_rows
 
     def _sample(self) -> None:
         """The process's CPU share of the machine since the last sample, and its memory share now."""
         now, cpu = time.monotonic(), _cpu_seconds()
         then, cpu_then = self._cpu_mark
-        if now - then < 0.5 and int(time.time()) // 60 in self._samples:
+        if now - then < 0.5 and int(time.time()) // BUCKET_SECONDS in self._samples:
             return
         self._cpu_mark = (now, cpu)
         share = 100.0 * (cpu - cpu_then) / max(now - then, 1e-6) / (os.cpu_count() or 1)
-        self._samples[int(time.time()) // 60] = (min(share, 100.0), _memory_percent())
+        self._samples[int(time.time()) // BUCKET_SECONDS] = (min(share, 100.0), _memory_percent())
 
     def _rows(self, counts: dict[tuple[int, str], Counts], samples: dict[int, tuple[float, float]]) -> pa.Table:
-        keys = sorted(set(counts) | {(minute, NAMESPACE) for minute in samples})
+        keys = sorted(set(counts) | {(bucket, NAMESPACE) for bucket in samples})
         columns: dict[str, list] = {f.name: [] for f in METRICS}
-        for minute, entity in keys:
-            columns["time_utc"].append(datetime.fromtimestamp(minute * 60, timezone.utc))
+        for bucket, entity in keys:
+            columns["time_utc"].append(datetime.fromtimestamp(bucket * BUCKET_SECONDS, timezone.utc))
             columns["entity"].append(entity)
             columns["process"].append(self._process)
-            for name, value in zip(METRICS_COUNTERS, counts.get((minute, entity), Counts()).values()):
+            for name, value in zip(METRICS_COUNTERS, counts.get((bucket, entity), Counts()).values()):
                 columns[name].append(value)
-            cpu, memory = samples.get(minute, (None, None)) if entity == NAMESPACE else (None, None)
+            cpu, memory = samples.get(bucket, (None, None)) if entity == NAMESPACE else (None, None)
             columns["cpu_percent"].append(cpu)
             columns["memory_percent"].append(memory)
         return pa.table(columns, schema=METRICS)
@@ -197,10 +204,21 @@ def all_rows(root: str, recorder: Optional[Recorder]) -> pa.Table:
     return pa.concat_tables([p.select(METRICS.names).cast(METRICS) for p in parts]) if parts else METRICS.empty_table()
 
 
+def check_period(period: timedelta) -> int:
+    """The period in seconds; raises ValueError unless it is a positive multiple of BUCKET_SECONDS."""
+    seconds = period.total_seconds() if isinstance(period, timedelta) else 0
+    if seconds <= 0 or seconds % BUCKET_SECONDS:
+        raise ValueError(f"metrics period must be a positive multiple of {BUCKET_SECONDS} seconds "
+                         f"(e.g. 10 s, 1 minute, 1 hour), not {f'{seconds:g} s' if seconds else repr(period)}")
+    return int(seconds)
+
+
 def read(root: str, recorder: Optional[Recorder], *, entity: Optional[str] = None,
-         start: Optional[datetime] = None, end: Optional[datetime] = None) -> Metrics:
-    """Totals and per-minute points of the namespace (entity=None) or one entity, from the metrics table
-    and this process's unpersisted counts, for minutes in [start, end)."""
+         start: Optional[datetime] = None, end: Optional[datetime] = None, period: timedelta = MINUTE) -> Metrics:
+    """Totals and per-period points of the namespace (entity=None) or one entity, from the metrics table
+    and this process's unpersisted counts, for times in [start, end); raises ValueError for a period
+    check_period refuses."""
+    seconds = check_period(period)
     rows = all_rows(root, recorder)
     if entity is not None:
         rows = rows.filter(pc.equal(rows["entity"], entity))
@@ -208,20 +226,25 @@ def read(root: str, recorder: Optional[Recorder], *, entity: Optional[str] = Non
         rows = rows.filter(pc.greater_equal(rows["time_utc"], pa.scalar(start, METRICS.field("time_utc").type)))
     if end is not None:
         rows = rows.filter(pc.less(rows["time_utc"], pa.scalar(end, METRICS.field("time_utc").type)))
-    grouped = rows.group_by("time_utc").aggregate(
+    # the processes' shares of one bucket add up; a period's share is the mean over its sampled buckets
+    buckets = rows.group_by("time_utc").aggregate(
         [(n, "sum") for n in METRICS_COUNTERS] + [("cpu_percent", "sum"), ("memory_percent", "sum"),
-                                                 ("cpu_percent", "count")]).sort_by("time_utc")
+                                                 ("cpu_percent", "count")])
+    sampled = pc.greater(buckets["cpu_percent_count"], 0)
+    buckets = buckets.append_column("period", pc.floor_temporal(buckets["time_utc"], multiple=seconds, unit="second"))
+    buckets = buckets.append_column("cpu", pc.if_else(sampled, buckets["cpu_percent_sum"], None))
+    buckets = buckets.append_column("memory", pc.if_else(sampled, buckets["memory_percent_sum"], None))
+    grouped = buckets.group_by("period").aggregate(
+        [(f"{n}_sum", "sum") for n in METRICS_COUNTERS] + [("cpu", "mean"), ("memory", "mean")]).sort_by("period")
     points = []
     for row in grouped.to_pylist():
-        sampled = row["cpu_percent_count"] > 0
-        points.append(MetricsPoint(*(row[f"{n}_sum"] for n in METRICS_COUNTERS), time_utc=row["time_utc"],
-                                   cpu_percent=row["cpu_percent_sum"] if sampled else None,
-                                   memory_percent=row["memory_percent_sum"] if sampled else None))
+        points.append(MetricsPoint(*(row[f"{n}_sum_sum"] for n in METRICS_COUNTERS), time_utc=row["period"],
+                                   cpu_percent=row["cpu_mean"], memory_percent=row["memory_mean"]))
     total = Counts()
     for point in points:
         total = total + Counts(*point.values())
     latest = next((p for p in reversed(points) if p.cpu_percent is not None), None)
-    return Metrics(*total.values(), entity=entity, points=tuple(points),
+    return Metrics(*total.values(), entity=entity, period=period, points=tuple(points),
                    cpu_percent=None if latest is None else latest.cpu_percent,
                    memory_percent=None if latest is None else latest.memory_percent)
 
