@@ -36,7 +36,7 @@ from .engine.namespace import NamespaceProperties, governor_of, namespace_proper
 from .engine.retry import RetryPolicy
 from .engine.throttle import Usage
 from .engine.registry import remove_incarnation, resolve, table_uris
-from .engine.runtime import entity_counts
+from .engine.runtime import Counts, entity_counts
 from .exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
                          ServiceBusQuotaExceededError, StorageError)
 from .storage.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
@@ -525,7 +525,19 @@ class ServiceBusAdministrationClient:
             name=_display_name(row), partition_count=row.partition_count, availability_status=_status(down),
             created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options, **extra)
 
-    def _runtime(self, snap: Snapshot, row: Row) -> object:
+    @_management
+    def get_partition_message_counts(self, entity_path: str) -> dict[int, int]:
+        """sparkbus: the messages in each partition of a queue, topic (those not yet fanned out) or subscription
+        ('<topic>/Subscriptions/<name>'), every partition named (0 when empty): how evenly partition keys,
+        session ids and message ids spread the load. A partition that cannot be read is left out."""
+        snap = self._catalog.snapshot()
+        row = self._find(snap, None, entity_path)
+        counts, skipped = self._counts(snap, row)
+        return {p: counts.by_partition.get(p, 0) for p in range(row.partition_count) if p not in skipped}
+
+    def _counts(self, snap: Snapshot, row: Row) -> tuple[Counts, set[int]]:
+        """The entity's engine counts and the partitions left out of them because their files cannot be read
+        (reported as faults)."""
         uris = table_uris(self._catalog.root, row)
         subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
         cursors = None
@@ -542,6 +554,11 @@ class ServiceBusAdministrationClient:
                 if partition is None or partition in skipped:
                     raise
                 skipped.add(partition)
+        return counts, skipped
+
+    def _runtime(self, snap: Snapshot, row: Row) -> object:
+        counts, skipped = self._counts(snap, row)
+        subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
         extra = {"subscription_count": len(subscriptions), **_filter_counts(snap, subscriptions)} if row.kind == "topic" else {}
         if row.kind == "subscription":
             extra = {"topic_name": snap.rows[row.parent].path}

@@ -2,17 +2,22 @@
 spark.createDataFrame(metrics_table(ns).to_pandas())), a text report, and a PNG plot of throughput and
 throttled requests. The counts themselves: ServiceBusAdministrationClient.get_namespace_metrics() and
 get_entity_metrics(path) (sparkbus.engine.metrics says how they are counted and persisted).
+
+The backlog (Azure Monitor's message-count metrics: active, scheduled, dead-lettered, per entity) is read
+now rather than persisted: namespace_backlog() per entity and partition, plot_backlog() as a PNG.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import pyarrow as pa
 
 from .engine import metrics
 from .engine.metrics import BUCKET_SECONDS, MINUTE, Metrics
 from .engine.namespace import open_catalog
+from .management import ServiceBusAdministrationClient
 from .storage.schemas import METRICS_COUNTERS
 
 
@@ -133,3 +138,96 @@ def _draw(report: Metrics, top, bottom) -> None:
 def _headroom(values: list[float], floor: float = 1) -> float:
     """An axis top a quarter above the largest value, at least floor (all zero: 0 to floor, not -0.04..0.04)."""
     return max([floor, *(v * 1.25 for v in values)])
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The messages one entity holds now, by state, and per partition (partition -> messages in it; a
+    partition that cannot be read is missing). awaiting_fanout: a topic's messages no fan-out has delivered."""
+
+    kind: str  # "queue", "topic" or "subscription"
+    path: str  # subscriptions as '<topic>/Subscriptions/<name>'
+    active: int
+    scheduled: int
+    dead_letter: int
+    transfer: int  # waiting to be forwarded, or dead-lettered while forwarding
+    partitions: dict[int, int]
+    awaiting_fanout: Optional[int] = None
+
+
+def namespace_backlog(namespace: Union[str, ServiceBusAdministrationClient]) -> list[Backlog]:
+    """The backlog of every queue, topic and subscription of the namespace (a path, URI or administration
+    client), in the order `sparkbus show` lists them."""
+    admin = namespace if isinstance(namespace, ServiceBusAdministrationClient) else \
+        ServiceBusAdministrationClient(namespace)
+    found = []
+
+    def add(kind: str, path: str, runtime, awaiting: Optional[int] = None) -> None:
+        transfer = getattr(runtime, "transfer_message_count", 0) + \
+            getattr(runtime, "transfer_dead_letter_message_count", 0)
+        found.append(Backlog(kind, path, runtime.active_message_count, runtime.scheduled_message_count,
+                             runtime.dead_letter_message_count, transfer, admin.get_partition_message_counts(path),
+                             awaiting))
+
+    for queue in admin.list_queues():
+        add("queue", queue.name, admin.get_queue_runtime_properties(queue.name))
+    for topic in admin.list_topics():
+        add("topic", topic.name, admin.get_topic_runtime_properties(topic.name),
+            admin.get_topic_awaiting_fanout(topic.name))
+        for sub in admin.list_subscriptions(topic.name):
+            add("subscription", f"{topic.name}/Subscriptions/{sub.name}",
+                admin.get_subscription_runtime_properties(topic.name, sub.name))
+    return found
+
+
+_STATES = (("active", "tab:blue"), ("scheduled", "tab:purple"), ("dead_letter", "tab:red"), ("transfer", "tab:gray"))
+
+
+def plot_backlog(backlog: Sequence[Backlog], path: str, *, namespace: Optional[str] = None) -> str:
+    """Render the backlog as a PNG at path: one stacked bar per entity by state (left), and each entity's
+    messages per partition as a grid of counts shaded by the partition's share of the entity (right; a
+    partition the entity does not have is blank). Returns path."""
+    from matplotlib.figure import Figure
+
+    rows = max(len(backlog), 1)
+    figure = Figure(figsize=(12, 1.5 + 0.45 * rows), layout="constrained")
+    bars, grid = figure.subplots(1, 2, width_ratios=(1, 1.3))
+    _draw_backlog(backlog, bars, grid)
+    where = f" in {namespace}" if namespace else ""
+    figure.suptitle(f"sparkbus backlog{where}")
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def _draw_backlog(backlog: Sequence[Backlog], bars, grid) -> None:
+    """The two panels of plot_backlog."""
+    import numpy as np
+    from matplotlib import ticker
+
+    names = [f"{b.path} (awaiting fan-out: {b.awaiting_fanout})" if b.awaiting_fanout else b.path for b in backlog]
+    positions = np.arange(len(backlog))
+    left = np.zeros(len(backlog))
+    for state, color in _STATES:
+        values = np.array([getattr(b, state) for b in backlog], dtype=float)
+        bars.barh(positions, values, left=left, color=color, label=state.replace("_", "-"))
+        left += values
+    bars.set_yticks(positions, names)
+    bars.invert_yaxis()
+    bars.set_xlim(0, _headroom(list(left)))
+    bars.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    bars.set_xlabel("messages")
+    bars.legend(loc="lower right")
+    bars.set_title("messages by state")
+    width = max([max(b.partitions, default=0) + 1 for b in backlog] or [1])
+    shares = np.full((len(backlog), width), np.nan)
+    for row, b in enumerate(backlog):
+        total = sum(b.partitions.values())
+        for partition, count in b.partitions.items():
+            shares[row, partition] = count / total if total else 0.0
+            grid.text(partition, row, str(count), ha="center", va="center", fontsize=8,
+                      color="white" if shares[row, partition] > 0.5 else "black")
+    grid.imshow(shares, aspect="auto", cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+    grid.set_yticks(positions, [b.path for b in backlog])
+    grid.set_xticks(range(width))
+    grid.set_xlabel("partition")
+    grid.set_title("messages per partition (shade: share of the entity's)")

@@ -281,3 +281,50 @@ def test_typos_are_answered_with_a_suggestion_and_rules_and_never_read_plainly(t
     rules = {r["name"]: r["filter"] for r in _json_lines(capsys)}
     assert rules == {"$Default": {"type": "true"},
                      "red": {"type": "correlation", "subject": "order", "properties": {"color": "red"}}}
+
+
+def test_show_plots_each_entitys_backlog_by_state_and_per_partition(admin, ns_path, tmp_path, capsys):
+    """Keyed messages land where the partition hash puts them, the per-partition counts say so (every
+    partition named), and `show --plot` draws them: bars as long as each state's count, a grid of counts."""
+    from datetime import datetime, timedelta, timezone
+
+    from matplotlib.figure import Figure
+
+    from sparkbus import ServiceBusClient, ServiceBusMessage
+    from sparkbus.core.partitioning import partition_of
+    from sparkbus.metrics import _draw_backlog, namespace_backlog
+
+    admin.create_queue("orders", enable_partitioning=True)
+    admin.create_topic("events")
+    admin.create_subscription("events", "all")
+    keys = [f"customer-{i % 3}" for i in range(30)]
+    with ServiceBusClient(ns_path) as client:
+        client.get_queue_sender("orders").send_messages([ServiceBusMessage(str(i), partition_key=k)
+                                                         for i, k in enumerate(keys)])
+        client.get_queue_sender("orders").schedule_messages(
+            ServiceBusMessage("later", partition_key="customer-0"), datetime.now(timezone.utc) + timedelta(hours=1))
+        with client.get_queue_receiver("orders", max_wait_time=0) as receiver:
+            for message in receiver.receive_messages(4):
+                receiver.dead_letter_message(message, reason="test")
+        client.get_topic_sender("events").send_messages([ServiceBusMessage("e") for _ in range(5)])
+    counts = admin.get_partition_message_counts("orders")
+    assert sorted(counts) == list(range(16))  # every partition named
+    expected = {p: 0 for p in range(16)}
+    for key in keys + ["customer-0"]:
+        expected[partition_of(key, 16)] += 1
+    assert counts == expected
+    backlog = {b.path: b for b in namespace_backlog(ns_path)}
+    orders = backlog["orders"]
+    assert (orders.active, orders.scheduled, orders.dead_letter, orders.transfer) == (26, 1, 4, 0)
+    assert backlog["events"].awaiting_fanout == 5 and backlog["events"].partitions == {0: 5}
+    assert backlog["events/Subscriptions/all"].partitions == {0: 0}
+    bars, grid = Figure().subplots(1, 2)
+    _draw_backlog(list(backlog.values()), bars, grid)
+    widths = [round(patch.get_width()) for patch in bars.patches]  # per state, then per entity
+    assert widths[:3] == [26, 5, 0] and widths[3:6] == [1, 0, 0] and widths[6:9] == [4, 0, 0]
+    shown = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in grid.texts}
+    assert all(shown[(p, 0)] == str(n) for p, n in expected.items()) and shown[(0, 1)] == "5" and shown[(0, 2)] == "0"
+    png = tmp_path / "backlog.png"
+    assert main(["show", "--namespace", ns_path, "--plot", str(png)]) == 0
+    assert f"plot written to {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

@@ -31,7 +31,8 @@ from ..definitions import apply_definition, load_definition
 from ..engine.availability import set_partition_availability
 from ..engine.namespace import NamespaceProperties
 from ..management import ServiceBusAdministrationClient
-from ..metrics import MINUTE, Metrics, fitting_period, format_metrics, parse_period, plot_metrics
+from ..metrics import (MINUTE, Metrics, fitting_period, format_metrics, namespace_backlog, parse_period, plot_backlog,
+                       plot_metrics)
 from . import entities as cli_entities, messages as cli_messages
 from .entities import UsageError, credits_argument, pair, record, seconds, whole
 
@@ -76,6 +77,8 @@ def _show(args: argparse.Namespace) -> None:
     ns = admin.get_namespace_properties()
     rows = namespace_rows(admin)
     _out(args, f"{_namespace_line(ns)}\n{format_table(rows)}", {"namespace": record(ns), "entities": rows})
+    if args.plot:
+        print(f"plot written to {plot_backlog(namespace_backlog(admin), args.plot, namespace=args.namespace)}")
 
 
 def _namespace_line(ns: NamespaceProperties) -> str:
@@ -381,6 +384,8 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("file")
     apply.set_defaults(run=_apply)
     show = commands.add_parser("show", help="print entities and their runtime properties")
+    show.add_argument("--plot", metavar="FILE.png",
+                      help="also draw each entity's messages by state and per partition into FILE.png")
     show.set_defaults(run=_show)
     met = commands.add_parser("metrics", help="request and message counts per period (and a PNG plot of them)")
     met.add_argument("--entity", help="one queue, topic or '<topic>/Subscriptions/<name>'; default: the namespace")

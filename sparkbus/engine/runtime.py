@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable, Optional
 
@@ -23,6 +23,7 @@ class Counts:
     total: int = 0
     size_in_bytes: int = 0
     accessed_at_utc: Optional[datetime] = None
+    by_partition: dict[int, int] = field(default_factory=dict)  # partition -> total (partitions with messages)
 
 
 def _live_messages(header_copies: int, where: str = "TRUE") -> str:
@@ -44,7 +45,7 @@ def open_live(messages_uri: str, locks_uri: str) -> tuple[DeltaTable, DeltaTable
 def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
                   now: Optional[datetime] = None, fanned_out: Optional[dict[int, int]] = None,
                   skipped: Iterable[int] = ()) -> Counts:
-    """Counts over every partition but the skipped ones (unreadable), by state. header_copies: a topic
+    """Counts over every partition but the skipped ones (unreadable), by state and by partition. header_copies: a topic
     stores headers once per subscription; fanned_out: a topic's cursors (partition -> n), below which
     unscheduled rows are already copied out."""
     now_us = storage.micros(now or datetime.now(timezone.utc))
@@ -55,6 +56,7 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
     where = " AND ".join(conditions) or "TRUE"
     sql = f"""
         SELECT
+          partition_id,
           COUNT(*) AS total,
           COALESCE(SUM(CASE WHEN state = '{DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS dead_letter,
           COALESCE(SUM(CASE WHEN state = '{TRANSFER_DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS transfer_dead_letter,
@@ -63,15 +65,19 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
             AS scheduled,
           COALESCE(SUM(stored_size), 0) AS size_in_bytes
         {_live_messages(header_copies, where)}
+        GROUP BY partition_id
     """
-    row = storage.query(sql, messages=messages, locks=locks).to_pylist()[0]
+    rows = storage.query(sql, messages=messages, locks=locks).to_pylist()
+    row = {name: sum(int(r[name]) for r in rows) for name in
+           ("total", "dead_letter", "transfer_dead_letter", "scheduled", "size_in_bytes")}
     commits = [t for t in (storage.last_commit_time_ms(messages), storage.last_commit_time_ms(locks)) if t]
     accessed = datetime.fromtimestamp(max(commits) / 1000, timezone.utc) if commits else None
     total, dead, scheduled = int(row["total"]), int(row["dead_letter"]), int(row["scheduled"])
     transfer_dead = int(row["transfer_dead_letter"])
     return Counts(active=total - dead - transfer_dead - scheduled, dead_letter=dead,
                   transfer_dead_letter=transfer_dead, scheduled=scheduled, total=total,
-                  size_in_bytes=int(row["size_in_bytes"]), accessed_at_utc=accessed)
+                  size_in_bytes=int(row["size_in_bytes"]), accessed_at_utc=accessed,
+                  by_partition={int(r["partition_id"]): int(r["total"]) for r in rows})
 
 
 @dataclass
