@@ -50,6 +50,11 @@ def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_
         builder = builder.master(master)
     elif "spark.master" not in merged and "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master("local[*]")  # not under spark-submit, whose --master the session keeps
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # this process launches the JVM: as `sparkbus submit` does
+        if path == DEFAULT_CONF:
+            os.environ.setdefault("SPARK_CONF_DIR", CONF_DIR)  # its log4j2.properties: warnings only, known ones not
+        if (master or merged.get("spark.master", "local")).startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning that the hostname is loopback
     for k, v in merged.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()

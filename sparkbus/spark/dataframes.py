@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..core import partitioning
+from ..core import partitioning, sequencing
 from ..core.encoding import OUTGOING, STRING_PROPERTIES, new_message_ids
 from ..core.values import encode_properties
 from ..engine.enqueue import EnqueueResult
@@ -285,3 +285,14 @@ _RECEIVED_ARROW = pa.schema([
     ("application_properties", pa.string()), ("enqueued_time_utc", _TS), ("scheduled_enqueue_time_utc", _TS),
     ("expires_at_utc", _TS), ("delivery_count", pa.int32()), ("lock_token", pa.string()), ("locked_until_utc", _TS),
     ("dead_letter_reason", pa.string()), ("dead_letter_error_description", pa.string())])
+
+
+def sequence_parts(df: "DataFrame", column: str = "sequence_number") -> "DataFrame":
+    """df with its sequence-number column replaced, in place, by `partition` and `number` (the number within
+    the partition, from 1): a partitioned entity's sequence numbers carry the partition in their top 16
+    bits, as Service Bus's do, which makes them 16-digit numbers people cannot read at a glance."""
+    from pyspark.sql import functions as F
+
+    parts = [F.shiftright(F.col(column), sequencing.PARTITION_SHIFT).cast("int").alias("partition"),
+             F.col(column).bitwiseAND(F.lit(sequencing.LOW_MASK)).alias("number")]
+    return df.select(*[c for name in df.columns for c in (parts if name == column else [F.col(f"`{name}`")])])
