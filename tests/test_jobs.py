@@ -120,6 +120,15 @@ query.awaitTermination()
 print("streamed", spark.read.format("sparkbus").option("namespace", path).option("entity", "events").load().count())
 print("fanned out", streaming.fanout_once(spark, path).copies)
 print("forwarded", sum(streaming.forward_once(spark, path).forwarded.values()))
+import time
+from sparkbus import ServiceBusAdministrationClient, ServiceBusMessage
+service = streaming.serve(spark, path, trigger={"processingTime": "200 milliseconds"})
+client.get_topic_sender("events").send_messages([ServiceBusMessage(f"live {i}") for i in range(5)])
+admin, deadline = ServiceBusAdministrationClient(path), time.monotonic() + 90
+while admin.get_queue_runtime_properties("archive").active_message_count < 25 and time.monotonic() < deadline:
+    time.sleep(0.2)
+service.stop()
+print("served", admin.get_queue_runtime_properties("archive").active_message_count - 20)
 """
 
 
@@ -256,7 +265,7 @@ def test_cli_and_jobs_reach_an_azurite_namespace_through_storage_options_alone(a
 def test_dataframes_streams_fanout_and_forwarding_on_a_standalone_cluster(tmp_path, cluster):
     """One job whose tasks run in the cluster's executors: send_dataframe of a DataFrame in 3 partitions,
     receive_dataframe / complete_dataframe, a readStream -> writeStream query from a queue to a topic,
-    then fan-out to a subscription that forwards to a queue."""
+    then fan-out to a subscription that forwards to a queue, once and then by the namespace service."""
     ns = str(tmp_path / "ns")
     sparkbus.create_namespace(ns, credits_per_second=None)
     admin = sparkbus.ServiceBusAdministrationClient(ns)
@@ -268,9 +277,9 @@ def test_dataframes_streams_fanout_and_forwarding_on_a_standalone_cluster(tmp_pa
     script.write_text(ON_THE_CLUSTER)
     done = submit(str(script), ns, master=cluster)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-5:] == ["sent 30", "completed 10", "streamed 20",
-                                             "fanned out {'events/Subscriptions/all': 20}", "forwarded 20"], \
-        done.stdout[-2000:]
+    assert done.stdout.splitlines()[-6:] == ["sent 30", "completed 10", "streamed 20",
+                                             "fanned out {'events/Subscriptions/all': 20}", "forwarded 20",
+                                             "served 5"], done.stdout[-2000:]
     with sparkbus.ServiceBusClient(ns).get_queue_receiver("archive") as receiver:
         got = receiver.receive_messages(50, max_wait_time=5)
-    assert len(got) == 20 and {m.subject for m in got} == {"copy"}
+    assert len(got) == 25 and sorted(str(m) for m in got if m.subject != "copy") == [f"live {i}" for i in range(5)]
