@@ -31,9 +31,11 @@ def forward(ns_path, source=None):
     return forwarding.forward_entity(catalog, snap, resolve(catalog.root, snap, source, ("queue", "subscription")))
 
 
-def receive_all(client, queue, **kwargs):
+def receive_all(client, queue, wait: float = 0, **kwargs):
+    """Receive and complete what the queue holds (wait: how long to wait for a first message; forwarding
+    done in this process has committed before, so by default none)."""
     with client.get_queue_receiver(queue, **kwargs) as receiver:
-        got = receiver.receive_messages(500, max_wait_time=0.5)
+        got = receiver.receive_messages(500, max_wait_time=wait)
         for m in got:
             receiver.complete_message(m)
     return got
@@ -270,7 +272,7 @@ def test_killed_forwarder_neither_loses_nor_duplicates(admin, client, ns_path, s
 def wait_for(client, queue, count, timeout=90):
     deadline, got = time.monotonic() + timeout, []
     while time.monotonic() < deadline and len(got) < count:
-        got += receive_all(client, queue)
+        got += receive_all(client, queue, wait=0.5)
     return got
 
 

@@ -69,9 +69,9 @@ def cluster(tmp_path_factory):
 
     home, work = os.path.dirname(pyspark.__file__), tmp_path_factory.mktemp("standalone")
     env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1"}
-    port = _free_port()
+    port, ui = _free_port(), _free_port()
     master = [os.path.join(home, "bin", "spark-class"), "org.apache.spark.deploy.master.Master", "--host",
-              "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port())]
+              "127.0.0.1", "--port", str(port), "--webui-port", str(ui)]
     worker = [os.path.join(home, "bin", "spark-class"), "org.apache.spark.deploy.worker.Worker",
               f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
               "--webui-port", str(_free_port()), "--work-dir", str(work / "work")]
@@ -83,8 +83,8 @@ def cluster(tmp_path_factory):
                                                 start_new_session=True))
             if name == "master" and not listening(port, started[0], 120):
                 pytest.fail(f"the master did not start: {(work / 'master.log').read_text()[-2000:]}")
-        deadline = time.monotonic() + 120  # the worker registers with the master
-        while "Successfully registered with master" not in (work / "worker.log").read_text():
+        deadline = time.monotonic() + 120  # the worker registers with the master (its UI's JSON says so; the
+        while _alive_workers(ui) < 1:      # logs need not: SPARK_CONF_DIR may set warnings only)
             if time.monotonic() > deadline or started[1].poll() is not None:
                 pytest.fail(f"the worker did not register: {(work / 'worker.log').read_text()[-2000:]}")
             time.sleep(0.2)
@@ -96,6 +96,18 @@ def cluster(tmp_path_factory):
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+def _alive_workers(ui_port: int) -> int:
+    """The workers registered with the standalone master whose web UI listens on ui_port (0 while it starts)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as answer:
+            return int(json.load(answer).get("aliveworkers", 0))
+    except OSError:
+        return 0
 
 
 ON_THE_CLUSTER = """

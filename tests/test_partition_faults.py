@@ -31,7 +31,7 @@ def partition_dir(admin, entity: str, partition: int) -> str:
 def received_partitions(ns: str, entity: str) -> dict[int, int]:
     """Receive (and delete) everything a fresh client can: messages per partition."""
     got: dict[int, int] = {}
-    with ServiceBusClient(ns).get_queue_receiver(entity, receive_mode="receiveanddelete", max_wait_time=1) as r:
+    with ServiceBusClient(ns).get_queue_receiver(entity, receive_mode="receiveanddelete", max_wait_time=0) as r:
         while batch := r.receive_messages(100):
             for m in batch:
                 p = sequencing.partition_of_sequence(m.sequence_number)

@@ -51,8 +51,9 @@ def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_
     elif "spark.master" not in merged and "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master("local[*]")  # not under spark-submit, whose --master the session keeps
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # this process launches the JVM: as `sparkbus submit` does
-        if path == DEFAULT_CONF:
-            os.environ.setdefault("SPARK_CONF_DIR", CONF_DIR)  # its log4j2.properties: warnings only, known ones not
+        if path == DEFAULT_CONF and "SPARK_CONF_DIR" not in os.environ:  # the packaged logging: warnings only
+            option = f"-Dlog4j2.configurationFile=file:{os.path.join(CONF_DIR, 'log4j2.properties')}"
+            merged["spark.driver.extraJavaOptions"] = f"{merged.get('spark.driver.extraJavaOptions', '')} {option}".strip()
         if (master or merged.get("spark.master", "local")).startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning that the hostname is loopback
     for k, v in merged.items():
