@@ -491,17 +491,35 @@ class ServiceBusReceiver:
         what is available; with neither set it waits until a message arrives, as the SDK's, or the receiver
         is closed from another thread (then []). max_wait_time=0 returns at once.
         """
+        count, wait = self._receive_arguments(max_message_count, max_wait_time)
+        return poll(lambda: self._attempt(count), wait, changed=None if wait == 0 else self._delivery.watch(),
+                    stop=self._closing) or []
+
+    @requires_open
+    def _receive_arguments(self, max_message_count: Optional[int], max_wait_time: Optional[float]
+                           ) -> tuple[int, Optional[float]]:
+        """(count, wait) of a receive_messages call; ValueError for a count or wait it cannot take, or when
+        the receiver is closed."""
         count = 1 if max_message_count is None else max_message_count
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"max_message_count must be an int >= 1, got {max_message_count!r}")
-        wait = _check_wait(max_wait_time) if max_wait_time is not None else self.max_wait_time
+        return count, _check_wait(max_wait_time) if max_wait_time is not None else self.max_wait_time
 
-        def attempt() -> list[ServiceBusReceivedMessage]:
-            got = self._receive(count)
-            if not got and self._topic is not None:
-                self._hint_fanout()
-            return got
-        return poll(attempt, wait, changed=None if wait == 0 else self._delivery.watch(), stop=self._closing) or []
+    def _attempt(self, count: int) -> list[ServiceBusReceivedMessage]:
+        """One try of a receive (no waiting); an empty subscription may log why (_hint_fanout)."""
+        got = self._receive(count)
+        if not got and self._topic is not None:
+            self._hint_fanout()
+        return got
+
+    def _give_back(self, messages: list[ServiceBusReceivedMessage]) -> None:
+        """Messages a receive took but never handed to its caller (sparkbus.aio: a cancelled receive): their
+        locks are released as if never taken (delivery counts lowered again), or in RECEIVE_AND_DELETE mode,
+        already removed from the entity, they are kept for this receiver's next receive."""
+        if self._deletes:
+            self._prefetched = messages + self._prefetched
+        elif messages:
+            self._settle(messages, transitions.returned)
 
     def _hint_fanout(self) -> None:
         """Log one warning (once per receiver) when this subscription is empty while its topic holds messages

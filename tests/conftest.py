@@ -33,7 +33,7 @@ EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 CONTAINER = "sparkbus"
 BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_stale_handles", "test_object_store", "test_dataframe_send", "test_topics",
-               "test_forwarding", "test_concurrency", "test_send_concurrency", "test_receive_concurrency"}
+               "test_forwarding", "test_concurrency", "test_send_concurrency", "test_receive_concurrency", "test_aio"}
 
 
 def pytest_configure(config):

@@ -24,12 +24,13 @@ their lock's error, and the receiver follows to the new incarnation where it may
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Callable, Iterable, NamedTuple, Optional, TypeVar, Union
+from typing import Awaitable, Callable, Iterable, NamedTuple, Optional, TypeVar, Union
 
 import numpy as np
 import pyarrow as pa
@@ -121,6 +122,35 @@ def poll(attempt: Callable[[], Optional[T]], wait: Optional[float], *, changed: 
             if changed is not None and changed():
                 break
             now = time.monotonic()
+
+
+async def apoll(attempt: Callable[[], Awaitable[Optional[T]]], wait: Optional[float], *,
+                changed: Optional[Callable[[], bool]] = None, stop: Optional[asyncio.Event] = None) -> Optional[T]:
+    """poll for the async API: the same tries and pauses, where a pause is an asyncio sleep (nothing runs
+    while idle but a look at `changed` every WATCH_EVERY seconds, a few stat calls) and attempt a coroutine
+    (sparkbus.aio runs the try on its thread pool). Cancelling the awaiting task ends it at once."""
+    loop = asyncio.get_running_loop()
+    deadline = None if wait is None else loop.time() + wait
+    pause = POLL_START
+    stop = stop or asyncio.Event()
+    if changed is not None and wait != 0:
+        changed()
+    while True:
+        got = await attempt()
+        now = loop.time()
+        if got or stop.is_set() or (deadline is not None and now >= deadline):
+            return got
+        until = now + pause if deadline is None else min(now + pause, deadline)
+        pause = min(pause * 2, POLL_MAX)
+        while (left := until - now) > 0:
+            try:
+                await asyncio.wait_for(stop.wait(), left if changed is None else min(left, WATCH_EVERY))
+                return got
+            except asyncio.TimeoutError:
+                pass
+            if changed is not None and changed():
+                break
+            now = loop.time()
 
 
 class Delivery:

@@ -1,0 +1,138 @@
+"""ServiceBusReceiver and ServiceBusSession of sparkbus.aio: the sync receiver's operations as coroutines
+on the client's pool, and a receive that waits as an awaitable.
+
+Waiting: receive_messages tries on the pool and pauses on the event loop (sparkbus.engine.delivery.apoll):
+an idle receive holds no thread, looks at the entity's log directories every few tens of milliseconds, and
+ends at once when its task is cancelled or the receiver is closed.
+
+Cancellation: a task cancelled while a try is under way stops waiting at once; the try still ends on its
+thread, and what it took goes back (ServiceBusReceiver._give_back of the sync receiver: locks released as if
+never taken, or in RECEIVE_AND_DELETE mode kept for this receiver's next receive), so a cancelled receive
+leaves nothing locked that its caller never got.
+
+Several coroutines receiving from one receiver: their tries run one at a time (a lock taken on the pool's
+thread, so a cancelled try still holds it until it ended), and each message goes to one of them.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import datetime
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Optional, Union
+
+from ..engine.delivery import apoll
+from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
+from ..receiver import ServiceBusReceiver as SyncReceiver
+from ..receiver import ServiceBusSession as SyncSession
+from .runner import on_pool
+
+if TYPE_CHECKING:
+    from ..client import ServiceBusClient as SyncClient
+    from .client import ServiceBusClient
+
+
+class ServiceBusSession:
+    """The session a session receiver holds (receiver.session inside `async with receiver`)."""
+
+    def __init__(self, sync: SyncSession, runner) -> None:
+        self._sync = sync
+        self._runner = runner
+        self.session_id: str = sync.session_id
+
+    async def _handler(self) -> SyncSession:
+        return self._sync
+
+    @property
+    def locked_until_utc(self) -> datetime:
+        return self._sync.locked_until_utc
+
+    get_state = on_pool(SyncSession.get_state)
+    set_state = on_pool(SyncSession.set_state)
+    renew_lock = on_pool(SyncSession.renew_lock)
+
+
+class ServiceBusReceiver:
+    """Receiver of a queue or subscription (client.get_queue_receiver / get_subscription_receiver)."""
+
+    def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncReceiver], entity_path: str,
+                 receive_mode: Union[ServiceBusReceiveMode, str], max_wait_time: Optional[float]) -> None:
+        self._client = client
+        self._runner = client._runner
+        self._make = make
+        self._sync: Optional[SyncReceiver] = None
+        self._session: Optional[ServiceBusSession] = None
+        self._opening = asyncio.Lock()
+        self._trying = threading.Lock()  # one try at a time (module docstring)
+        self._closing = asyncio.Event()
+        self.entity_path = entity_path
+        self.receive_mode = ServiceBusReceiveMode(receive_mode)
+        self.max_wait_time = max_wait_time
+
+    async def _handler(self) -> SyncReceiver:
+        """The sync receiver, made on first use on the pool (it looks the entity up and locks its session)."""
+        async with self._opening:
+            if self._sync is None:
+                client = await self._client._handler()
+                self._sync = await self._runner.call(self._make, client)
+                if self._sync.session is not None:
+                    self._session = ServiceBusSession(self._sync.session, self._runner)
+            return self._sync
+
+    @property
+    def session(self) -> Optional[ServiceBusSession]:
+        """The session of a session receiver, once it connected (`async with receiver` or an operation)."""
+        return self._session
+
+    async def __aenter__(self) -> "ServiceBusReceiver":
+        await self._handler()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """As the sync receiver's close; a receive waiting in another task returns what it has (nothing)."""
+        self._closing.set()
+        if self._sync is not None:
+            await self._runner.call(self._sync.close)
+
+    async def receive_messages(self, max_message_count: Optional[int] = 1,
+                               max_wait_time: Optional[float] = None) -> list[ServiceBusReceivedMessage]:
+        """Up to max_message_count messages, waiting for the first up to max_wait_time seconds (default: the
+        receiver's; neither set: until one arrives, the receiver is closed or the task cancelled)."""
+        receiver = await self._handler()
+        count, wait = receiver._receive_arguments(max_message_count, max_wait_time)
+
+        def attempt() -> list[ServiceBusReceivedMessage]:
+            with self._trying:
+                return receiver._attempt(count)
+
+        async def tried() -> list[ServiceBusReceivedMessage]:
+            return await self._runner.call(attempt, undo=receiver._give_back)
+        changed = None if wait == 0 else receiver._delivery.watch()
+        return await apoll(tried, wait, changed=changed, stop=self._closing) or []
+
+    def __aiter__(self) -> AsyncIterator[ServiceBusReceivedMessage]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ServiceBusReceivedMessage]:
+        """Messages as they arrive; ends once the receiver's max_wait_time passes without one (never when it
+        is None, as the SDK's) or the receiver is closed."""
+        while not self._closing.is_set():
+            got = await self.receive_messages(max_message_count=1)
+            if not got:
+                return
+            yield got[0]
+
+    peek_messages = on_pool(SyncReceiver.peek_messages)
+    receive_deferred_messages = on_pool(SyncReceiver.receive_deferred_messages)
+    complete_message = on_pool(SyncReceiver.complete_message)
+    complete_messages = on_pool(SyncReceiver.complete_messages)
+    abandon_message = on_pool(SyncReceiver.abandon_message)
+    defer_message = on_pool(SyncReceiver.defer_message)
+    dead_letter_message = on_pool(SyncReceiver.dead_letter_message)
+    renew_message_lock = on_pool(SyncReceiver.renew_message_lock)
+    delete_messages = on_pool(SyncReceiver.delete_messages)
+    purge_messages = on_pool(SyncReceiver.purge_messages)
+    receive_dataframe = on_pool(SyncReceiver.receive_dataframe)
+    complete_dataframe = on_pool(SyncReceiver.complete_dataframe)

@@ -1,0 +1,51 @@
+"""ServiceBusSender of sparkbus.aio: the sync sender's operations as coroutines on the client's pool.
+
+Sends of many coroutines at once run on the pool's threads at once, where the sync sender's group commit
+joins them into shared commits (sparkbus.aio.runner)."""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Callable, Optional
+
+from ..sender import ServiceBusSender as SyncSender
+from .runner import on_pool
+
+if TYPE_CHECKING:
+    from ..client import ServiceBusClient as SyncClient
+    from .client import ServiceBusClient
+
+
+class ServiceBusSender:
+    """Sender of a queue or topic (client.get_queue_sender / get_topic_sender)."""
+
+    def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncSender], entity_name: str) -> None:
+        self._client = client
+        self._runner = client._runner
+        self._make = make
+        self._sync: Optional[SyncSender] = None
+        self._opening = asyncio.Lock()
+        self.entity_name = entity_name
+
+    async def _handler(self) -> SyncSender:
+        async with self._opening:
+            if self._sync is None:
+                self._sync = self._make(await self._client._handler())  # looks the entity up at the first send
+            return self._sync
+
+    async def __aenter__(self) -> "ServiceBusSender":
+        await self._handler()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+
+    entity_info = on_pool(SyncSender.entity_info)
+    send_messages = on_pool(SyncSender.send_messages)
+    schedule_messages = on_pool(SyncSender.schedule_messages)
+    cancel_scheduled_messages = on_pool(SyncSender.cancel_scheduled_messages)
+    send_dataframe = on_pool(SyncSender.send_dataframe)
+    create_message_batch = on_pool(SyncSender.create_message_batch)

@@ -1,0 +1,274 @@
+"""sparkbus.aio, the async API (azure.servicebus.aio's shape), on local and az:// namespaces: every
+coroutine and async iterator, cancellation that leaves nothing locked, many coroutines on one client, and
+an event loop that stays responsive while a large batch commits. Each test runs its coroutine with
+asyncio.run (no plugin)."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import sparkbus
+from sparkbus import (ServiceBusMessage, ServiceBusReceiveMode, ServiceBusServerBusyError, ServiceBusSubQueue,
+                      storage)
+from sparkbus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver, ServiceBusSender, ServiceBusSession
+from sparkbus.aio.management import AsyncList, ServiceBusAdministrationClient
+from sparkbus.management import ServiceBusAdministrationClient as SyncAdmin
+from sparkbus.receiver import ServiceBusReceiver as SyncReceiver
+from sparkbus.sender import ServiceBusSender as SyncSender
+
+
+def _public(cls) -> set[str]:
+    return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+
+
+def test_every_public_method_of_the_sync_api_has_its_async_form():
+    for sync, async_ in ((SyncAdmin, ServiceBusAdministrationClient), (SyncSender, ServiceBusSender),
+                         (SyncReceiver, ServiceBusReceiver)):
+        missing = _public(sync) - _public(async_) - {"from_connection_string", "_from_connection_string"}
+        assert not missing, f"{async_.__name__} lacks {sorted(missing)}"
+        for name in _public(async_) - {"from_connection_string"}:
+            method = getattr(async_, name)
+            listing = async_ is ServiceBusAdministrationClient and name.startswith("list_")
+            assert inspect.iscoroutinefunction(method) != listing, name  # lists are async iterables instead
+    for name in ("get_state", "set_state", "renew_lock"):
+        assert inspect.iscoroutinefunction(getattr(ServiceBusSession, name))
+
+
+def test_management_sends_receives_and_settles_as_the_sync_api(ns_path):
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+
+    async def run() -> None:
+        async with ServiceBusAdministrationClient(ns_path) as admin:
+            await admin.create_queue("q", enable_partitioning=True, max_delivery_count=3)
+            await admin.create_topic("t")
+            await admin.create_subscription("t", "all")
+            assert [q.name async for q in admin.list_queues()] == ["q"]
+            assert [[s.name async for s in page] async for page in admin.list_subscriptions("t").by_page()] == [["all"]]
+            assert isinstance(admin.list_rules("t", "all"), AsyncList)
+            assert [r.name async for r in admin.list_rules("t", "all")] == ["$Default"]
+            assert (await admin.get_queue("q")).max_delivery_count == 3
+            with pytest.raises(sparkbus.MessagingEntityNotFoundError):
+                await admin.get_queue("missing")
+        async with ServiceBusClient.from_connection_string(f"Endpoint=sparkbus://{ns_path}") as client:
+            async with client.get_queue_sender("q") as sender:
+                batch = await sender.create_message_batch()
+                for i in range(5):
+                    batch.add_message(ServiceBusMessage(f"m{i}", application_properties={"i": i}))
+                await sender.send_messages(batch)
+                [later] = await sender.schedule_messages(ServiceBusMessage("later"),
+                                                         datetime.now(timezone.utc) + timedelta(hours=1))
+                await sender.cancel_scheduled_messages(later)
+            async with client.get_queue_receiver("q", max_wait_time=5) as receiver:
+                assert sorted(str(m) for m in await receiver.peek_messages(10)) == [f"m{i}" for i in range(5)]
+                got = []
+                while len(got) < 5:
+                    got += await receiver.receive_messages(5, max_wait_time=5)
+                by_body = {str(m): m for m in got}
+                await receiver.complete_message(by_body["m0"])
+                await receiver.abandon_message(by_body["m1"])
+                await receiver.defer_message(by_body["m2"])
+                await receiver.dead_letter_message(by_body["m3"], reason="test", error_description="async")
+                assert await receiver.renew_message_lock(by_body["m4"]) > datetime.now(timezone.utc)
+                assert await receiver.complete_messages([by_body["m4"]]) == 1
+                [deferred] = await receiver.receive_deferred_messages(by_body["m2"].sequence_number)
+                await receiver.complete_message(deferred)
+                [again] = await receiver.receive_messages(1, max_wait_time=5)
+                assert str(again) == "m1" and again.delivery_count == 2  # its second delivery
+                await receiver.complete_message(again)
+            async with client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dead:
+                [letter] = await dead.receive_messages(1, max_wait_time=5)
+                assert (str(letter), letter.dead_letter_reason) == ("m3", "test")
+                assert await dead.purge_messages() == 0  # the locked one stays
+                await dead.complete_message(letter)
+            async with client.get_topic_sender("t") as sender:
+                await sender.send_messages([ServiceBusMessage("t1"), ServiceBusMessage("t2")])
+        admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+        assert admin.get_queue_runtime_properties("q").total_message_count == 0
+        assert admin.get_topic_awaiting_fanout("t") == 2
+
+    asyncio.run(run())
+
+
+def test_sessions_transactions_lock_renewal_and_deletes(ns_path):
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    sync_admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    sync_admin.create_queue("s", requires_session=True, lock_duration="PT5S")
+    sync_admin.create_queue("q", lock_duration="PT5S")
+    failures = []
+
+    async def run() -> None:
+        async with ServiceBusClient(ns_path) as client:
+            async with client.get_queue_sender("s") as sender:
+                await sender.send_messages([ServiceBusMessage(f"{s}{i}", session_id=s) for s in "ab" for i in range(2)])
+            assert sorted(await client.list_queue_sessions("s")) == ["a", "b"]
+            receiver = client.get_queue_receiver("s", session_id=sparkbus.NEXT_AVAILABLE_SESSION, max_wait_time=5)
+            assert receiver.session is None  # not connected yet
+            async with receiver:
+                session = receiver.session
+                assert isinstance(session, ServiceBusSession) and session.session_id in ("a", "b")
+                await session.set_state(b"half")
+                assert await session.get_state() == b"half"
+                assert await session.renew_lock() > datetime.now(timezone.utc)
+                got = await receiver.receive_messages(5)
+                assert [str(m) for m in got] == [f"{session.session_id}0", f"{session.session_id}1"]
+                await receiver.complete_messages(got)
+            with pytest.raises(RuntimeError):
+                async with client.transaction() as txn:
+                    await client.get_queue_sender("q").send_messages(ServiceBusMessage("never"), transaction=txn)
+                    raise RuntimeError("handler failed")
+            async with client.transaction() as txn:
+                await client.get_queue_sender("q").send_messages(ServiceBusMessage("kept"), transaction=txn)
+                assert sync_admin.get_queue_runtime_properties("q").total_message_count == 0
+            async with client.get_queue_receiver("q") as receiver:
+                [kept] = await receiver.receive_messages(1, max_wait_time=5)
+                async with AutoLockRenewer(on_lock_renew_failure=lambda m, e: failures.append(e)) as renewer:
+                    renewer.register(receiver, kept, max_lock_renewal_duration=30)
+                    await asyncio.sleep(6)  # past the 5 s lock: renewed, so still completable
+                    await receiver.complete_message(kept)
+            async with client.get_queue_sender("q") as sender:
+                await sender.send_messages([ServiceBusMessage(str(i)) for i in range(4)])
+            async with client.get_queue_receiver("q") as receiver:
+                assert await receiver.delete_messages(max_message_count=3) == 3
+                assert await receiver.purge_messages() == 1
+
+    asyncio.run(run())
+    assert failures == []
+    assert sync_admin.get_queue_runtime_properties("q").total_message_count == 0
+
+
+def test_a_cancelled_receive_leaves_nothing_locked(ns_path):
+    """Cancelled while waiting on an empty queue: nothing taken. Cancelled while its try runs (1,500
+    messages being locked): the try ends on its thread and gives them back, locks released and delivery
+    counts as before, so another receiver takes every one at once. In RECEIVE_AND_DELETE mode what the
+    cancelled try removed comes with the receiver's next receive: nothing lost."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q", enable_partitioning=True)
+    admin.create_queue("r", enable_partitioning=True)
+    count = 1500
+
+    async def cancelled_mid_try(receiver: ServiceBusReceiver) -> None:
+        task = asyncio.create_task(receiver.receive_messages(count, max_wait_time=10))
+        while not receiver._trying.locked():  # until its try is under way on the pool
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def run() -> None:
+        async with ServiceBusClient(ns_path) as client:
+            async with client.get_queue_receiver("q") as receiver:
+                waiting = asyncio.create_task(receiver.receive_messages(5))
+                await asyncio.sleep(0.3)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+            async with client.get_queue_sender("q") as sender:
+                await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(count)])
+            async with client.get_queue_receiver("q") as receiver:
+                await cancelled_mid_try(receiver)
+            await asyncio.sleep(0.5)  # the give-back ends on the pool
+            sync = sparkbus.ServiceBusClient(ns_path)
+            with sync.get_queue_receiver("q", max_wait_time=0) as other:
+                got = []
+                while batch := other.receive_messages(count):
+                    got += batch
+                assert sorted(str(m) for m in got) == sorted(f"m{i}" for i in range(count))
+                assert {m.delivery_count for m in got} == {1}  # the cancelled try's deliveries did not count
+                assert other.complete_messages(got) == count
+            async with client.get_queue_sender("r") as sender:
+                await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(count)])
+            async with client.get_queue_receiver("r", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+                await cancelled_mid_try(receiver)
+                got = []
+                while batch := await receiver.receive_messages(count, max_wait_time=1):
+                    got += batch
+                assert sorted(str(m) for m in got) == sorted(f"m{i}" for i in range(count))
+
+    asyncio.run(run())
+    assert admin.get_queue_runtime_properties("q").total_message_count == 0
+    assert admin.get_queue_runtime_properties("r").total_message_count == 0
+
+
+def test_many_coroutines_share_a_client_its_commits_and_one_receiver(ns_path):
+    """100 coroutines send one message each: they share commits (fewer than 100 versions), and the
+    sequence numbers are gap-free; five coroutines receiving from one receiver get each message once."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q")
+    table = admin.get_entity_tables("q")["messages"]
+    before = storage.open_table(table).version()
+
+    async def run() -> list[tuple[str, int]]:
+        async with ServiceBusClient(ns_path) as client:
+            sender = client.get_queue_sender("q")
+            await asyncio.gather(*(sender.send_messages(ServiceBusMessage(f"m{i}")) for i in range(100)))
+            async with client.get_queue_receiver("q") as receiver:
+                async def drain() -> list[tuple[str, int]]:
+                    mine = []
+                    while batch := await receiver.receive_messages(7, max_wait_time=0):
+                        await receiver.complete_messages(batch)
+                        mine += [(str(m), m.sequence_number) for m in batch]
+                    return mine
+                return [got for part in await asyncio.gather(*(drain() for _ in range(5))) for got in part]
+
+    received = asyncio.run(run())
+    commits = storage.open_table(table).version() - before
+    assert sorted(body for body, _ in received) == sorted(f"m{i}" for i in range(100))  # each once
+    assert sorted(number for _, number in received) == list(range(1, 101))  # gap-free
+    assert commits < 100, f"{commits} commits for 100 concurrent sends"
+
+
+@pytest.mark.local_only
+def test_the_event_loop_stays_responsive_while_a_large_batch_commits(ns_path):
+    """A heartbeat coroutine ticking every 10 ms while 20 sends of 900 messages (18 MB) commit at once: no
+    tick is late by more than a few tens of milliseconds, because the commits run on the pool, not the loop."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None, tier="premium")  # batches beyond 256 KB
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+    lateness: list[float] = []
+
+    async def heartbeat(stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            due = loop.time() + 0.01
+            await asyncio.sleep(0.01)
+            lateness.append(loop.time() - due)
+
+    async def run() -> float:
+        stop = asyncio.Event()
+        beat = asyncio.create_task(heartbeat(stop))
+        async with ServiceBusClient(ns_path) as client:
+            started = time.monotonic()
+            sender = client.get_queue_sender("q")
+            await asyncio.gather(*(sender.send_messages([ServiceBusMessage(b"x" * 1000) for _ in range(900)])
+                                   for _ in range(20)))
+            took = time.monotonic() - started
+        stop.set()
+        await beat
+        return took
+
+    took = asyncio.run(run())
+    assert took > 0.2 and len(lateness) > 10  # the send took long enough for the heartbeat to matter
+    assert max(lateness) < 0.08, f"a tick was {max(lateness) * 1000:.0f} ms late while the batch committed"
+
+
+def test_throttling_and_retries_apply_unchanged(ns_path):
+    """Out of credits with retry_total=0: the async send raises the sync API's ServiceBusServerBusyError and
+    writes nothing."""
+    sparkbus.create_namespace(ns_path, credits_per_second=100)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+
+    async def run() -> None:
+        async with ServiceBusClient(ns_path, retry_total=0) as client:
+            sender = client.get_queue_sender("q")
+            with pytest.raises(ServiceBusServerBusyError, match="Error code: 50009"):
+                for _ in range(5):
+                    await sender.send_messages([ServiceBusMessage("x") for _ in range(100)])
+
+    asyncio.run(run())
+    total = sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q").total_message_count
+    assert total % 100 == 0 and total < 500  # whole sends only, the throttled one wrote nothing
