@@ -34,6 +34,8 @@ def test_every_public_method_of_the_sync_api_has_its_async_form():
             method = getattr(async_, name)
             listing = async_ is ServiceBusAdministrationClient and name.startswith("list_")
             assert inspect.iscoroutinefunction(method) != listing, name  # lists are async iterables instead
+    from sparkbus.client import ServiceBusClient as SyncClient
+    assert {n for n in _public(SyncClient) if n.startswith("list_")} <= _public(ServiceBusClient)
     for name in ("get_state", "set_state", "renew_lock"):
         assert inspect.iscoroutinefunction(getattr(ServiceBusSession, name))
 
@@ -104,7 +106,7 @@ def test_sessions_transactions_lock_renewal_and_deletes(ns_path):
         async with ServiceBusClient(ns_path) as client:
             async with client.get_queue_sender("s") as sender:
                 await sender.send_messages([ServiceBusMessage(f"{s}{i}", session_id=s) for s in "ab" for i in range(2)])
-            assert sorted(await client.list_queue_sessions("s")) == ["a", "b"]
+            assert sorted([s async for s in client.list_queue_sessions("s")]) == ["a", "b"]  # AsyncItemPaged-like
             receiver = client.get_queue_receiver("s", session_id=sparkbus.NEXT_AVAILABLE_SESSION, max_wait_time=5)
             assert receiver.session is None  # not connected yet
             async with receiver:

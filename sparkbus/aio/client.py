@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import AsyncIterator, Optional, Union
 
 from ..client import ServiceBusClient as SyncClient
@@ -17,7 +16,7 @@ from ..core.connection import parse_connection_string
 from ..receiver import ServiceBusReceiveMode, ServiceBusSessionFilter, ServiceBusSubQueue
 from ..transactions import ServiceBusTransaction
 from .receiver import ServiceBusReceiver
-from .runner import Runner
+from .runner import Runner, listed_on_pool
 from .sender import ServiceBusSender
 
 
@@ -93,16 +92,8 @@ class ServiceBusClient:
             prefetch_count=prefetch_count, max_wait_time=max_wait_time, session_id=session_id, **kwargs),
             f"{topic_name}/Subscriptions/{subscription_name}", receive_mode, max_wait_time)
 
-    async def list_queue_sessions(self, queue_name: str, *, state_updated_after: Optional[datetime] = None,
-                                  **kwargs: object) -> list[str]:
-        client = await self._handler()
-        return await self._runner.call(client.list_queue_sessions, queue_name, state_updated_after=state_updated_after)
-
-    async def list_subscription_sessions(self, topic_name: str, subscription_name: str, *,
-                                         state_updated_after: Optional[datetime] = None, **kwargs: object) -> list[str]:
-        client = await self._handler()
-        return await self._runner.call(client.list_subscription_sessions, topic_name, subscription_name,
-                                       state_updated_after=state_updated_after)
+    list_queue_sessions = listed_on_pool(SyncClient.list_queue_sessions)
+    list_subscription_sessions = listed_on_pool(SyncClient.list_subscription_sessions)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[ServiceBusTransaction]:

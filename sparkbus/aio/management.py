@@ -4,48 +4,13 @@ iterables (`async for queue in admin.list_queues()`), as the SDK's AsyncItemPage
 from __future__ import annotations
 
 import asyncio
-import functools
-from typing import AsyncIterator, Callable, Generic, Optional, TypeVar
+from typing import Optional
 
 from ..core.connection import parse_connection_string
 from ..management import ServiceBusAdministrationClient as SyncAdmin
-from .runner import Runner, on_pool
+from .runner import AsyncList, Runner, listed_on_pool, on_pool
 
-T = TypeVar("T")
-
-
-class AsyncList(Generic[T]):
-    """What a list method returns: iterate it with `async for` (the sync list is read on the pool at the
-    first step); by_page() yields it as one page."""
-
-    def __init__(self, read: Callable[[], "asyncio.Future[list[T]]"]) -> None:
-        self._read = read
-
-    def __aiter__(self) -> AsyncIterator[T]:
-        return self._items()
-
-    async def _items(self) -> AsyncIterator[T]:
-        for item in await self._read():
-            yield item
-
-    def by_page(self, continuation_token: Optional[str] = None) -> AsyncIterator[AsyncIterator[T]]:
-        return self._pages()
-
-    async def _pages(self) -> AsyncIterator[AsyncIterator[T]]:
-        yield self._items()
-
-
-def _listed(sync_method: Callable[..., list[T]]) -> Callable[..., AsyncList[T]]:
-    """The async form of a sync list method: a plain method returning an AsyncList."""
-    name = sync_method.__name__
-
-    @functools.wraps(sync_method)
-    def method(self: "ServiceBusAdministrationClient", *args: object, **kwargs: object) -> AsyncList[T]:
-        async def read() -> list[T]:
-            admin = await self._handler()
-            return await self._runner.call(getattr(admin, name), *args, **kwargs)
-        return AsyncList(read)
-    return method
+__all__ = ["AsyncList", "ServiceBusAdministrationClient"]
 
 
 class ServiceBusAdministrationClient:
@@ -93,8 +58,8 @@ class ServiceBusAdministrationClient:
     create_topic = on_pool(SyncAdmin.create_topic)
     get_queue = on_pool(SyncAdmin.get_queue)
     get_topic = on_pool(SyncAdmin.get_topic)
-    list_queues = _listed(SyncAdmin.list_queues)
-    list_topics = _listed(SyncAdmin.list_topics)
+    list_queues = listed_on_pool(SyncAdmin.list_queues)
+    list_topics = listed_on_pool(SyncAdmin.list_topics)
     update_queue = on_pool(SyncAdmin.update_queue)
     update_topic = on_pool(SyncAdmin.update_topic)
     delete_queue = on_pool(SyncAdmin.delete_queue)
@@ -102,18 +67,18 @@ class ServiceBusAdministrationClient:
     get_queue_runtime_properties = on_pool(SyncAdmin.get_queue_runtime_properties)
     get_topic_runtime_properties = on_pool(SyncAdmin.get_topic_runtime_properties)
     get_topic_awaiting_fanout = on_pool(SyncAdmin.get_topic_awaiting_fanout)
-    list_queues_runtime_properties = _listed(SyncAdmin.list_queues_runtime_properties)
-    list_topics_runtime_properties = _listed(SyncAdmin.list_topics_runtime_properties)
+    list_queues_runtime_properties = listed_on_pool(SyncAdmin.list_queues_runtime_properties)
+    list_topics_runtime_properties = listed_on_pool(SyncAdmin.list_topics_runtime_properties)
     create_subscription = on_pool(SyncAdmin.create_subscription)
     get_subscription = on_pool(SyncAdmin.get_subscription)
-    list_subscriptions = _listed(SyncAdmin.list_subscriptions)
+    list_subscriptions = listed_on_pool(SyncAdmin.list_subscriptions)
     update_subscription = on_pool(SyncAdmin.update_subscription)
     delete_subscription = on_pool(SyncAdmin.delete_subscription)
     get_subscription_runtime_properties = on_pool(SyncAdmin.get_subscription_runtime_properties)
-    list_subscriptions_runtime_properties = _listed(SyncAdmin.list_subscriptions_runtime_properties)
+    list_subscriptions_runtime_properties = listed_on_pool(SyncAdmin.list_subscriptions_runtime_properties)
     create_rule = on_pool(SyncAdmin.create_rule)
     get_rule = on_pool(SyncAdmin.get_rule)
-    list_rules = _listed(SyncAdmin.list_rules)
+    list_rules = listed_on_pool(SyncAdmin.list_rules)
     update_rule = on_pool(SyncAdmin.update_rule)
     delete_rule = on_pool(SyncAdmin.delete_rule)
     get_entity_tables = on_pool(SyncAdmin.get_entity_tables)

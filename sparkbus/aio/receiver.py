@@ -55,8 +55,10 @@ class ServiceBusReceiver:
     """Receiver of a queue or subscription (client.get_queue_receiver / get_subscription_receiver)."""
 
     def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncReceiver], entity_path: str,
-                 receive_mode: Union[ServiceBusReceiveMode, str], max_wait_time: Optional[float]) -> None:
+                 receive_mode: Union[ServiceBusReceiveMode, str], max_wait_time: Optional[float], *,
+                 owns_client: bool = False) -> None:
         self._client = client
+        self._owns_client = owns_client  # made by _from_connection_string: closed with this receiver
         self._runner = client._runner
         self._make = make
         self._sync: Optional[SyncReceiver] = None
@@ -67,6 +69,25 @@ class ServiceBusReceiver:
         self.entity_path = entity_path
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self.max_wait_time = max_wait_time
+
+    @classmethod
+    def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
+                                topic_name: Optional[str] = None, subscription_name: Optional[str] = None,
+                                **kwargs: object) -> "ServiceBusReceiver":
+        """A receiver straight from a connection string, as the SDK's (underscored, but used by its samples),
+        with a client of its own, closed with it; receiver keywords as get_queue_receiver's."""
+        from .client import ServiceBusClient
+
+        if queue_name is not None and topic_name is None and subscription_name is None:
+            client = ServiceBusClient.from_connection_string(conn_str)
+            made = client.get_queue_receiver(queue_name, **kwargs)
+        elif queue_name is None and topic_name is not None and subscription_name is not None:
+            client = ServiceBusClient.from_connection_string(conn_str)
+            made = client.get_subscription_receiver(topic_name, subscription_name, **kwargs)
+        else:
+            raise TypeError("give queue_name, or topic_name and subscription_name")
+        made._owns_client = True
+        return made
 
     async def _handler(self) -> SyncReceiver:
         """The sync receiver, made on first use on the pool (it looks the entity up and locks its session)."""
@@ -95,6 +116,8 @@ class ServiceBusReceiver:
         self._closing.set()
         if self._sync is not None:
             await self._runner.call(self._sync.close)
+        if self._owns_client:
+            await self._client.close()
 
     async def receive_messages(self, max_message_count: Optional[int] = 1,
                                max_wait_time: Optional[float] = None) -> list[ServiceBusReceivedMessage]:

@@ -17,7 +17,7 @@ import functools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Awaitable, Callable, Optional, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Generic, Optional, TypeVar
 
 LOG = logging.getLogger("sparkbus.aio")
 T = TypeVar("T")
@@ -25,18 +25,25 @@ WORKERS = 8  # threads per client: storage calls at once (the group commit's wid
 
 
 class Runner:
-    """A client's thread pool; closing it waits for calls under way."""
+    """A client's thread pool, started at the first call; closing it waits for the calls under way, and a
+    call after that starts a new pool (an SDK client may be used again after `async with` closed it)."""
 
     def __init__(self, workers: int = WORKERS) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sparkbus-aio")
+        self._workers = workers
+        self._pool: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
-        self._closed = False
+
+    def _started(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="sparkbus-aio")
+            return self._pool
 
     async def call(self, function: Callable[..., T], *args: object, undo: Optional[Callable[[T], None]] = None,
                    **kwargs: object) -> T:
         """function(*args, **kwargs) on the pool, awaited. When the awaiting task is cancelled before the
         call ends, the call still ends, and undo (if given) receives its result; its exceptions stay there."""
-        future = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(function, *args, **kwargs))
+        future = asyncio.get_running_loop().run_in_executor(self._started(), functools.partial(function, *args, **kwargs))
         if undo is None:
             return await future
         try:
@@ -49,16 +56,17 @@ class Runner:
         if done.cancelled() or done.exception() is not None:
             return
         with self._lock:
-            if not self._closed:
+            if self._pool is not None:
                 self._pool.submit(_quietly, undo, done.result())
                 return
         _quietly(undo, done.result())  # the client closed meanwhile: undo here (the loop's thread), once
 
     async def close(self) -> None:
-        """Stop taking calls and wait for the calls under way (and their undos) to end."""
+        """Wait for the calls under way (and their undos) to end; the next call starts a new pool."""
         with self._lock:
-            self._closed = True
-        await asyncio.to_thread(self._pool.shutdown, wait=True)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.to_thread(pool.shutdown, wait=True)
 
 
 def _quietly(undo: Callable[[T], None], result: T) -> None:
@@ -79,4 +87,39 @@ def on_pool(sync_method: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     async def method(self, *args: object, **kwargs: object) -> T:
         handler = await self._handler()
         return await self._runner.call(getattr(handler, name), *args, **kwargs)
+    return method
+
+
+class AsyncList(Generic[T]):
+    """What a list method returns: iterate it with `async for` (the sync list is read on the pool at the
+    first step); by_page() yields it as one page."""
+
+    def __init__(self, read: Callable[[], Awaitable[list[T]]]) -> None:
+        self._read = read
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._items()
+
+    async def _items(self) -> AsyncIterator[T]:
+        for item in await self._read():
+            yield item
+
+    def by_page(self, continuation_token: Optional[str] = None) -> AsyncIterator[AsyncIterator[T]]:
+        return self._pages()
+
+    async def _pages(self) -> AsyncIterator[AsyncIterator[T]]:
+        yield self._items()
+
+
+def listed_on_pool(sync_method: Callable[..., list[T]]) -> Callable[..., AsyncList[T]]:
+    """The async form of a sync list method: a plain method returning an AsyncList, whose first step awaits
+    the sync method on the pool (as on_pool)."""
+    name = sync_method.__name__
+
+    @functools.wraps(sync_method)
+    def method(self, *args: object, **kwargs: object) -> AsyncList[T]:
+        async def read() -> list[T]:
+            admin = await self._handler()
+            return await self._runner.call(getattr(admin, name), *args, **kwargs)
+        return AsyncList(read)
     return method

@@ -18,13 +18,29 @@ if TYPE_CHECKING:
 class ServiceBusSender:
     """Sender of a queue or topic (client.get_queue_sender / get_topic_sender)."""
 
-    def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncSender], entity_name: str) -> None:
+    def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncSender], entity_name: str,
+                 *, owns_client: bool = False) -> None:
         self._client = client
+        self._owns_client = owns_client  # made by _from_connection_string: closed with this sender
         self._runner = client._runner
         self._make = make
         self._sync: Optional[SyncSender] = None
         self._opening = asyncio.Lock()
         self.entity_name = entity_name
+
+    @classmethod
+    def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
+                                topic_name: Optional[str] = None, **kwargs: object) -> "ServiceBusSender":
+        """A sender straight from a connection string, as the SDK's (underscored, but used by its samples):
+        it has a client of its own, closed with it."""
+        from .client import ServiceBusClient
+
+        if (queue_name is None) == (topic_name is None):
+            raise TypeError("give exactly one of queue_name and topic_name")
+        client = ServiceBusClient.from_connection_string(conn_str, **kwargs)
+        if queue_name is not None:
+            return cls(client, lambda sync: sync.get_queue_sender(queue_name), queue_name, owns_client=True)
+        return cls(client, lambda sync: sync.get_topic_sender(topic_name), topic_name, owns_client=True)
 
     async def _handler(self) -> SyncSender:
         async with self._opening:
@@ -42,6 +58,8 @@ class ServiceBusSender:
     async def close(self) -> None:
         if self._sync is not None:
             self._sync.close()
+        if self._owns_client:
+            await self._client.close()
 
     entity_info = on_pool(SyncSender.entity_info)
     send_messages = on_pool(SyncSender.send_messages)
