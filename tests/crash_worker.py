@@ -4,13 +4,15 @@
 
 It runs a seeded random sequence of operations on the harness's namespace forever: sends (single,
 batches, scheduled and cancelled), receives with complete, complete_messages, abandon, defer and
-receive_deferred, dead-letter, session state, topic fan-out, forwarding and management. Before each
+receive_deferred, dead-letter, session state, topic fan-out, forwarding, management, and the async API
+(sends, receives with complete, and receives cancelled while they run). Before each
 operation it logs what it starts; after the call returns, what was acknowledged. Every line is fsynced
 before the next call, so the log never claims more than what the namespace acknowledged, and never
 misses an acknowledgement the caller could have acted on.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -19,11 +21,12 @@ from datetime import datetime, timedelta, timezone
 
 import sparkbus
 from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from sparkbus import aio
 from sparkbus.engine import fanout, forwarding
 from sparkbus.engine.namespace import open_catalog
 
 OPERATIONS = ("send", "send_batch", "schedule", "receive_complete", "complete_batch", "abandon", "defer",
-              "dead_letter", "session", "topic", "forward", "management")
+              "dead_letter", "session", "topic", "forward", "management", "async")
 
 
 class Log:
@@ -49,6 +52,9 @@ def main(namespace: str, log_path: str, seed: int) -> None:
                                       client.get_queue_sender("src"))
     sq_sender = client.get_queue_sender("sq")
     receiver = client.get_queue_receiver("q", max_wait_time=0.5)
+    loop = asyncio.new_event_loop()  # one loop for the async client and everything it made
+    async_client = aio.ServiceBusClient(namespace, retry_total=10)
+    async_sender, async_receiver = async_client.get_queue_sender("q"), async_client.get_queue_receiver("q")
     counter = 0
 
     def ids(count: int) -> list[str]:
@@ -143,6 +149,21 @@ def main(namespace: str, log_path: str, seed: int) -> None:
             log.write(start="forward")
             forwarding.forward_all(catalog)
             log.write(ack="forward")
+        elif op == "async":
+            batch = ids(rng.randint(1, 20))
+            log.write(start="send", entity="q", ids=batch)
+            loop.run_until_complete(async_sender.send_messages([ServiceBusMessage("a", message_id=i) for i in batch]))
+            log.write(ack="sent", entity="q", ids=batch)
+            log.write(start="receive", entity="q")
+            got = loop.run_until_complete(async_receiver.receive_messages(rng.randint(1, 10), max_wait_time=0.5))
+            log.write(ack="received", entity="q", msgs=received(got))
+            if got:
+                log.write(start="receive_complete", entity="q", ids=[m.message_id for m in got])
+                loop.run_until_complete(async_receiver.complete_messages(got))
+                log.write(ack="completed", entity="q", ids=[m.message_id for m in got])
+            log.write(start="receive", entity="q")  # cancelled while it runs: what it took goes back
+            got = loop.run_until_complete(cancelled_receive(async_receiver, rng.random() * 0.05))
+            log.write(ack="received", entity="q", msgs=received(got))  # [] unless it ended before the cancel
         else:
             name = f"m{seed}x{counter}"
             counter += 1
@@ -158,6 +179,17 @@ def main(namespace: str, log_path: str, seed: int) -> None:
                 log.write(start="receive_dead_letter", entity="q")
                 got = dlq.receive_messages(5)
                 log.write(ack="received_dead_letter", entity="q", msgs=received(got))
+
+
+async def cancelled_receive(receiver: aio.ServiceBusReceiver, after: float) -> list:
+    """A receive of up to 10 messages cancelled `after` seconds in; what it returned if it ended first."""
+    task = asyncio.ensure_future(receiver.receive_messages(10, max_wait_time=0.5))
+    await asyncio.sleep(after)
+    task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return []
 
 
 if __name__ == "__main__":
