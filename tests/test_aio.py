@@ -274,3 +274,38 @@ def test_throttling_and_retries_apply_unchanged(ns_path):
     asyncio.run(run())
     total = sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q").total_message_count
     assert total % 100 == 0 and total < 500  # whole sends only, the throttled one wrote nothing
+
+
+IDLE = """
+import asyncio, sys, time
+from sparkbus.aio import ServiceBusClient
+
+async def main(path, seconds):
+    async with ServiceBusClient(path) as client:
+        async with client.get_queue_receiver("q") as queue, client.get_subscription_receiver("t", "s") as sub:
+            await queue.receive_messages(max_wait_time=0)  # connected and warm
+            started, cpu = time.monotonic(), time.process_time()
+            await asyncio.gather(queue.receive_messages(max_wait_time=seconds), sub.receive_messages(max_wait_time=seconds))
+            print(time.process_time() - cpu, time.monotonic() - started)
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+@pytest.mark.local_only
+def test_waiting_receives_cost_almost_no_cpu(ns_path):
+    """Two receives (a partitioned queue's and a subscription's) awaited for several idle seconds use a
+    small fraction of one core: the waiting is on the event loop, with a look at the logs every 20 ms."""
+    import subprocess
+    import sys
+
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q", enable_partitioning=True)
+    admin.create_topic("t", enable_partitioning=True)
+    admin.create_subscription("t", "s")
+    done = subprocess.run([sys.executable, "-c", IDLE, ns_path, "4"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    cpu, wall = map(float, done.stdout.split())
+    assert wall >= 4.0
+    assert cpu / wall < 0.05, f"waiting used {cpu:.3f} s of CPU in {wall:.1f} s"
