@@ -37,11 +37,11 @@ class AutoLockRenewer:
         must have connected (`async with receiver`, or a receive)."""
         if not isinstance(receiver, ServiceBusReceiver):
             raise TypeError(f"receiver must be a sparkbus.aio ServiceBusReceiver, got {type(receiver).__name__}")
-        if receiver._sync is None:
+        if receiver._sync.value is None:
             raise ValueError("the receiver has not connected yet: register inside `async with receiver`")
         target = renewable._sync if isinstance(renewable, ServiceBusSession) else renewable
         callback = on_lock_renew_failure or self._default_callback
-        self._sync.register(receiver._sync, target, max_lock_renewal_duration,
+        self._sync.register(receiver._sync.value, target, max_lock_renewal_duration,
                             None if callback is None else _on_loop(callback, renewable, asyncio.get_running_loop()))
 
     async def close(self) -> None:

@@ -7,7 +7,6 @@ Runner (sparkbus.aio.runner) per client, closed with the client.
 """
 from __future__ import annotations
 
-import asyncio
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Optional, Union
 
@@ -16,7 +15,7 @@ from ..core.connection import parse_connection_string
 from ..receiver import ServiceBusReceiveMode, ServiceBusSessionFilter, ServiceBusSubQueue
 from ..transactions import ServiceBusTransaction
 from .receiver import ServiceBusReceiver
-from .runner import Runner, listed_on_pool
+from .runner import Lazy, Runner, listed_on_pool
 from .sender import ServiceBusSender
 
 
@@ -29,8 +28,7 @@ class ServiceBusClient:
         self._arguments = (fully_qualified_namespace, credential, kwargs)
         self._entity_path: Optional[str] = None
         self._runner = Runner()
-        self._sync: Optional[SyncClient] = None
-        self._opening = asyncio.Lock()
+        self._sync: Lazy[SyncClient] = Lazy(self._open)
         self.fully_qualified_namespace = fully_qualified_namespace
 
     @classmethod
@@ -41,15 +39,16 @@ class ServiceBusClient:
         client._entity_path = info.entity_path
         return client
 
+    async def _open(self) -> SyncClient:
+        """The sync client (made on the pool: opening a namespace reads storage)."""
+        namespace, credential, kwargs = self._arguments
+        client = await self._runner.call(SyncClient, namespace, credential, **kwargs)
+        client._entity_path = self._entity_path
+        self.fully_qualified_namespace = client.fully_qualified_namespace
+        return client
+
     async def _handler(self) -> SyncClient:
-        """The sync client, made on first use (on the pool: opening a namespace reads storage)."""
-        async with self._opening:
-            if self._sync is None:
-                namespace, credential, kwargs = self._arguments
-                self._sync = await self._runner.call(SyncClient, namespace, credential, **kwargs)
-                self._sync._entity_path = self._entity_path
-                self.fully_qualified_namespace = self._sync.fully_qualified_namespace
-            return self._sync
+        return await self._sync.get()
 
     async def __aenter__(self) -> "ServiceBusClient":
         return self
@@ -59,8 +58,8 @@ class ServiceBusClient:
 
     async def close(self) -> None:
         """Persist the process's metrics of the namespace, then wait for operations under way to end."""
-        if self._sync is not None:
-            await self._runner.call(self._sync.close)
+        if self._sync.value is not None:
+            await self._runner.call(self._sync.value.close)
         await self._runner.close()
 
     def get_queue_sender(self, queue_name: str, **kwargs: object) -> ServiceBusSender:

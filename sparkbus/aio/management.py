@@ -3,12 +3,11 @@ the sync administration client as a coroutine on a pool of its own, and the list
 iterables (`async for queue in admin.list_queues()`), as the SDK's AsyncItemPaged are."""
 from __future__ import annotations
 
-import asyncio
 from typing import Optional
 
 from ..core.connection import parse_connection_string
 from ..management import ServiceBusAdministrationClient as SyncAdmin
-from .runner import AsyncList, Runner, listed_on_pool, on_pool
+from .runner import AsyncList, Lazy, Runner, listed_on_pool, on_pool
 
 __all__ = ["AsyncList", "ServiceBusAdministrationClient"]
 
@@ -20,8 +19,7 @@ class ServiceBusAdministrationClient:
     def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, **kwargs: object) -> None:
         self._arguments = (fully_qualified_namespace, credential, kwargs)
         self._runner = Runner()
-        self._sync: Optional[SyncAdmin] = None
-        self._opening = asyncio.Lock()
+        self._sync: Lazy[SyncAdmin] = Lazy(self._open)
         self.fully_qualified_namespace = fully_qualified_namespace
 
     @classmethod
@@ -29,12 +27,12 @@ class ServiceBusAdministrationClient:
         """Accepts 'Endpoint=sparkbus://<namespace path or URI>;...' (EntityPath is ignored, as in the SDK)."""
         return cls(parse_connection_string(conn_str).fully_qualified_namespace, **kwargs)
 
+    async def _open(self) -> SyncAdmin:
+        namespace, credential, kwargs = self._arguments
+        return await self._runner.call(SyncAdmin, namespace, credential, **kwargs)
+
     async def _handler(self) -> SyncAdmin:
-        async with self._opening:
-            if self._sync is None:
-                namespace, credential, kwargs = self._arguments
-                self._sync = await self._runner.call(SyncAdmin, namespace, credential, **kwargs)
-            return self._sync
+        return await self._sync.get()
 
     async def __aenter__(self) -> "ServiceBusAdministrationClient":
         return self
@@ -44,8 +42,8 @@ class ServiceBusAdministrationClient:
 
     async def close(self) -> None:
         """Persist the process's metrics of the namespace, then wait for calls under way to end."""
-        if self._sync is not None:
-            await self._runner.call(self._sync.close)
+        if self._sync.value is not None:
+            await self._runner.call(self._sync.value.close)
         await self._runner.close()
 
     # every public method of the sync client, in its async form (tests/test_aio.py checks none is missing)

@@ -24,7 +24,7 @@ from ..engine.delivery import apoll
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from ..receiver import ServiceBusReceiver as SyncReceiver
 from ..receiver import ServiceBusSession as SyncSession
-from .runner import on_pool
+from .runner import Lazy, on_pool
 
 if TYPE_CHECKING:
     from ..client import ServiceBusClient as SyncClient
@@ -61,9 +61,8 @@ class ServiceBusReceiver:
         self._owns_client = owns_client  # made by _from_connection_string: closed with this receiver
         self._runner = client._runner
         self._make = make
-        self._sync: Optional[SyncReceiver] = None
+        self._sync: Lazy[SyncReceiver] = Lazy(self._open)
         self._session: Optional[ServiceBusSession] = None
-        self._opening = asyncio.Lock()
         self._trying = threading.Lock()  # one try at a time (module docstring)
         self._closing = asyncio.Event()
         self.entity_path = entity_path
@@ -89,15 +88,15 @@ class ServiceBusReceiver:
         made._owns_client = True
         return made
 
+    async def _open(self) -> SyncReceiver:
+        """The sync receiver, made on the pool (it looks the entity up and locks its session)."""
+        receiver = await self._runner.call(self._make, await self._client._handler())
+        if receiver.session is not None:
+            self._session = ServiceBusSession(receiver.session, self._runner)
+        return receiver
+
     async def _handler(self) -> SyncReceiver:
-        """The sync receiver, made on first use on the pool (it looks the entity up and locks its session)."""
-        async with self._opening:
-            if self._sync is None:
-                client = await self._client._handler()
-                self._sync = await self._runner.call(self._make, client)
-                if self._sync.session is not None:
-                    self._session = ServiceBusSession(self._sync.session, self._runner)
-            return self._sync
+        return await self._sync.get()
 
     @property
     def session(self) -> Optional[ServiceBusSession]:
@@ -114,8 +113,8 @@ class ServiceBusReceiver:
     async def close(self) -> None:
         """As the sync receiver's close; a receive waiting in another task returns what it has (nothing)."""
         self._closing.set()
-        if self._sync is not None:
-            await self._runner.call(self._sync.close)
+        if self._sync.value is not None:
+            await self._runner.call(self._sync.value.close)
         if self._owns_client:
             await self._client.close()
 

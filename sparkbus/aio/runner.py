@@ -77,9 +77,25 @@ def _quietly(undo: Callable[[T], None], result: T) -> None:
         LOG.warning("could not give back what a cancelled call took", exc_info=True)
 
 
+class Lazy(Generic[T]):
+    """The sync object behind an async one, made on first use by `make` (once, however many coroutines ask
+    at the same time): the SDK's async clients connect lazily, and making a sync one reads storage."""
+
+    def __init__(self, make: Callable[[], Awaitable[T]]) -> None:
+        self._make = make
+        self._lock = asyncio.Lock()
+        self.value: Optional[T] = None  # None until made
+
+    async def get(self) -> T:
+        async with self._lock:
+            if self.value is None:
+                self.value = await self._make()
+            return self.value
+
+
 def on_pool(sync_method: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     """The async form of a sync API method: awaits the method of the same name of the object's sync
-    counterpart (`await self._handler()`) on the client's pool (`self._runner`); name, docstring and
+    counterpart (`await self._handler()`, usually a Lazy's get) on the client's pool (`self._runner`); name, docstring and
     signature are the sync method's (inspect.signature follows __wrapped__)."""
     name = sync_method.__name__
 

@@ -4,11 +4,10 @@ Sends of many coroutines at once run on the pool's threads at once, where the sy
 joins them into shared commits (sparkbus.aio.runner)."""
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..sender import ServiceBusSender as SyncSender
-from .runner import on_pool
+from .runner import Lazy, on_pool
 
 if TYPE_CHECKING:
     from ..client import ServiceBusClient as SyncClient
@@ -24,8 +23,7 @@ class ServiceBusSender:
         self._owns_client = owns_client  # made by _from_connection_string: closed with this sender
         self._runner = client._runner
         self._make = make
-        self._sync: Optional[SyncSender] = None
-        self._opening = asyncio.Lock()
+        self._sync: Lazy[SyncSender] = Lazy(self._open)
         self.entity_name = entity_name
 
     @classmethod
@@ -42,11 +40,11 @@ class ServiceBusSender:
             return cls(client, lambda sync: sync.get_queue_sender(queue_name), queue_name, owns_client=True)
         return cls(client, lambda sync: sync.get_topic_sender(topic_name), topic_name, owns_client=True)
 
+    async def _open(self) -> SyncSender:
+        return self._make(await self._client._handler())  # it looks the entity up at the first send
+
     async def _handler(self) -> SyncSender:
-        async with self._opening:
-            if self._sync is None:
-                self._sync = self._make(await self._client._handler())  # looks the entity up at the first send
-            return self._sync
+        return await self._sync.get()
 
     async def __aenter__(self) -> "ServiceBusSender":
         await self._handler()
@@ -56,8 +54,8 @@ class ServiceBusSender:
         await self.close()
 
     async def close(self) -> None:
-        if self._sync is not None:
-            self._sync.close()
+        if self._sync.value is not None:
+            self._sync.value.close()
         if self._owns_client:
             await self._client.close()
 
