@@ -55,6 +55,31 @@ def test_management_sends_receives_and_settles_as_the_sync_api(ns_path):
             assert (await admin.get_queue("q")).max_delivery_count == 3
             with pytest.raises(sparkbus.MessagingEntityNotFoundError):
                 await admin.get_queue("missing")
+            await admin.create_queue("spare")
+            spare = await admin.get_queue("spare")
+            spare.max_delivery_count = 7
+            await admin.update_queue(spare)
+            assert (await admin.get_queue("spare")).max_delivery_count == 7
+            await admin.delete_queue("spare")
+            topic = await admin.get_topic("t")
+            topic.default_message_time_to_live = timedelta(hours=1)
+            await admin.update_topic(topic)
+            subscription = await admin.get_subscription("t", "all")
+            subscription.max_delivery_count = 4
+            await admin.update_subscription("t", subscription)
+            await admin.create_rule("t", "all", "red", filter=sparkbus.SqlRuleFilter("color = 'red'"))
+            rule = await admin.get_rule("t", "all", "red")
+            await admin.update_rule("t", "all", rule)
+            await admin.delete_rule("t", "all", "red")
+            assert (await admin.get_namespace_properties()).tier == "standard"
+            assert [r.name async for r in admin.list_queues_runtime_properties()] == ["q"]
+            assert [r.name async for r in admin.list_topics_runtime_properties()] == ["t"]
+            assert [r.name async for r in admin.list_subscriptions_runtime_properties("t")] == ["all"]
+            assert (await admin.get_topic_runtime_properties("t")).subscription_count == 1
+            assert (await admin.get_subscription_runtime_properties("t", "all")).active_message_count == 0
+            assert (await admin.get_queue_runtime_properties("q")).total_message_count == 0
+            assert sorted(await admin.get_entity_tables("q")) == ["locks", "messages", "sessions"]
+            assert (await admin.get_namespace_metrics()).incoming_requests > 0
         async with ServiceBusClient.from_connection_string(f"Endpoint=sparkbus://{ns_path}") as client:
             async with client.get_queue_sender("q") as sender:
                 batch = await sender.create_message_batch()
