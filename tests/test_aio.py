@@ -334,3 +334,21 @@ def test_waiting_receives_cost_almost_no_cpu(ns_path):
     cpu, wall = map(float, done.stdout.split())
     assert wall >= 4.0
     assert cpu / wall < 0.05, f"waiting used {cpu:.3f} s of CPU in {wall:.1f} s"
+
+
+@pytest.mark.local_only
+def test_dataframes_through_the_async_api(spark, ns_path):
+    """send_dataframe, receive_dataframe and complete_dataframe, awaited (Spark's driver calls run on the pool)."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q", enable_partitioning=True)
+
+    async def run() -> tuple[int, int, int]:
+        async with ServiceBusClient(ns_path, spark=spark) as client:
+            rows = spark.range(25).selectExpr("CAST(id AS STRING) AS body", "CAST(id % 3 AS STRING) AS partition_key")
+            sent = await client.get_queue_sender("q").send_dataframe(rows)
+            async with client.get_queue_receiver("q") as receiver:
+                batch = await receiver.receive_dataframe(100, max_wait_time=5)
+                return sent.message_count, batch.count(), await receiver.complete_dataframe(batch)
+
+    assert asyncio.run(run()) == (25, 25, 25)
+    assert sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q").total_message_count == 0
