@@ -88,24 +88,27 @@ class ServiceBusClient:
 
     def get_queue_receiver(self, queue_name: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
                            sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                           session_id: object = None, **kwargs: object) -> ServiceBusReceiver:
+                           session_id: object = None, auto_lock_renewer: Optional[object] = None,
+                           **kwargs: object) -> ServiceBusReceiver:
         """A receiver of a queue (sub_queue=ServiceBusSubQueue.DEAD_LETTER: of its dead-letter sub-queue;
-        session_id=<id> or NEXT_AVAILABLE_SESSION: of one session, locked for this receiver)."""
+        session_id=<id> or NEXT_AVAILABLE_SESSION: of one session, locked for this receiver;
+        auto_lock_renewer: an AutoLockRenewer every received message, and the session, is registered with)."""
         self._check_entity_path(queue_name, "queue")
         return ServiceBusReceiver(self._catalog, queue_name, receive_mode=receive_mode, sub_queue=sub_queue,
                                   prefetch_count=prefetch_count, max_wait_time=max_wait_time, session_id=session_id,
-                                  spark=self.spark, retry=self._retry)
+                                  spark=self.spark, retry=self._retry, auto_lock_renewer=auto_lock_renewer)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
                                   receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK, sub_queue: object = None,
                                   prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                                  session_id: object = None, **kwargs: object) -> ServiceBusReceiver:
+                                  session_id: object = None, auto_lock_renewer: Optional[object] = None,
+                                  **kwargs: object) -> ServiceBusReceiver:
         self._check_entity_path(topic_name, "topic")
         path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
         return ServiceBusReceiver(self._catalog, path,
                                   receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
                                   max_wait_time=max_wait_time, session_id=session_id, spark=self.spark,
-                                  retry=self._retry)
+                                  retry=self._retry, auto_lock_renewer=auto_lock_renewer)
 
     def list_queue_sessions(self, queue_name: str, *, state_updated_after: Optional[datetime] = None,
                             **kwargs: object) -> list[str]:

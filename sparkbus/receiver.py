@@ -392,7 +392,7 @@ class ServiceBusReceiver:
     def __init__(self, catalog: Catalog, entity_path: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
                  sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
                  session_id: Union[str, ServiceBusSessionFilter, None] = None, spark: object = None,
-                 retry: RetryPolicy = DEFAULT_RETRY) -> None:
+                 retry: RetryPolicy = DEFAULT_RETRY, auto_lock_renewer: Optional[Any] = None) -> None:
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self.sub_queue = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
         if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
@@ -421,6 +421,9 @@ class ServiceBusReceiver:
             raise TypeError(f"session_id must be a str or NEXT_AVAILABLE_SESSION, got {type(session_id).__name__}")
         if isinstance(session_id, str):
             check_id("session_id", session_id)
+        if auto_lock_renewer is not None and not callable(getattr(auto_lock_renewer, "register", None)):
+            raise TypeError(f"auto_lock_renewer must be an AutoLockRenewer, got {type(auto_lock_renewer).__name__}")
+        self._renewer = auto_lock_renewer  # registers every message received in PEEK_LOCK mode, and the session
         self._session_requested = session_id is not None
         self.session: Optional[ServiceBusSession] = None
         self._session_held: dict[int, str] = {}  # unsettled messages received under the session: seq -> token
@@ -432,6 +435,8 @@ class ServiceBusReceiver:
             requested = NEXT_AVAILABLE if isinstance(session_id, ServiceBusSessionFilter) else session_id
             lock = self._delivery.lock_session(info, requested, self.max_wait_time)
             self.session = ServiceBusSession(self._delivery, lock, self._session_held)
+            if self._renewer is not None:
+                self._renewer.register(self, self.session)
 
     @classmethod
     def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
@@ -492,8 +497,15 @@ class ServiceBusReceiver:
         is closed from another thread (then []). max_wait_time=0 returns at once.
         """
         count, wait = self._receive_arguments(max_message_count, max_wait_time)
-        return poll(lambda: self._attempt(count), wait, changed=None if wait == 0 else self._delivery.watch(),
-                    stop=self._closing) or []
+        return self._renewed(poll(lambda: self._attempt(count), wait,
+                                  changed=None if wait == 0 else self._delivery.watch(), stop=self._closing) or [])
+
+    def _renewed(self, messages: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
+        """messages, registered with the receiver's auto_lock_renewer (PEEK_LOCK mode), as the SDK does."""
+        if self._renewer is not None and not self._deletes:
+            for message in messages:
+                self._renewer.register(self, message)
+        return messages
 
     @requires_open
     def _receive_arguments(self, max_message_count: Optional[int], max_wait_time: Optional[float]
@@ -562,7 +574,7 @@ class ServiceBusReceiver:
         except EntityDeleted as gone:  # deleted while this ran (the cached settings still named it)
             self._reconnect(gone)  # raises unless it was created again
             raise _renumbered(gone.current) from gone
-        return sorted(found, key=lambda m: numbers.index(m.sequence_number))
+        return self._renewed(sorted(found, key=lambda m: numbers.index(m.sequence_number)))
 
     def _follow(self, info: EntityInfo) -> bool:
         """Reconnect to info's incarnation if it is not the one this receiver is connected to (the entity
@@ -868,7 +880,8 @@ class ServiceBusReceiver:
                 f"{' and not its dead-letter sub-queue' if self.sub_queue is not None else ''})")
 
 
-_RECEIVER_KEYWORDS = ("receive_mode", "sub_queue", "prefetch_count", "max_wait_time", "session_id")
+_RECEIVER_KEYWORDS = ("receive_mode", "sub_queue", "prefetch_count", "max_wait_time", "session_id",
+                      "auto_lock_renewer")
 
 
 def _held(messages: list[ServiceBusReceivedMessage]) -> dict[int, Held]:

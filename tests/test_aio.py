@@ -150,12 +150,17 @@ def test_sessions_transactions_lock_renewal_and_deletes(ns_path):
             async with client.transaction() as txn:
                 await client.get_queue_sender("q").send_messages(ServiceBusMessage("kept"), transaction=txn)
                 assert sync_admin.get_queue_runtime_properties("q").total_message_count == 0
-            async with client.get_queue_receiver("q") as receiver:
-                [kept] = await receiver.receive_messages(1, max_wait_time=5)
-                async with AutoLockRenewer(on_lock_renew_failure=lambda m, e: failures.append(e)) as renewer:
+            async with client.get_queue_sender("q") as sender:
+                await sender.send_messages(ServiceBusMessage("automatic"))
+            async with AutoLockRenewer(on_lock_renew_failure=lambda m, e: failures.append(e)) as renewer:
+                async with client.get_queue_receiver("q") as receiver, client.get_queue_receiver(
+                        "q", auto_lock_renewer=renewer) as keyword:
+                    [kept] = await receiver.receive_messages(1, max_wait_time=5)
                     renewer.register(receiver, kept, max_lock_renewal_duration=30)
-                    await asyncio.sleep(6)  # past the 5 s lock: renewed, so still completable
+                    [automatic] = await keyword.receive_messages(1, max_wait_time=5)  # registered by the keyword
+                    await asyncio.sleep(6)  # past the 5 s locks: renewed, so still completable
                     await receiver.complete_message(kept)
+                    await keyword.complete_message(automatic)
             async with client.get_queue_sender("q") as sender:
                 await sender.send_messages([ServiceBusMessage(str(i)) for i in range(4)])
             async with client.get_queue_receiver("q") as receiver:

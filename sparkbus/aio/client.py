@@ -14,6 +14,7 @@ from ..client import ServiceBusClient as SyncClient
 from ..core.connection import parse_connection_string
 from ..receiver import ServiceBusReceiveMode, ServiceBusSessionFilter, ServiceBusSubQueue
 from ..transactions import ServiceBusTransaction
+from .autolock import AutoLockRenewer
 from .receiver import ServiceBusReceiver
 from .runner import Lazy, Runner, listed_on_pool
 from .sender import ServiceBusSender
@@ -73,23 +74,26 @@ class ServiceBusClient:
                            sub_queue: Union[ServiceBusSubQueue, str, None] = None, prefetch_count: int = 0,
                            max_wait_time: Optional[float] = None,
                            session_id: Union[str, ServiceBusSessionFilter, None] = None,
-                           **kwargs: object) -> ServiceBusReceiver:
+                           auto_lock_renewer: Optional[AutoLockRenewer] = None, **kwargs: object) -> ServiceBusReceiver:
         """A receiver of a queue, as the sync client's; it connects (and locks its session, waiting up to
-        max_wait_time for one) at `async with` or its first operation."""
+        max_wait_time for one) at `async with` or its first operation. auto_lock_renewer: a sparkbus.aio
+        AutoLockRenewer every received message, and the session, is registered with."""
         return ServiceBusReceiver(self, lambda client: client.get_queue_receiver(
             queue_name, receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
-            max_wait_time=max_wait_time, session_id=session_id, **kwargs), queue_name, receive_mode, max_wait_time)
+            max_wait_time=max_wait_time, session_id=session_id, **kwargs), queue_name, receive_mode, max_wait_time,
+            renewer=auto_lock_renewer)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
                                   receive_mode: Union[ServiceBusReceiveMode, str] = ServiceBusReceiveMode.PEEK_LOCK,
                                   sub_queue: Union[ServiceBusSubQueue, str, None] = None, prefetch_count: int = 0,
                                   max_wait_time: Optional[float] = None,
                                   session_id: Union[str, ServiceBusSessionFilter, None] = None,
+                                  auto_lock_renewer: Optional[AutoLockRenewer] = None,
                                   **kwargs: object) -> ServiceBusReceiver:
         return ServiceBusReceiver(self, lambda client: client.get_subscription_receiver(
             topic_name, subscription_name, receive_mode=receive_mode, sub_queue=sub_queue,
             prefetch_count=prefetch_count, max_wait_time=max_wait_time, session_id=session_id, **kwargs),
-            f"{topic_name}/Subscriptions/{subscription_name}", receive_mode, max_wait_time)
+            f"{topic_name}/Subscriptions/{subscription_name}", receive_mode, max_wait_time, renewer=auto_lock_renewer)
 
     list_queue_sessions = listed_on_pool(SyncClient.list_queue_sessions)
     list_subscription_sessions = listed_on_pool(SyncClient.list_subscription_sessions)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import datetime
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Optional, Union
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Optional, Union
 
 from ..engine.delivery import apoll
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
@@ -28,6 +28,7 @@ from .runner import Lazy, on_pool
 
 if TYPE_CHECKING:
     from ..client import ServiceBusClient as SyncClient
+    from .autolock import AutoLockRenewer
     from .client import ServiceBusClient
 
 
@@ -56,13 +57,17 @@ class ServiceBusReceiver:
 
     def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncReceiver], entity_path: str,
                  receive_mode: Union[ServiceBusReceiveMode, str], max_wait_time: Optional[float], *,
-                 owns_client: bool = False) -> None:
+                 owns_client: bool = False, renewer: Optional["AutoLockRenewer"] = None) -> None:
         self._client = client
         self._owns_client = owns_client  # made by _from_connection_string: closed with this receiver
         self._runner = client._runner
         self._make = make
         self._sync: Lazy[SyncReceiver] = Lazy(self._open)
         self._session: Optional[ServiceBusSession] = None
+        if renewer is not None and not callable(getattr(renewer, "register", None)):
+            raise TypeError(f"auto_lock_renewer must be an AutoLockRenewer, got {type(renewer).__name__}")
+        self._renewer = renewer  # registers every message received in PEEK_LOCK mode, and the session
+        self._session_unregistered = False
         self._trying = threading.Lock()  # one try at a time (module docstring)
         self._closing = asyncio.Event()
         self.entity_path = entity_path
@@ -93,10 +98,22 @@ class ServiceBusReceiver:
         receiver = await self._runner.call(self._make, await self._client._handler())
         if receiver.session is not None:
             self._session = ServiceBusSession(receiver.session, self._runner)
+            self._session_unregistered = self._renewer is not None
         return receiver
 
     async def _handler(self) -> SyncReceiver:
-        return await self._sync.get()
+        receiver = await self._sync.get()
+        if self._session_unregistered:  # once connected (the renewer needs the sync receiver)
+            self._session_unregistered = False
+            self._renewer.register(self, self._session)
+        return receiver
+
+    def _renewed(self, messages: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
+        """messages, registered with the receiver's auto_lock_renewer (PEEK_LOCK mode), as the SDK does."""
+        if self._renewer is not None and self.receive_mode is ServiceBusReceiveMode.PEEK_LOCK:
+            for message in messages:
+                self._renewer.register(self, message)
+        return messages
 
     @property
     def session(self) -> Optional[ServiceBusSession]:
@@ -132,7 +149,7 @@ class ServiceBusReceiver:
         async def tried() -> list[ServiceBusReceivedMessage]:
             return await self._runner.call(attempt, undo=receiver._give_back)
         changed = None if wait == 0 else receiver._delivery.watch()
-        return await apoll(tried, wait, changed=changed, stop=self._closing) or []
+        return self._renewed(await apoll(tried, wait, changed=changed, stop=self._closing) or [])
 
     def __aiter__(self) -> AsyncIterator[ServiceBusReceivedMessage]:
         return self._iterate()
@@ -147,7 +164,11 @@ class ServiceBusReceiver:
             yield got[0]
 
     peek_messages = on_pool(SyncReceiver.peek_messages)
-    receive_deferred_messages = on_pool(SyncReceiver.receive_deferred_messages)
+    async def receive_deferred_messages(self, sequence_numbers: Union[int, Iterable[int]]
+                                        ) -> list[ServiceBusReceivedMessage]:
+        """As the sync receiver's: the deferred messages with these sequence numbers, locked, or none."""
+        receiver = await self._handler()
+        return self._renewed(await self._runner.call(receiver.receive_deferred_messages, sequence_numbers))
     complete_message = on_pool(SyncReceiver.complete_message)
     complete_messages = on_pool(SyncReceiver.complete_messages)
     abandon_message = on_pool(SyncReceiver.abandon_message)
