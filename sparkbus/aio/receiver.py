@@ -163,12 +163,13 @@ class ServiceBusReceiver:
                 return
             yield got[0]
 
-    peek_messages = on_pool(SyncReceiver.peek_messages)
     async def receive_deferred_messages(self, sequence_numbers: Union[int, Iterable[int]]
                                         ) -> list[ServiceBusReceivedMessage]:
         """As the sync receiver's: the deferred messages with these sequence numbers, locked, or none."""
         receiver = await self._handler()
         return self._renewed(await self._runner.call(receiver.receive_deferred_messages, sequence_numbers))
+
+    peek_messages = on_pool(SyncReceiver.peek_messages)
     complete_message = on_pool(SyncReceiver.complete_message)
     complete_messages = on_pool(SyncReceiver.complete_messages)
     abandon_message = on_pool(SyncReceiver.abandon_message)
