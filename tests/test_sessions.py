@@ -173,7 +173,8 @@ def _work_sessions(path, queue, worker, barrier, results):
         except sparkbus.OperationTimeoutError:
             break
         with receiver:
-            while batch := receiver.receive_messages(max_message_count=7):
+            # everything was sent before the workers started: a session is done once a receive finds nothing
+            while batch := receiver.receive_messages(max_message_count=7, max_wait_time=0):
                 start = time.time()
                 receiver.complete_messages(batch)
                 seen += [(m.session_id, str(m), start, time.time()) for m in batch]

@@ -271,6 +271,18 @@ def _flush_quietly(found: Recorder) -> None:
         pass
 
 
+def discard(root: str) -> None:
+    """Drop this process's unpersisted counts of the namespace at root, which is going away (nothing is
+    written for it, now or at interpreter exit)."""
+    with _registry_lock:
+        found = _recorders.pop(root, None)
+    if found is not None:
+        with found._lock:
+            found._counts.clear()
+            found._samples.clear()
+            found.resources = False
+
+
 def known(root: str) -> Optional[Recorder]:
     with _registry_lock:
         return _recorders.get(root)
