@@ -255,6 +255,7 @@ def test_many_coroutines_share_a_client_its_commits_and_one_receiver(ns_path):
     assert commits < 100, f"{commits} commits for 100 concurrent sends"
 
 
+@pytest.mark.slow
 @pytest.mark.local_only
 def test_the_event_loop_stays_responsive_while_a_large_batch_commits(ns_path):
     """A heartbeat coroutine ticking every 10 ms while 20 sends of 900 messages (18 MB) commit at once: no
@@ -322,6 +323,7 @@ asyncio.run(main(sys.argv[1], float(sys.argv[2])))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.local_only
 def test_waiting_receives_cost_almost_no_cpu(ns_path):
     """Two receives (a partitioned queue's and a subscription's) awaited for several idle seconds use a
@@ -341,6 +343,7 @@ def test_waiting_receives_cost_almost_no_cpu(ns_path):
     assert cpu / wall < 0.05, f"waiting used {cpu:.3f} s of CPU in {wall:.1f} s"
 
 
+@pytest.mark.slow
 @pytest.mark.local_only
 def test_dataframes_through_the_async_api(spark, ns_path):
     """send_dataframe, receive_dataframe and complete_dataframe, awaited (Spark's driver calls run on the pool)."""
