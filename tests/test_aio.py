@@ -360,3 +360,21 @@ def test_dataframes_through_the_async_api(spark, ns_path):
 
     assert asyncio.run(run()) == (25, 25, 25)
     assert sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q").total_message_count == 0
+
+
+def test_senders_and_receivers_straight_from_a_connection_string(ns_path):
+    """The SDK samples' _from_connection_string: each has a client of its own (retry keywords go to it)."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+    conn_str = f"Endpoint=sparkbus://{ns_path};SharedAccessKeyName=p;SharedAccessKey=k"
+
+    async def run() -> tuple[list[str], int]:
+        async with ServiceBusSender._from_connection_string(conn_str, queue_name="q") as sender:
+            await sender.send_messages(ServiceBusMessage("direct"))
+        async with ServiceBusReceiver._from_connection_string(conn_str, queue_name="q", retry_total=2,
+                                                              max_wait_time=5) as receiver:
+            got = await receiver.receive_messages(1)
+            await receiver.complete_messages(got)
+            return [str(m) for m in got], receiver._client._sync.value.retry_total
+
+    assert asyncio.run(run()) == (["direct"], 2)

@@ -82,11 +82,12 @@ class ServiceBusReceiver:
         with a client of its own, closed with it; receiver keywords as get_queue_receiver's."""
         from .client import ServiceBusClient
 
+        retry = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("retry_")}  # the client's keywords
         if queue_name is not None and topic_name is None and subscription_name is None:
-            client = ServiceBusClient.from_connection_string(conn_str)
+            client = ServiceBusClient.from_connection_string(conn_str, **retry)
             made = client.get_queue_receiver(queue_name, **kwargs)
         elif queue_name is None and topic_name is not None and subscription_name is not None:
-            client = ServiceBusClient.from_connection_string(conn_str)
+            client = ServiceBusClient.from_connection_string(conn_str, **retry)
             made = client.get_subscription_receiver(topic_name, subscription_name, **kwargs)
         else:
             raise TypeError("give queue_name, or topic_name and subscription_name")
