@@ -75,7 +75,7 @@ soak: install
 sdk-samples: install
 	$(BIN)/python tests/sdk_samples.py $(SAMPLES)
 
-bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers
+bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-store bench-peers
 
 bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
@@ -91,6 +91,9 @@ bench-forward: install
 
 bench-throttle: install
 	$(BIN)/python benchmarks/bench_throttle.py --budgets 1000,10000 --seconds 5 --sends 1000
+
+bench-aio: install
+	$(BIN)/python benchmarks/bench_aio.py --wakes 100 --coroutines 1000
 
 bench-store: install
 	benchmarks/azurite.sh $(BIN)/python benchmarks/bench_store.py --object-root az://sparkbus/bench --single 200 --batched 20000

@@ -11,13 +11,14 @@ import sparkbus
 
 
 @contextmanager
-def bench_namespace() -> Iterator[tuple[str, sparkbus.ServiceBusAdministrationClient]]:
-    """(path, admin) of a fresh standard namespace with credit throttling off, removed afterwards."""
+def bench_namespace(tier: str = "standard") -> Iterator[tuple[str, sparkbus.ServiceBusAdministrationClient]]:
+    """(path, admin) of a fresh namespace of the tier (standard: with credit throttling off), removed
+    afterwards."""
     print("command:", " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]))
     root = tempfile.mkdtemp(prefix="sparkbus-bench-")
     path = root + "/ns"
     try:
-        sparkbus.create_namespace(path, credits_per_second=None)
+        sparkbus.create_namespace(path, credits_per_second=None, tier=tier)
         yield path, sparkbus.ServiceBusAdministrationClient(path)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -621,12 +621,15 @@ class ServiceBusReceiver:
 
     def _receive_once(self, count: int) -> list[ServiceBusReceivedMessage]:
         """Serve from the prefetch cache (dropping messages whose lock lapsed), then lock more, caching
-        up to prefetch_count extra messages for later calls."""
+        up to prefetch_count extra messages for later calls. The cache is taken from once nothing can fail
+        any more: a throttled or failed fetch leaves it as it was."""
         info = self._connected()
         now = datetime.now(timezone.utc)
         self._prefetched = [m for m in self._prefetched if m.locked_until_utc is None or m.locked_until_utc > now]
-        got, self._prefetched = self._prefetched[:count], self._prefetched[count:]
-        if len(got) < count:
+        got = self._prefetched[:count]
+        if len(got) == count:
+            self._prefetched = self._prefetched[count:]
+        else:
             self._check_receivable(info)
             queue = SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else ACTIVE
             self._next_partition += 1
@@ -634,7 +637,7 @@ class ServiceBusReceiver:
                 info, queue, count - len(got) + self.prefetch_count, delete=self._deletes,
                 start=self._next_partition - 1, session=self._session_lock, decode=_decoder(queue))))
             wanted = count - len(got)
-            got, self._prefetched = got + fetched[:wanted], self._prefetched + fetched[wanted:]
+            got, self._prefetched = got + fetched[:wanted], fetched[wanted:]  # the whole cache was in got
         return got
 
     def _charged(self, info: EntityInfo, operation: Callable[[], list[ServiceBusReceivedMessage]], *,

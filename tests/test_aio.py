@@ -307,6 +307,81 @@ def test_throttling_and_retries_apply_unchanged(ns_path):
     assert total % 100 == 0 and total < 500  # whole sends only, the throttled one wrote nothing
 
 
+
+def test_throttled_coroutines_await_their_retries_holding_no_thread(ns_path):
+    """20 sends throttled at once wait out their retries on the loop: a settlement (never throttled) of the
+    same client runs while every one of them still waits (with a pool thread sleeping per throttled send it
+    queued behind 8 of them, until they were sent), and all 20 are sent once the credits are back."""
+    sparkbus.create_namespace(ns_path, credits_per_second=100)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+
+    async def run() -> bool:
+        async with ServiceBusClient(ns_path, retry_total=10) as client:
+            sender = client.get_queue_sender("q")
+            await sender.send_messages(ServiceBusMessage("to settle"))
+            async with client.get_queue_receiver("q", max_wait_time=5) as receiver:
+                [held] = await receiver.receive_messages(1)
+                await sender.send_messages([ServiceBusMessage("bulk") for _ in range(200)])  # 2 s owed
+                sends = [asyncio.create_task(sender.send_messages(ServiceBusMessage("m"))) for _ in range(20)]
+                await asyncio.sleep(0.3)  # each of them refused once and waiting
+                await receiver.complete_message(held)
+                all_waiting = not any(task.done() for task in sends)
+                await asyncio.gather(*sends)
+                return all_waiting
+
+    assert asyncio.run(run()), "the settlement waited until throttled sends had been sent"
+    runtime = sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q")
+    assert runtime.active_message_count == 220  # 200 + the 20 throttled ones, each once; the settled one gone
+
+
+def test_awaited_retries_keep_the_policys_count_and_timeout(ns_path):
+    """The retries of a throttled async send, each a new call on the pool, still count against retry_total
+    and one timeout: retry_total=2 gives up with 50009 and timeout=1 s with OperationTimeoutError, both long
+    before the credits owed (about 6 s) are back, and neither writes anything."""
+    sparkbus.create_namespace(ns_path, credits_per_second=100)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+    with sparkbus.ServiceBusClient(ns_path) as client, client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage("bulk") for _ in range(600)])  # admitted, then charged
+
+    async def run() -> None:
+        async with ServiceBusClient(ns_path, retry_total=2, retry_backoff_max=0.2) as client:
+            with pytest.raises(ServiceBusServerBusyError, match="50009"):
+                await asyncio.wait_for(client.get_queue_sender("q").send_messages(ServiceBusMessage("x")), 4)
+        async with ServiceBusClient(ns_path, retry_total=1000, retry_backoff_max=0.2) as client:
+            with pytest.raises(sparkbus.OperationTimeoutError):
+                await asyncio.wait_for(client.get_queue_sender("q").send_messages(ServiceBusMessage("x"),
+                                                                                    timeout=1), 4)
+
+    asyncio.run(run())
+    runtime = sparkbus.ServiceBusAdministrationClient(ns_path).get_queue_runtime_properties("q")
+    assert runtime.active_message_count == 600
+
+
+def test_coroutines_waiting_for_their_turn_on_a_receiver_hold_no_thread(ns_path):
+    """20 coroutines draining one receiver take turns on the loop: the client's pool never starts more than
+    a few threads (a thread lock per try held one pool thread per coroutine waiting, all 8 of them), and
+    each message goes to one coroutine."""
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")
+
+    async def run() -> tuple[list[str], int]:
+        async with ServiceBusClient(ns_path) as client:
+            await client.get_queue_sender("q").send_messages([ServiceBusMessage(f"m{i}") for i in range(200)])
+            receiver = client.get_queue_receiver("q", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+
+            async def drain() -> list[str]:
+                mine = []
+                while batch := await receiver.receive_messages(3, max_wait_time=0):
+                    mine += [str(m) for m in batch]
+                return mine
+            got = [body for part in await asyncio.gather(*(drain() for _ in range(20))) for body in part]
+            return got, len(client._runner._started()._threads)
+
+    got, threads = asyncio.run(run())
+    assert sorted(got) == sorted(f"m{i}" for i in range(200))
+    assert threads <= 3, f"{threads} pool threads for one receiver's turns"
+
+
 IDLE = """
 import asyncio, sys, time
 from sparkbus.aio import ServiceBusClient

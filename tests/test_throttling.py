@@ -125,6 +125,20 @@ def test_a_send_timeout_ends_the_wait_for_credits_and_writes_nothing(ns_path):
     assert stored_messages(admin, "q")["message_id"].to_pylist().count("late") == 1
 
 
+def test_a_throttled_receive_keeps_the_receivers_prefetched_messages(ns_path):
+    """A receive served partly from the prefetch cache whose fetch of more is throttled leaves the cache
+    as it was: the next receive hands out those messages (before, they were dropped and stayed locked)."""
+    _filled(ns_path, 300, credits=100)
+    receiver = ServiceBusClient(ns_path, retry_total=0).get_queue_receiver("q", prefetch_count=5)
+    [first] = receiver.receive_messages(1)  # 6 locked: 1 handed out, 5 cached
+    _in_debt(ns_path, 300)  # about 2 s of credits owed
+    with pytest.raises(ServiceBusServerBusyError):
+        receiver.receive_messages(10)  # 5 from the cache, the rest refused
+    cached = receiver.receive_messages(5, max_wait_time=0)
+    assert [m.sequence_number for m in cached] == [first.sequence_number + i for i in range(1, 6)]
+    receiver.complete_messages([first, *cached])
+
+
 def test_a_throttled_request_succeeds_once_credits_return_and_is_stored_once(ns_path):
     _filled(ns_path, 3000)
     _in_debt(ns_path, 3000)

@@ -10,8 +10,10 @@ thread, and what it took goes back (ServiceBusReceiver._give_back of the sync re
 never taken, or in RECEIVE_AND_DELETE mode kept for this receiver's next receive), so a cancelled receive
 leaves nothing locked that its caller never got.
 
-Several coroutines receiving from one receiver: their tries run one at a time (a lock taken on the pool's
-thread, so a cancelled try still holds it until it ended), and each message goes to one of them.
+Several coroutines receiving from one receiver: their tries run one at a time, and each message goes to one
+of them. They take turns on the loop (an asyncio lock: a coroutine waiting for its turn holds no thread),
+and each try holds a thread lock on the pool too, since a try whose task was cancelled runs on to its end
+after its turn was given up (the give-back of what it took holds that lock as well).
 """
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ class ServiceBusReceiver:
             raise TypeError(f"auto_lock_renewer must be an AutoLockRenewer, got {type(renewer).__name__}")
         self._renewer = renewer  # registers every message received in PEEK_LOCK mode, and the session
         self._session_unregistered = False
-        self._trying = threading.Lock()  # one try at a time (module docstring)
+        self._turn = asyncio.Lock()  # one try at a time (module docstring) ...
+        self._trying = threading.Lock()  # ... also after a cancelled one
         self._closing = asyncio.Event()
         self.entity_path = entity_path
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
@@ -147,8 +150,13 @@ class ServiceBusReceiver:
             with self._trying:
                 return receiver._attempt(count)
 
+        def give_back(messages: list[ServiceBusReceivedMessage]) -> None:
+            with self._trying:  # the receiver's cache is changed by one thread at a time
+                receiver._give_back(messages)
+
         async def tried() -> list[ServiceBusReceivedMessage]:
-            return await self._runner.call(attempt, undo=receiver._give_back)
+            async with self._turn:
+                return await self._runner.call(attempt, undo=give_back)
         changed = None if wait == 0 else receiver._delivery.watch()
         return self._renewed(await apoll(tried, wait, changed=changed, stop=self._closing) or [])
 

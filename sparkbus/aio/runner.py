@@ -6,6 +6,11 @@ sender's group commit joins them into shared commits, as it does for threads. Th
 (WORKERS): a thousand coroutines do not start a thousand threads; the ones beyond wait their turn on the
 loop, costing nothing.
 
+Retries: a throttled request did nothing, so its call does not sleep on its thread: it hands the pause back
+(sparkbus.engine.retry.Backoff), the coroutine awaits it on the loop and calls again, the retry count and
+timeout carried on. A thousand throttled coroutines hold no thread, and calls that are not throttled
+(settlement, peeks of a free namespace) go on meanwhile.
+
 Cancellation: a thread cannot be interrupted, so a cancelled coroutine stops waiting for its call at once
 while the call runs to its end; `call(..., undo=)` hands what such an abandoned call returned to undo (on
 the pool), which is how a cancelled receive gives back the messages it locked but never handed out.
@@ -18,6 +23,8 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Awaitable, Callable, Generic, Optional, TypeVar
+
+from ..engine import retry
 
 LOG = logging.getLogger("sparkbus.aio")
 T = TypeVar("T")
@@ -41,9 +48,20 @@ class Runner:
 
     async def call(self, function: Callable[..., T], *args: object, undo: Optional[Callable[[T], None]] = None,
                    **kwargs: object) -> T:
-        """function(*args, **kwargs) on the pool, awaited. When the awaiting task is cancelled before the
-        call ends, the call still ends, and undo (if given) receives its result; its exceptions stay there."""
-        future = asyncio.get_running_loop().run_in_executor(self._started(), functools.partial(function, *args, **kwargs))
+        """function(*args, **kwargs) on the pool, awaited, its retry pauses awaited on the loop (module
+        docstring). When the awaiting task is cancelled before the call ends, the call still ends, and undo
+        (if given) receives its result; its exceptions stay there."""
+        resume: Optional[retry.Resume] = None
+        while True:
+            try:
+                return await self._once(functools.partial(retry.handing_over, resume, function, *args, **kwargs),
+                                        undo)
+            except retry.Backoff as backoff:
+                await asyncio.sleep(backoff.seconds)
+                resume = backoff.resume
+
+    async def _once(self, call: Callable[[], T], undo: Optional[Callable[[T], None]]) -> T:
+        future = asyncio.get_running_loop().run_in_executor(self._started(), call)
         if undo is None:
             return await future
         try:

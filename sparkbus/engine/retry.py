@@ -14,11 +14,17 @@ An operation's timeout (the SDK's `timeout=` keyword, seconds) bounds the waitin
 retry that would start after the deadline raises OperationTimeoutError instead. A commit under way is
 never cut short, and one that succeeds after the deadline is reported as the success it is: answering
 "timed out" for a written message would make the caller send it twice.
+
+Pauses handed over (sparkbus.aio): a call run through `handing_over` does not sleep where a request was
+refused before it did anything (a throttled request, sparkbus.engine.throttle); it raises Backoff, and its
+caller waits on its event loop, holding no thread, and calls again with Backoff.resume, which carries the
+retry count and the deadline on, so the retries and the timeout are the policy's as in a sync call.
 """
 from __future__ import annotations
 
 import math
 import random
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, TypeVar
@@ -77,10 +83,30 @@ class RetryPolicy:
     def pause(self, seconds: float, what: str) -> None:
         """Sleep before the next attempt; OperationTimeoutError when that attempt would start after the
         deadline."""
+        self._before_pause(seconds, what)
+        time.sleep(seconds)
+
+    def pause_or_hand_over(self, seconds: float, what: str, retry: int) -> None:
+        """pause, or where pauses are handed over (handing_over), raise Backoff for retry number `retry`
+        (the refused request must have done nothing: its caller calls again)."""
+        self._before_pause(seconds, what)
+        if getattr(_handover, "active", False):
+            raise Backoff(seconds, Resume(retry, self.deadline))
+        time.sleep(seconds)
+
+    def resumed(self) -> tuple["RetryPolicy", int]:
+        """(this policy, the retry count to start from): as they were when this thread's handed-over call
+        raised Backoff, once (the first call of the policy after a resume takes it), else (self, 0)."""
+        resume = getattr(_handover, "resume", None)
+        if resume is None:
+            return self, 0
+        _handover.resume = None
+        return replace(self, deadline=resume.deadline), resume.retry
+
+    def _before_pause(self, seconds: float, what: str) -> None:
         if self.deadline is not None and time.monotonic() + seconds > self.deadline:
             raise OperationTimeoutError(f"{what} did not complete within its timeout (it was retried and would "
                                         f"have waited another {seconds:.2f} s)")
-        time.sleep(seconds)
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based), jitter included."""
@@ -88,6 +114,37 @@ class RetryPolicy:
         # power of 2 beyond about 1023 does not convert to a float
         base = self.backoff_factor if self.mode == "fixed" else self.backoff_factor * 2 ** min(retry - 1, 1000)
         return min(base, self.backoff_max) * random.uniform(0.8, 1.2)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a handed-over call stopped: the retries it had made and its deadline."""
+
+    retry: int
+    deadline: Optional[float]
+
+
+class Backoff(Exception):
+    """Raised instead of a pause by a call run through handing_over: nothing was done; wait `seconds`,
+    then run the call again through handing_over(resume, ...)."""
+
+    def __init__(self, seconds: float, resume: Resume) -> None:
+        super().__init__(f"retry after {seconds:.3f} s")
+        self.seconds = seconds
+        self.resume = resume
+
+
+_handover = threading.local()
+
+
+def handing_over(resume: Optional[Resume], function: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """function(*args, **kwargs) on this thread with its pauses handed over (Backoff), continuing from
+    resume (None: a first call)."""
+    _handover.active, _handover.resume = True, resume
+    try:
+        return function(*args, **kwargs)
+    finally:
+        _handover.active, _handover.resume = False, None
 
 
 DEFAULT = RetryPolicy()

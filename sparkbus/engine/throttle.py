@@ -304,8 +304,9 @@ class Governor:
     def call(self, entity: str, operation: Callable[[], T], usage: Callable[[T], Usage], policy: RetryPolicy, *,
              wait: bool = False) -> T:
         """Run operation once admitted and charge what usage(result) says. Throttled: retried under
-        policy (wait=True: until admitted, for background work), then ServiceBusServerBusyError (50009)."""
-        retry = 0
+        policy (wait=True: until admitted, for background work), then ServiceBusServerBusyError (50009).
+        A throttled request did nothing, so its pauses may be handed over (sparkbus.engine.retry)."""
+        policy, retry = (policy, 0) if wait else policy.resumed()
         while True:
             slot, admitted = self._admit()
             if admitted:
@@ -317,7 +318,11 @@ class Governor:
             # not before the credits are back (the ledger knows when), nor before the policy's backoff
             owed = max(self.ledger.seconds_until_admitted(), _until_next_period())
             pause = owed if wait else min(max(policy.backoff(retry), owed), max(policy.backoff_max, 0.001))
-            policy.pause(pause + random.uniform(0, 0.05), "a throttled request")
+            pause += random.uniform(0, 0.05)
+            if wait:
+                policy.pause(pause, "a throttled request")
+            else:
+                policy.pause_or_hand_over(pause, "a throttled request", retry)
 
     def count(self, entity: str, operation: Callable[[], T]) -> T:
         """Run an operation that is neither throttled nor charged (settlement), counting it as a request."""
