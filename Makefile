@@ -7,7 +7,7 @@ AZURITE := .azurite/node_modules/.bin/azurite-blob
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: install demo test test-fast dist docs crash soak sdk-samples bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-store bench-peers bench-peers-quick bench-servers clean
+.PHONY: install demo test test-fast dist docs crash soak sdk-samples bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-store bench-peers bench-peers-quick bench-servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

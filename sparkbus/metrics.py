@@ -18,7 +18,7 @@ from .engine import metrics
 from .engine.metrics import BUCKET_SECONDS, MINUTE, Metrics
 from .engine.namespace import open_catalog
 from .management import ServiceBusAdministrationClient
-from .storage.schemas import METRICS_COUNTERS
+from .core.schemas import METRICS_COUNTERS
 
 
 FINE = timedelta(seconds=BUCKET_SECONDS)
@@ -55,7 +55,7 @@ def fitting_period(report: Metrics) -> timedelta:
 
 def metrics_table(namespace: str) -> pa.Table:
     """Every persisted metrics row of the namespace (one per ten seconds, entity and process), with this
-    process's counts not yet persisted; columns as sparkbus.storage.schemas.METRICS."""
+    process's counts not yet persisted; columns as sparkbus.core.schemas.METRICS."""
     root = open_catalog(namespace).root
     return metrics.all_rows(root, metrics.known(root))
 

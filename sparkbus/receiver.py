@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import storage
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
+from .core import records
 from .core import amqp, transitions
 from .core.wire import (MAX_MESSAGE_COUNT, MAX_SEQUENCE_NUMBER, check_amqp_ttl, check_dead_letter_text, check_id,
                         check_sequence_numbers, check_text)
@@ -53,7 +53,7 @@ from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASO
 from .handler import requires_open
 from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text,
                       amqp_ttl, body_text, public_body, str_keys, to_utc)
-from .storage.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
+from .core.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
 
 RECEIVER_KINDS = ("queue", "subscription")
 MAX_DELETE_COUNT = 4000  # messages one delete_messages call removes at most, as Service Bus
@@ -122,7 +122,7 @@ class ServiceBusReceivedMessage:
     from the wire; datetimes as epoch milliseconds); `str_application_properties` is the sparkbus alternative
     with the keys and values as they were sent.
 
-    A received message is a view of the rows its receive read and wrote (sparkbus.storage.Columns, shared
+    A received message is a view of the rows its receive read and wrote (sparkbus.records.Columns, shared
     by the messages of one receive): each attribute is read from them the first time it is asked for and
     then kept, so a receive decodes only what its caller reads. Attributes can be set, as on any object."""
 
@@ -160,24 +160,24 @@ class ServiceBusReceivedMessage:
     # as counted when sent (or copied to a subscription)
     _size = _Stored(lambda m: m._rows.column("body_size")[m._index] + m._rows.column("header_size")[m._index])
     # the state row as locked, so settling reads nothing (None unless locked)
-    _state_row = _Stored(lambda m: None if m.lock_token is None else storage.Row(m._states, m._index))
+    _state_row = _Stored(lambda m: None if m.lock_token is None else records.Row(m._states, m._index))
 
     def __init__(self, row: Mapping, state_row: Optional[Mapping], state: ServiceBusMessageState) -> None:
         """A message of one stored row (of the messages table, with the state columns a receive or peek
         adds) and its state row; raises what reading the row raises (DECODE_ERRORS for a row that does
         not decode)."""
-        self._bind(storage.Columns.of_rows([row]), storage.Columns.of_rows([state_row or {}]), 0, state)
+        self._bind(records.Columns.of_rows([row]), records.Columns.of_rows([state_row or {}]), 0, state)
         self._load()
 
     @classmethod
-    def _view(cls, rows: storage.Columns, states: storage.Columns, index: int,
+    def _view(cls, rows: records.Columns, states: records.Columns, index: int,
               state: ServiceBusMessageState) -> "ServiceBusReceivedMessage":
         """The message of row `index` of a receive's rows and state rows, read when asked (nothing checked)."""
         message = cls.__new__(cls)
         message._bind(rows, states, index, state)
         return message
 
-    def _bind(self, rows: storage.Columns, states: storage.Columns, index: int, state: ServiceBusMessageState) -> None:
+    def _bind(self, rows: records.Columns, states: records.Columns, index: int, state: ServiceBusMessageState) -> None:
         """Start as the view of row `index` (of a new message: whatever it held is dropped)."""
         self.__dict__ = {**_blank(rows, states, state), "_index": index}
 
@@ -278,7 +278,7 @@ class ServiceBusReceivedMessage:
                 f"delivery_count={self.delivery_count})")
 
 
-def _blank(rows: storage.Columns, states: storage.Columns, state: ServiceBusMessageState) -> dict:
+def _blank(rows: records.Columns, states: records.Columns, state: ServiceBusMessageState) -> dict:
     """What a view of these rows holds before anything is read, but its row's index (_index)."""
     return {"_rows": rows, "_states": states, "state": state, "_settled": False,
             "_sections": None,  # as decoded by from_bytes
@@ -740,7 +740,7 @@ class ServiceBusReceiver:
         rules = policy(info)
         written = self._governor.count(info.path, lambda: self._delivery.settle(
             info, _held([message]), lambda row, now: transitions.renewed(row, now, rules)))
-        message._state_row = storage.as_rows(written)[0]
+        message._state_row = records.as_rows(written)[0]
         message.locked_until_utc = message._state_row["locked_until_utc"]
         return message.locked_until_utc
 
@@ -923,9 +923,9 @@ def _decoder(queue: str) -> Callable[[pa.Table, pa.Table], list]:
     make = _presented if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED) else _received
 
     def decode(taken: pa.Table, states: pa.Table) -> list:
-        rows, state_rows = storage.Columns(taken), storage.Columns(states)
+        rows, state_rows = records.Columns(taken), records.Columns(states)
         # _view, inlined: a view's attributes, with what settling reads of it, read a column at a time
-        blank, new, row = _blank(rows, state_rows, kind), ServiceBusReceivedMessage.__new__, storage.Row
+        blank, new, row = _blank(rows, state_rows, kind), ServiceBusReceivedMessage.__new__, records.Row
         numbers, tokens = rows.column("sequence_number"), state_rows.column("lock_token")
         made: list = []
         for i, check in enumerate(_needs_check(taken).tolist()):
@@ -1006,7 +1006,7 @@ def _needs_check(rows: pa.Table) -> np.ndarray:
     return check
 
 
-def _received(rows: storage.Columns, states: storage.Columns, index: int,
+def _received(rows: records.Columns, states: records.Columns, index: int,
               kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
     """A stored row (row index of a receive's rows and state rows) as a received message, read in full.
     ValueError saying what cannot be decoded (a row written by an older version or another tool:
@@ -1042,7 +1042,7 @@ def _undecodable(text: Optional[str], error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _presented(rows: storage.Columns, states: storage.Columns, index: int,
+def _presented(rows: records.Columns, states: records.Columns, index: int,
                kind: ServiceBusMessageState) -> ServiceBusReceivedMessage:
     """A stored row as peek and the dead-letter sub-queues show it: as received when it decodes, else with
     what does not decode left out: the application properties that do not decode or have no wire form
@@ -1054,12 +1054,12 @@ def _presented(rows: storage.Columns, states: storage.Columns, index: int,
         message._load()
         return message
     except DECODE_ERRORS:
-        row = dict(storage.Row(rows, index))
+        row = dict(records.Row(rows, index))
         ttl = row["time_to_live_ms"]
         shown = {**row, "application_properties": _decodable_properties(row["application_properties"]),
                  "time_to_live_ms": ttl if ttl is None or abs(ttl) < _LONGEST_TTL_MS else None,
                  "body_size": row["body_size"] or 0, "header_size": row["header_size"] or 0}
-        return ServiceBusReceivedMessage(shown, storage.Row(states, index), kind)
+        return ServiceBusReceivedMessage(shown, records.Row(states, index), kind)
 
 
 _LONGEST_TTL_MS = timedelta.max // timedelta(milliseconds=1)
@@ -1084,7 +1084,7 @@ def _decodable_properties(text: Optional[str]) -> Optional[str]:
 def _peeked(row: dict, now: datetime) -> Optional[ServiceBusReceivedMessage]:
     """A peeked row as presented; None for a row that cannot even be presented (peek leaves it out)."""
     try:
-        return _presented(storage.Columns.of_rows([row]), storage.Columns.of_rows([_peeked_state(row)]), 0,
+        return _presented(records.Columns.of_rows([row]), records.Columns.of_rows([_peeked_state(row)]), 0,
                           _peek_state(row, now))
     except DECODE_ERRORS:
         return None

@@ -14,7 +14,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from sparkbus import PartitionUnavailableError, storage
 from sparkbus.storage import commits
-from sparkbus.storage.schemas import LOCKS, TABLE_CONFIGURATION
+from sparkbus.core.schemas import LOCKS, TABLE_CONFIGURATION
 
 FILE_SCHEMA = pa.schema([f for f in LOCKS if f.name != storage.PARTITION_COLUMN])
 

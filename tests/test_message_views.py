@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sparkbus import (MessageAlreadySettled, ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage,
                       ServiceBusReceiveMode, ServiceBusSubQueue, storage)
 from sparkbus.amqp import AmqpAnnotatedMessage
+from sparkbus.core import records
 from sparkbus.core import amqp
 from sparkbus.core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
 from sparkbus.core.values import check_properties, decode_properties, encode_properties
@@ -31,7 +32,7 @@ from sparkbus.engine.delivery import DECODE_ERRORS
 from sparkbus.exceptions import InvalidOperationError
 from sparkbus.receiver import (_FEW_ROWS, _LONGEST_TTL_MS, _PLAIN_PROPERTIES, _SHORTEST_TTL_MS,
                                ServiceBusMessageState, _needs_check, _plain_properties)
-from sparkbus.storage.schemas import MESSAGES
+from sparkbus.core.schemas import MESSAGES
 
 UTC = timezone.utc
 INDIA = timezone(timedelta(hours=5, minutes=30))
@@ -75,7 +76,7 @@ def every_kind() -> list[ServiceBusMessage]:
 
 def stored_state_rows(admin, entity: str) -> dict[int, dict]:
     table = storage.open_table(admin.get_entity_tables(entity)["locks"])
-    return {row["sequence_number"]: row for row in storage.as_rows(storage.query("SELECT * FROM locks", locks=table))}
+    return {row["sequence_number"]: row for row in records.as_rows(storage.query("SELECT * FROM locks", locks=table))}
 
 
 def reference(row: dict, state_row: dict, state: ServiceBusMessageState) -> dict:
@@ -235,7 +236,7 @@ def test_received_views_have_every_attribute_as_the_eager_message_had(admin, cli
     with client.get_queue_receiver("q") as receiver:
         got = receiver.receive_messages(len(sent), max_wait_time=5)
         assert len(got) == len(sent)
-        rows = {row["sequence_number"]: row for row in storage.as_rows(stored_messages(admin, "q"))}
+        rows = {row["sequence_number"]: row for row in records.as_rows(stored_messages(admin, "q"))}
         states = stored_state_rows(admin, "q")
         for message in got:
             assert_as_reference(message, rows[message.sequence_number], states[message.sequence_number])
@@ -318,7 +319,7 @@ def test_views_settle_as_received_messages_did(admin, client):
         [shown] = receiver.receive_messages(5, max_wait_time=5)
         assert (shown.message_id, shown.dead_letter_reason, shown.dead_letter_error_description) == \
             (dead.message_id, "bad", "very")
-        rows = {row["sequence_number"]: row for row in storage.as_rows(stored_messages(admin, "q"))}
+        rows = {row["sequence_number"]: row for row in records.as_rows(stored_messages(admin, "q"))}
         assert_as_reference(shown, rows[shown.sequence_number], stored_state_rows(admin, "q")[shown.sequence_number])
         receiver.complete_message(shown)
     assert admin.get_queue_runtime_properties("q").total_message_count == 0
@@ -357,7 +358,7 @@ def test_a_batch_mixing_plain_checked_and_undecodable_rows(admin, client):
     with client.get_queue_receiver("q") as receiver:
         got = receiver.receive_messages(30, max_wait_time=5)
         assert [m.message_id for m in got] == [f"m{i}" for i in range(30) if i != 4]
-        rows = {row["sequence_number"]: row for row in storage.as_rows(stored_messages(admin, "q"))}
+        rows = {row["sequence_number"]: row for row in records.as_rows(stored_messages(admin, "q"))}
         states = stored_state_rows(admin, "q")
         for message in got:
             assert_as_reference(message, rows[message.sequence_number], states[message.sequence_number])
@@ -399,7 +400,7 @@ def test_rows_of_data_files_written_before_newer_columns_read_the_same(admin, cl
     with client.get_queue_receiver("q") as receiver:
         got = receiver.receive_messages(10, max_wait_time=5)
         assert [m.message_id for m in got] == ["old0", "old1", "old2", "new"]
-        rows = {row["sequence_number"]: row for row in storage.as_rows(stored_messages(admin, "q"))}
+        rows = {row["sequence_number"]: row for row in records.as_rows(stored_messages(admin, "q"))}
         states = stored_state_rows(admin, "q")
         for message in got:
             assert_as_reference(message, rows[message.sequence_number], states[message.sequence_number])
@@ -414,20 +415,20 @@ def test_columns_read_a_table_as_as_rows_does_and_fail_where_as_rows_fails():
     when = datetime(2024, 5, 6, 7, 8, 9, 10, UTC)
     table = pa.table({"n": pa.array([1, None], pa.int64()), "s": pa.array(["a", None]),
                       "t": pa.array([when, None], pa.timestamp("us", tz="UTC"))})
-    columns = storage.Columns(table)
-    assert [dict(storage.Row(columns, i)) for i in range(2)] == storage.as_rows(table)
-    row = storage.Row(columns, 0)
+    columns = records.Columns(table)
+    assert [dict(records.Row(columns, i)) for i in range(2)] == records.as_rows(table)
+    row = records.Row(columns, 0)
     assert (row["t"], row.get("missing", 5), len(row), list(row)) == (when, 5, 3, ["n", "s", "t"])
     with pytest.raises(KeyError):
         row["missing"]
-    assert dict(storage.Row(storage.Columns.of_rows([{"x": 1}]), 0)) == {"x": 1}
+    assert dict(records.Row(records.Columns.of_rows([{"x": 1}]), 0)) == {"x": 1}
     not_utf8 = pa.table({"s": pa.array([b"\xed\xa0\x80"], pa.binary()).view(pa.string())})  # as a Parquet file may hold
     beyond = pa.table({"t": pa.array([2**62], pa.int64()).cast(pa.timestamp("us", tz="UTC"))})
     for bad, error in ((not_utf8, UnicodeDecodeError), (beyond, OverflowError)):
         with pytest.raises(error):
-            storage.as_rows(bad)
+            records.as_rows(bad)
         with pytest.raises(error):
-            storage.Columns(bad)
+            records.Columns(bad)
 
 
 def test_session_views(admin, client):
@@ -437,7 +438,7 @@ def test_session_views(admin, client):
                               for i in range(5)])
     with client.get_queue_receiver("q", session_id="s1") as receiver:
         got = receiver.receive_messages(5, max_wait_time=5)
-        rows = {row["sequence_number"]: row for row in storage.as_rows(stored_messages(admin, "q"))}
+        rows = {row["sequence_number"]: row for row in records.as_rows(stored_messages(admin, "q"))}
         states = stored_state_rows(admin, "q")
         for message in got:
             assert_as_reference(message, rows[message.sequence_number], states[message.sequence_number])

@@ -117,7 +117,7 @@ def test_a_version_1_namespace_is_upgraded_when_opened(ns_path):
     from sparkbus import storage
     from sparkbus.engine.catalog import NAMESPACE_KEY, Catalog, Change
     from sparkbus.engine.namespace import FORMAT_VERSION
-    from sparkbus.storage.schemas import MESSAGES, TABLE_CONFIGURATION, TRANSFER_COLUMNS
+    from sparkbus.core.schemas import MESSAGES, TABLE_CONFIGURATION, TRANSFER_COLUMNS
 
     sparkbus.create_namespace(ns_path)
     sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q")

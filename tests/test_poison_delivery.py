@@ -29,7 +29,7 @@ from sparkbus.engine.catalog import Catalog, Change
 from sparkbus.engine.registry import resolve_current
 from sparkbus.exceptions import MessagingEntityNotFoundError
 from sparkbus.storage.location import normalize
-from sparkbus.storage.schemas import MESSAGES
+from sparkbus.core.schemas import MESSAGES
 from sparkbus.streaming import start_fanout
 
 # Stored forms no check of this version lets through, as SQL literals for a Delta UPDATE of one row.

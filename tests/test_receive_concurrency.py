@@ -5,7 +5,7 @@ import pytest
 from conftest import drain, run_spawned
 
 from sparkbus import storage
-from sparkbus.storage import schemas
+from sparkbus.core import schemas
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from sparkbus.engine import retention
 from sparkbus.engine.namespace import open_catalog
 from sparkbus.engine.registry import resolve_current
 from sparkbus.storage import maintenance
-from sparkbus.storage.schemas import GONE_STATES
+from sparkbus.core.schemas import GONE_STATES
 
 
 def _tables(admin, ns_path, queue):

@@ -8,7 +8,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from sparkbus import ServiceBusMessage
-from sparkbus.storage import schemas
+from sparkbus.core import schemas
 
 
 def _messages(partitions_and_sizes, scheduled_in=None):

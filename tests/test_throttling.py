@@ -447,7 +447,7 @@ def test_metrics_are_kept_per_ten_seconds_and_read_per_any_multiple_of_it(ns_pat
     from sparkbus.engine import metrics
     from sparkbus.metrics import fitting_period, format_metrics, parse_period, period_name
     from sparkbus.storage import location
-    from sparkbus.storage.schemas import METRICS, METRICS_COUNTERS
+    from sparkbus.core.schemas import METRICS, METRICS_COUNTERS
 
     sparkbus.create_namespace(ns_path)
     start = datetime(2026, 11, 25, 8, 0, tzinfo=timezone.utc)

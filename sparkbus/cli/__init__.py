@@ -24,7 +24,8 @@ import threading
 from datetime import timedelta
 from typing import Any, NoReturn, Optional, Sequence, Union
 
-from .. import __version__, storage
+from .. import __version__
+from ..engine.namespace import use_storage_options
 from ..capacity import format_plan, format_seed_table, plan, seed_table
 from ..core.wording import plural
 from ..definitions import apply_definition, load_definition
@@ -361,8 +362,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return 2
     try:
         if getattr(args, "storage_option", None):
-            root = storage.location.normalize(args.namespace)
-            storage.location.register_options(root, dict(args.storage_option))
+            use_storage_options(args.namespace, dict(args.storage_option))
         code = args.run(args)
         sys.stdout.flush()  # a reader that went away (BrokenPipeError) is found here, not at exit
     except UsageError as error:

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..storage.schemas import MESSAGES
+from .schemas import MESSAGES
 from .wire import MAX_ID_LENGTH
 
 STRING_PROPERTIES = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject",

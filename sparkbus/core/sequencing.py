@@ -1,7 +1,7 @@
 """Sequence numbers: per partition, gap-free, strictly increasing in commit order, starting at 1.
 
 sequence_number = (partition_id << 48) | n. A send reads each touched partition's high-water mark n from
-the Delta add actions' max statistics (no data scan), numbers its rows hwm+1.., and commits claiming
+the Delta add actions' max statistics (no data scan: sparkbus.storage.high_water_marks), numbers its rows hwm+1.., and commits claiming
 exactly "partition p, sequence_number > hwm" for each touched partition (a direct commit's claim, or a
 delta-rs write's predicate: commit_predicate). The commit is rejected if any other writer added rows to
 those partitions since the snapshot, and the send is renumbered and retried; writers of different
@@ -13,8 +13,6 @@ number must stay, or the high-water mark would fall and numbers would repeat.
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
-from deltalake import DeltaTable
 
 PARTITION_SHIFT = 48
 LOW_MASK = (1 << PARTITION_SHIFT) - 1
@@ -26,18 +24,6 @@ def compose(partition_id: int, n: int) -> int:
 
 def partition_of_sequence(sequence_number: int) -> int:
     return sequence_number >> PARTITION_SHIFT
-
-
-def high_water_marks(table: DeltaTable) -> dict[int, int]:
-    """Per partition: the highest n committed (partitions without rows are absent)."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    marks: dict[int, int] = {}
-    if actions.num_rows == 0:
-        return marks
-    for pid, top in zip(actions["partition.partition_id"].to_pylist(), actions["max.sequence_number"].to_pylist()):
-        if top is not None:
-            marks[pid] = max(marks.get(pid, 0), top & LOW_MASK)
-    return marks
 
 
 def number(partitions: np.ndarray, marks: dict[int, int]) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:

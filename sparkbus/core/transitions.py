@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..storage import from_rows, micros
-from ..storage.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TRANSFER_DEAD_LETTERED, TS
+from .records import from_rows, micros
+from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TRANSFER_DEAD_LETTERED, TS
 from .wire import MAX_DEAD_LETTER_TEXT
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"

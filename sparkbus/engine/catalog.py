@@ -28,7 +28,7 @@ from deltalake.exceptions import CommitFailedError
 from ..storage import location
 from .. import storage
 from ..storage import commits, maintenance
-from ..storage.schemas import TS
+from ..core.schemas import TS
 from . import retry
 
 T = TypeVar("T")

@@ -38,13 +38,14 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from .. import storage
+from ..core import records
 from ..core import partitioning, sequencing, transitions
 from ..core.transitions import Policy
 from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNotFoundError,
                           MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError, SessionLockLostError)
 from ..storage import commits, maintenance
-from ..storage.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES,
+from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES,
                                TRANSFER_DEAD_LETTERED)
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
@@ -81,7 +82,7 @@ class SessionLock:
 
 class Held(NamedTuple):
     """A message lock this receiver holds: its token and, when known, the state row as written then (a
-    dict, or a row of the table the lock was committed with: storage.Row) and the incarnation of the
+    dict, or a row of the table the lock was committed with: records.Row) and the incarnation of the
     entity it was taken in (a lock known by its token only is always read back)."""
 
     token: str
@@ -336,7 +337,7 @@ class Delivery:
 
         def tracked(messages: pa.Table, states: pa.Table) -> list:
             made = []
-            for state_row, item in zip(storage.as_rows(states), decode(messages, states)):
+            for state_row, item in zip(records.as_rows(states), decode(messages, states)):
                 if isinstance(item, DECODE_ERRORS):
                     undecodable.add(state_row["sequence_number"])
                     made.append(item)
@@ -482,8 +483,8 @@ class Delivery:
         if whole is not None:
             written = whole(rows, now)
         else:
-            written = storage.from_rows([change(row, now) for row in (
-                storage.as_rows(rows) if isinstance(rows, pa.Table) else rows)], LOCKS)
+            written = records.from_rows([change(row, now) for row in (
+                records.as_rows(rows) if isinstance(rows, pa.Table) else rows)], LOCKS)
         self._commit(state, partition, written)
         return written
 
@@ -531,7 +532,7 @@ class Delivery:
         while partition < info.partition_count:
             low = max(cursor, sequencing.compose(partition, 0))
             try:
-                found = storage.as_rows(storage.query(f"""
+                found = records.as_rows(storage.query(f"""
                     SELECT m.*, l.state AS lock_state, l.delivery_count, l.dead_letter_reason,
                            l.dead_letter_error_description, l.dead_letter_source
                     FROM messages m LEFT JOIN locks l
@@ -671,7 +672,7 @@ def decoded(taken: pa.Table, rows: pa.Table, decode: Decode, queue: str,
         for partition, seq, deliveries, error in zip(
             taken["partition_id"].take(at).to_pylist(), taken["sequence_number"].take(at).to_pylist(),
             taken["prior_deliveries"].take(at).to_pylist(), failed.values())]
-    written = pa.concat_tables([rows.filter(pa.array(keep)).cast(LOCKS), storage.from_rows(dead, LOCKS)])
+    written = pa.concat_tables([rows.filter(pa.array(keep)).cast(LOCKS), records.from_rows(dead, LOCKS)])
     return delivered, written, len(dead)
 
 
@@ -692,9 +693,9 @@ def available_partitions(info: EntityInfo) -> list[int]:
     return [p for p in range(info.partition_count) if p not in avoided]
 
 
-# Locks whose state rows are rows of one committed table (storage.Row, as a receive made them): the
+# Locks whose state rows are rows of one committed table (records.Row, as a receive made them): the
 # table's Columns, the rows' positions in it, the tokens held.
-_Group = tuple[storage.Columns, list[int], list[str]]
+_Group = tuple[records.Columns, list[int], list[str]]
 
 
 def _grouped(held: Iterable[Held]) -> tuple[list[_Group], list[Held]]:
@@ -704,7 +705,7 @@ def _grouped(held: Iterable[Held]) -> tuple[list[_Group], list[Held]]:
     loose = []
     for lock in held:
         row = lock.row
-        if isinstance(row, storage.Row) and row.columns.table is not None:
+        if isinstance(row, records.Row) and row.columns.table is not None:
             _, at, tokens = tables.setdefault(id(row.columns), (row.columns, [], []))
             at.append(row.index)
             tokens.append(lock.token)
@@ -725,7 +726,7 @@ def _locked_table(tables: list[_Group], loose: list[Held]) -> pa.Table:
     """The state rows (LOCKS) of locks known as written, as one table: one take per committed table."""
     parts = [columns.table.take(pa.array(at, pa.int64())).select(LOCKS.names).cast(LOCKS)
              for columns, at, _ in tables]
-    return pa.concat_tables([*parts, storage.from_rows([lock.row for lock in loose], LOCKS)])
+    return pa.concat_tables([*parts, records.from_rows([lock.row for lock in loose], LOCKS)])
 
 
 def _rows_at(table: pa.Table, positions: np.ndarray) -> pa.Table:

@@ -16,6 +16,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from .. import storage
+from ..core import records
 
 
 def first_occurrences(message_ids: list) -> np.ndarray:
@@ -34,7 +35,7 @@ def recent_ids(table: DeltaTable, partitions: list[int], now: datetime, window: 
     """Message ids enqueued into the given partitions within the window before now."""
     if table.version() == 0 or not partitions:
         return set()
-    cutoff_us = storage.micros(now - window)
+    cutoff_us = records.micros(now - window)
     found = storage.query(
         "SELECT message_id FROM messages WHERE partition_id IN ({}) AND CAST(enqueued_time_utc AS BIGINT) >= {}"
         .format(", ".join(str(int(p)) for p in partitions), cutoff_us), messages=table)

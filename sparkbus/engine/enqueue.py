@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from .. import storage
+from ..core import records
 from ..core import partitioning, sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import OUTGOING, body_sizes, header_sizes
@@ -43,14 +44,14 @@ from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSi
                           MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
                           ServiceBusQuotaExceededError)
 from ..storage import commits, maintenance
-from ..storage.schemas import BORN_DEAD_LETTER_COLUMNS, CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
+from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
 from .registry import EntityDeleted, EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .runtime import PartitionSizes, partition_sizes
 
 # Service Bus reports DateTime.MaxValue as the expiry of a message that never expires.
-LATEST_TIME_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
+LATEST_TIME_US = records.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
 
 
 @dataclass
@@ -346,7 +347,7 @@ class EntityWriter:
             return self._table
         self._log = commits.TableLog.of(self._table)  # read again: the table's settings may have changed
         if self._position is None or self._table.version() != self._position.version:
-            self._marks = sequencing.high_water_marks(self._table)
+            self._marks = storage.high_water_marks(self._table)
             self._bounds = _size_upper_bounds(self._table, info.header_copies)
         self._position = commits.position_of(self._table)
         return self._table
@@ -462,7 +463,7 @@ def _size_upper_bounds(table: DeltaTable, header_copies: int) -> SizeBounds:
 def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, sequence: np.ndarray, body: np.ndarray,
                  header: np.ndarray, now: datetime) -> pa.Table:
     """OUTGOING rows completed with placement, numbering, times and sizes, in the MESSAGES schema."""
-    now_us = storage.micros(now)
+    now_us = records.micros(now)
     default_ttl = info.options.default_message_time_to_live
     ttl_column = rows["time_to_live_ms"]
     has_ttl = np.asarray(pc.is_valid(ttl_column))
@@ -488,7 +489,7 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy =
     """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions.
     confirm: run after a lost commit before planning again (it raises when the entity was deleted)."""
     now = datetime.now(timezone.utc)
-    now_us = storage.micros(now)
+    now_us = records.micros(now)
     wanted = ", ".join(str(n) for n in numbers)
     messages = storage.open_table(info.tables["messages"])
     found = storage.query(
@@ -499,7 +500,7 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy =
         raise MessageNotFoundError(
             f"no message waiting for its scheduled time with sequence number(s) {missing[:10]} in {info.path!r}")
     partitions = sorted({sequencing.partition_of_sequence(n) for n in numbers})
-    source = storage.from_rows([transitions.new_state(sequencing.partition_of_sequence(n), n, CANCELLED, 0, now)
+    source = records.from_rows([transitions.new_state(sequencing.partition_of_sequence(n), n, CANCELLED, 0, now)
                                 for n in numbers], LOCKS)
     predicate = (f"t.partition_id IN ({', '.join(map(str, partitions))}) AND t.partition_id = s.partition_id "
                  "AND t.sequence_number = s.sequence_number")

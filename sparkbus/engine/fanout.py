@@ -36,7 +36,7 @@ an older version or by another tool). A message a rule cannot evaluate, or whose
 give a value Service Bus refuses, becomes a dead-letter copy (reason FilterEvaluationException, the rule
 and the error as description) in that subscription, numbered and committed with the batch's other copies,
 so the exactly-once reasoning above covers it. Its dead-lettered state row is a second commit (to the
-locks table); the copy's row says it is born dead-lettered (storage.schemas, born_dead_letter_reason), so
+locks table); the copy's row says it is born dead-lettered (core.schemas, born_dead_letter_reason), so
 in between no receiver of the active queue can take it (receivers polling a local namespace see the
 copy within milliseconds); a rule that cannot be evaluated at all is logged (a
 warning naming topic, subscription, rule and error) and skipped (sparkbus.core.language.select). A topic
@@ -58,6 +58,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from .. import storage
 from ..exceptions import CommitConflictError
+from ..core import records
 from ..core import sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import header_sizes
@@ -67,7 +68,7 @@ from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
 from ..storage import commits, maintenance
-from ..storage.schemas import BORN_DEAD_LETTER_COLUMNS, COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
+from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
 from .namespace import governor_of
@@ -79,7 +80,7 @@ T = TypeVar("T")
 FILTER_EVALUATION_REASON = "FilterEvaluationException"
 NO_RETRY = retry.NO_RETRY  # the cursor: one round of re-plans, then left to the next batch
 BATCH_ROWS = 200_000  # topic messages fanned out at once (1 KiB bodies: about 200 MB in memory)
-_LATEST_US = storage.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
+_LATEST_US = records.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
 
 
 def partition_app_id(partition: int) -> str:
@@ -152,7 +153,7 @@ def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
     for sub in snap.children(topic_row.key, "subscription"):
         info = resolve(root, snap, sub.path, ("subscription",))
         rules = tuple(compile_rule(r) for r in snap.children(sub.key, "rule"))
-        found.append(Target(info, rules, storage.micros(sub.created_at_utc),
+        found.append(Target(info, rules, records.micros(sub.created_at_utc),
                             info.options.status not in ("Disabled",)))
     return found
 
@@ -390,7 +391,7 @@ def _commit(target: Target, built: _Built, plan: Plan) -> Optional[tuple[np.ndar
         return None
     positions, touched, versions = planned
     partitions = np.asarray(built.rows["partition_id"].to_numpy(zero_copy_only=False), dtype=np.int64)
-    marks = sequencing.high_water_marks(table)
+    marks = storage.high_water_marks(table)
     numbers, _ = sequencing.number(partitions[positions], marks)
     data = built.rows.take(pa.array(positions))
     data = data.set_column(data.schema.get_field_index("sequence_number"), "sequence_number",
@@ -446,7 +447,7 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
             rows = [transitions.new_state(p, n, DEAD_LETTERED, 0, now, reason=reasons[i], description=descriptions[i])
                     for n, i in sorted(wanted.items()) if n not in have]
             if rows:
-                locks.commit(commits.LogView(table), p, storage.from_rows(rows, LOCKS))
+                locks.commit(commits.LogView(table), p, records.from_rows(rows, LOCKS))
 
         retry.run(commit, what=f"dead-lettering copies in {target.info.path!r}")
 
@@ -462,7 +463,7 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
         moving = {p: e for p, e in ends.items() if e > cursors[p]}
         if not moving:
             return
-        marks = sequencing.high_water_marks(table)
+        marks = storage.high_water_marks(table)
         spans = " OR ".join(
             f"(partition_id = {p} AND sequence_number <= {sequencing.compose(p, min(e, marks.get(p, 0) - 1))})"
             for p, e in sorted(moving.items()))
@@ -494,7 +495,7 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
 
 def _due(topic: EntityInfo, now: Optional[datetime]) -> pa.Table:
     """The topic's scheduled messages due at `now` that were neither cancelled nor fanned out."""
-    now_us = storage.micros(now or datetime.now(timezone.utc))
+    now_us = records.micros(now or datetime.now(timezone.utc))
     topic_locks = storage.open_table(topic.tables["locks"])
     topic_messages = storage.open_table(topic.tables["messages"])
     due = storage.query(f"""
@@ -517,7 +518,7 @@ def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutRe
         result.add(_unless_deleted(catalog, target, view, _scheduled_plan(numbers), scheduled=True))
     states = [transitions.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
               for n in numbers]
-    table = storage.from_rows(states, LOCKS)
+    table = records.from_rows(states, LOCKS)
     for p in sorted({s["partition_id"] for s in states}):
         part = table.filter(pc.equal(table["partition_id"], p))
         retry.run(lambda part=part, p=p: locks.commit(commits.LogView(storage.open_table(topic.tables["locks"])), p, part),
@@ -545,9 +546,9 @@ def awaiting(topic: EntityInfo, *, older_than: timedelta = timedelta(0), now: Op
     cursors = topic_cursors(table, topic.partition_count)
     above = " OR ".join(f"(partition_id = {p} AND sequence_number > {sequencing.compose(p, n)})"
                         for p, n in cursors.items())
-    due = storage.micros(now)
+    due = records.micros(now)
     sql = (f"SELECT COUNT(*) AS n FROM messages WHERE ({above}) "
-           f"AND CAST(enqueued_time_utc AS BIGINT) <= {storage.micros(now - older_than)} "
+           f"AND CAST(enqueued_time_utc AS BIGINT) <= {records.micros(now - older_than)} "
            f"AND (scheduled_enqueue_time_utc IS NULL OR CAST(scheduled_enqueue_time_utc AS BIGINT) <= {due})")
     return int(storage.query(sql, messages=table)["n"][0].as_py())
 

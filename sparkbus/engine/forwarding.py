@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from deltalake import Transaction
 
 from .. import storage
+from ..core import records
 from ..core import forwarding as rules
 from ..core import transitions
 from ..core.encoding import OUTGOING, body_sizes, header_sizes
@@ -47,7 +48,7 @@ from ..core.values import decode_properties, encode_properties
 from ..exceptions import (CommitConflictError, InvalidOperationError, MessagingEntityDisabledError,
                           PartitionUnavailableError, ServiceBusError)
 from ..storage import commits
-from ..storage.schemas import ACTIVE, DEAD_LETTERED, LOCKS, MESSAGES, TRANSFER_COLUMNS
+from ..core.schemas import ACTIVE, DEAD_LETTERED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import locks, retention, retry
 from .catalog import Catalog, Snapshot
 from .enqueue import EntityWriter
@@ -122,7 +123,7 @@ def _partitions_with_work(info: EntityInfo, kinds: list[str]) -> list[int]:
     queries before."""
     wanted = [f"l.{rules.CLAIM_SQL}"]
     if rules.FORWARD in kinds:
-        now_us = storage.micros(datetime.now(timezone.utc))
+        now_us = records.micros(datetime.now(timezone.utc))
         wanted.append(f"((l.state IS NULL OR l.state = '{ACTIVE}') AND (m.scheduled_enqueue_time_utc IS NULL "
                       f"OR CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us}))")
     if rules.DEAD_LETTER in kinds:
@@ -186,7 +187,7 @@ def _claim(root: str, snap: Snapshot, info: EntityInfo, partition: int, kind: st
     batch = (state.transaction_version(rules.claim_app_id(partition)) or 0) + 1
     refused = _refusals(root, snap, info, kind, taken)
     rows = []
-    for i, row in enumerate(storage.as_rows(planned)):
+    for i, row in enumerate(records.as_rows(planned)):
         if i < len(deliver):
             row["delivery_count"] -= 1  # a transfer is not a delivery
             reason = refused.get(row["sequence_number"])
@@ -195,7 +196,7 @@ def _claim(root: str, snap: Snapshot, info: EntityInfo, partition: int, kind: st
             else:
                 row["lock_token"] = rules.claim_token(kind, batch)
         rows.append(row)
-    table = storage.from_rows(rows, LOCKS)
+    table = records.from_rows(rows, LOCKS)
     locks.commit(commits.LogView(state), partition, table, [Transaction(rules.claim_app_id(partition), batch)])
     if refused:
         result.dead_lettered[info.path] = result.dead_lettered.get(info.path, 0) + len(refused)
@@ -294,7 +295,7 @@ def _release(info: EntityInfo, partition: int, kind: str, batch: int, failure: O
     """The batch's claimed rows completed (or transfer-dead-lettered with failure); returns how many."""
     state = storage.open_table(info.tables["locks"])
     token = rules.claim_token(kind, batch)
-    rows = storage.as_rows(storage.query(
+    rows = records.as_rows(storage.query(
         f"SELECT * FROM locks WHERE partition_id = {partition} AND lock_token = {storage.quoted(token)}", locks=state))
     if not rows:
         return 0  # another forwarder released them
@@ -302,7 +303,7 @@ def _release(info: EntityInfo, partition: int, kind: str, batch: int, failure: O
     written = [transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.completed(r, now)
                for r in rows]
     view = commits.LogView(state)
-    locks.commit(view, partition, storage.from_rows(written, LOCKS))
+    locks.commit(view, partition, records.from_rows(written, LOCKS))
     if retention.due(view.version):  # nobody receives from a forwarding entity: its forwarder lets rows go
         retention.run(info, storage.open_table(info.tables["messages"]), storage.refresh(state), partition)
     return len(written)

@@ -20,7 +20,7 @@ from deltalake import Transaction
 
 from .. import storage
 from ..storage import commits, location, maintenance
-from ..storage.schemas import LOCKS
+from ..core.schemas import LOCKS
 
 # Files read to rewrite them, kept decoded between commits (Delta data files never change); one lock for
 # the threads of a process.

@@ -33,7 +33,8 @@ from deltalake.exceptions import DeltaError
 from ..storage import location
 from .. import storage
 from ..storage import maintenance
-from ..storage.schemas import METRICS, METRICS_COUNTERS
+from ..core import records
+from ..core.schemas import METRICS, METRICS_COUNTERS
 
 METRICS_DIR = "_metrics"
 BUCKET_SECONDS = 10  # the grain rows are counted and persisted at
@@ -76,7 +77,7 @@ class MetricsPoint(Counts):
     """The counts of the period starting at time_utc; cpu_percent and memory_percent (premium) are the
     share of the machine the namespace's processes used in it (the mean of its samples)."""
 
-    time_utc: datetime = storage.EPOCH
+    time_utc: datetime = records.EPOCH
     cpu_percent: Optional[float] = None
     memory_percent: Optional[float] = None
 

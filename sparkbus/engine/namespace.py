@@ -18,11 +18,11 @@ from ..core.connection import namespace_location, parse_connection_string
 from ..exceptions import MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError
 from .. import storage
 from ..storage import location
-from ..storage.schemas import ENTITY_TABLES
+from ..core.schemas import ENTITY_TABLES
 from .catalog import CATALOG_DIR, NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .throttle import Governor, governor, set_budget
 
-# 2: messages tables carry the forwarding columns (storage.schemas.TRANSFER_COLUMNS); 3: and body_type
+# 2: messages tables carry the forwarding columns (core.schemas.TRANSFER_COLUMNS); 3: and body_type
 # (AMQP sequence and value bodies); 4: and the born_dead_letter columns of fan-out's dead-letter copies.
 # Namespaces of older versions are upgraded in place when first opened (see _upgrade).
 FORMAT_VERSION = 4
@@ -184,6 +184,12 @@ def open_namespace(fully_qualified_namespace: str, credential: object = None,
     path = namespace_location(fully_qualified_namespace)
     root = location.normalize(path)
     return open_catalog(root, {**location.credential_options(root, credential), **(storage_options or {})})
+
+
+def use_storage_options(fully_qualified_namespace: str, storage_options: dict[str, str]) -> None:
+    """Storage options (account key, SAS token, ...) for every client of this process that opens the
+    namespace at that location without options of its own (the command line's --storage-option)."""
+    location.register_options(location.normalize(namespace_location(fully_qualified_namespace)), storage_options)
 
 
 def open_catalog(path: str, storage_options: Optional[dict[str, str]] = None) -> Catalog:

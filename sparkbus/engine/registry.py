@@ -46,7 +46,7 @@ from ..core import entities, tiers
 from ..core.entities import EntityOptions
 from ..core.names import key, subscription_path
 from ..exceptions import InvalidOperationError, MessagingEntityNotFoundError
-from ..storage.schemas import ENTITY_TABLES
+from ..core.schemas import ENTITY_TABLES
 from . import availability
 from .availability import unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Row, Snapshot

@@ -26,7 +26,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
 from ..storage import maintenance
-from ..storage.schemas import GONE_SQL
+from ..core import records
+from ..core.schemas import GONE_SQL
 from .registry import EntityInfo
 
 RUN_EVERY = 50  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
@@ -59,7 +60,7 @@ def _remove_messages(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, 
     window = ""
     if info.options.requires_duplicate_detection:
         cutoff = datetime.now(timezone.utc) - info.options.duplicate_detection_history_time_window
-        window = f"AND CAST(m.enqueued_time_utc AS BIGINT) < {storage.micros(cutoff)}"
+        window = f"AND CAST(m.enqueued_time_utc AS BIGINT) < {records.micros(cutoff)}"
     rows = storage.query(f"""
         SELECT m.sequence_number,
                l.state IN ({GONE_SQL}) {window}

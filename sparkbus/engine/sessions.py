@@ -15,16 +15,17 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from .. import storage
+from ..core import records
 from ..core import transitions
 from ..exceptions import SessionCannotBeLockedError, SessionLockLostError
 from ..storage import maintenance
-from ..storage.schemas import ACTIVE, GONE_SQL, SESSIONS
+from ..core.schemas import ACTIVE, GONE_SQL, SESSIONS
 
 
 def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[dict]:
     found = storage.query(f"SELECT * FROM sessions WHERE partition_id = {partition} AND session_id = {storage.quoted(session_id)}",
                           sessions=table)
-    rows = storage.as_rows(found)
+    rows = records.as_rows(found)
     return rows[0] if rows else None
 
 
@@ -66,7 +67,7 @@ def available(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTabl
     """(partition, session id) of the sessions in these partitions with a deliverable message and no
     unexpired lock, the session whose oldest waiting message was enqueued first coming first (across
     partitions: the time, not the sequence number, orders them)."""
-    now_us = storage.micros(now)
+    now_us = records.micros(now)
     found = storage.query(f"""
         SELECT m.partition_id, m.session_id, MIN(m.enqueued_time_utc) AS oldest, MIN(m.sequence_number) AS first
         FROM messages m
@@ -88,7 +89,7 @@ def listed(tables: dict[str, str], state_updated_after: Optional[datetime] = Non
     set after that time."""
     sessions = storage.open_table(tables["sessions"])
     if state_updated_after is not None:
-        after_us = storage.micros(state_updated_after)
+        after_us = records.micros(state_updated_after)
         found = storage.query(f"""
             SELECT DISTINCT session_id FROM sessions
             WHERE state IS NOT NULL AND CAST(updated_at_utc AS BIGINT) > {after_us} ORDER BY session_id""",

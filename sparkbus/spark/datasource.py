@@ -44,7 +44,7 @@ from ..engine.namespace import governor_of, namespace_root
 from ..engine.registry import CachedEntity, EntityDeleted, EntityInfo, resolve
 from ..engine.retry import NO_RETRY
 from ..engine.throttle import Usage
-from ..storage.schemas import BORN_DEAD_LETTER_COLUMNS, GONE_SQL, MESSAGES
+from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, GONE_SQL, MESSAGES
 from . import dataframes
 
 FORMAT = "sparkbus"
@@ -170,7 +170,7 @@ class _Entities:
         found = {}
         for info in self.infos():
             def read(info: EntityInfo = info) -> dict[str, int]:
-                marks = sequencing.high_water_marks(storage.open_table(info.tables["messages"]))
+                marks = storage.high_water_marks(storage.open_table(info.tables["messages"]))
                 read = {str(p): marks.get(p, 0) for p in range(info.partition_count)}
                 if self._forwarding(info):
                     read[STATE] = storage.open_table(info.tables["locks"]).version()

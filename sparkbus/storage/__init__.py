@@ -24,8 +24,6 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
-from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Iterable, Optional
 from urllib.parse import unquote, urlparse
 
@@ -36,6 +34,7 @@ from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
 from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
+from ..core import sequencing
 from ..exceptions import PartitionUnavailableError
 from . import location
 
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
 # the log separately. A hook that failed after a successful commit (another process's log cleanup won
 # a race) looked like a failed commit, and re-running the operation locked or settled twice.
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_US = timedelta(microseconds=1)
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 PARTITION_COLUMN = "partition_id"
 _READ_AT = "_sparkbus_read_at"  # attribute of the DeltaTable objects opened or refreshed here (read_at)
@@ -265,117 +262,6 @@ def query(sql: str, **tables: DeltaTable) -> pa.Table:
     return _without_views(pa.table(builder.execute(sql).read_all()))
 
 
-def micros(moment: datetime) -> int:
-    """A UTC time as stored: microseconds since the epoch."""
-    return (moment - EPOCH) // _US
-
-
-def from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    """Rows (dicts) as a table, column by column: Table.from_pylist took 15.6 ms for 1,000 state rows
-    with two timestamp columns, this 1.2 ms."""
-    return pa.table([pa.array([row[f.name] for row in rows], f.type) for f in schema], schema=schema)
-
-
-def as_rows(table: pa.Table) -> list[dict]:
-    """Rows as dicts, like Table.to_pylist but about 20x faster on timestamp columns (pyarrow spends
-    ~8 us per tz-aware datetime; epoch + timedelta takes a fraction of that)."""
-    columns = [_values(table[field.name], field.type) for field in table.schema]
-    names = table.schema.names
-    return [dict(zip(names, values)) for values in zip(*columns)]
-
-
-def _values(column: pa.ChunkedArray, kind: pa.DataType) -> list:
-    """A column as Python values (timestamps in microseconds as UTC datetimes, the fast way)."""
-    if pa.types.is_timestamp(kind) and kind.unit == "us":
-        return [None if v is None else EPOCH + timedelta(microseconds=v) for v in column.cast(pa.int64()).to_pylist()]
-    return column.to_pylist()
-
-
-# Microseconds since the epoch that a datetime can hold (years 1 to 9999).
-_DATETIME_MICROS = tuple(micros(limit.replace(tzinfo=timezone.utc)) for limit in (datetime.min, datetime.max))
-
-
-class Columns:
-    """A table's rows read column by column, each column made Python values (as as_rows makes them) the
-    first time one of its values is asked for: one conversion per column a caller uses instead of a dict
-    per row (received messages read their fields this way, sparkbus.receiver).
-
-    Made from a table, every value is checked up front, vectorised, to have a Python form (text that is
-    UTF-8, times within datetime's range): a table where one has none raises what as_rows raises for it,
-    here and not where the value is read later. KeyError names a column the rows do not have. Threads may
-    share one: a column two of them convert at once is converted twice, to equal lists, and either kept.
-    Whoever keeps a row keeps the whole table (a receive's messages share theirs)."""
-
-    __slots__ = ("_lists", "_names", "table")
-
-    def __init__(self, table: pa.Table) -> None:
-        _check_convertible(table)
-        self.table: Optional[pa.Table] = table
-        self._names = table.column_names
-        self._lists: dict[str, list] = {}
-
-    @classmethod
-    def of_rows(cls, rows: list[Mapping]) -> "Columns":
-        """Rows given as mappings of the same keys (no table behind them)."""
-        made = cls.__new__(cls)
-        made.table = None
-        made._lists = {name: [row[name] for row in rows] for name in (rows[0] if rows else ())}
-        made._names = list(made._lists)
-        return made
-
-    def column(self, name: str) -> list:
-        """The column's values."""
-        values = self._lists.get(name)
-        if values is None:
-            if self.table is None or name not in self._names:
-                raise KeyError(name)
-            values = self._lists[name] = _values(self.table[name], self.table.schema.field(name).type)
-        return values
-
-    def names(self) -> list[str]:
-        return list(self._names)
-
-    def has(self, name: str) -> bool:
-        return name in self._lists or name in self._names
-
-
-def _check_convertible(table: pa.Table) -> None:
-    """Raise what as_rows would raise for the table when one of its values has no Python form (text that
-    is not UTF-8: Parquet readers do not check; a time beyond datetime's range)."""
-    try:
-        table.validate(full=True)
-        for field in table.schema:
-            if pa.types.is_timestamp(field.type) and table[field.name].null_count < table.num_rows:
-                found = pc.min_max(table[field.name].cast(pa.int64()))
-                if found["min"].as_py() < _DATETIME_MICROS[0] or found["max"].as_py() > _DATETIME_MICROS[1]:
-                    raise OverflowError(f"{field.name} holds a time beyond datetime's range")
-    except (pa.ArrowInvalid, OverflowError):
-        as_rows(table)
-        raise
-
-
-class Row(Mapping):
-    """One row of Columns, as a read-only mapping of column name to value."""
-
-    __slots__ = ("columns", "index")
-
-    def __init__(self, columns: Columns, index: int) -> None:
-        self.columns = columns
-        self.index = index
-
-    def __getitem__(self, name: str) -> object:
-        return self.columns.column(name)[self.index]
-
-    def get(self, name: str, default: object = None) -> object:
-        return self.columns.column(name)[self.index] if self.columns.has(name) else default
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.columns.names())
-
-    def __len__(self) -> int:
-        return len(self.columns.names())
-
-
 _VIEW_TYPES = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
 
 
@@ -395,6 +281,19 @@ def quoted(text: str) -> str:
 def remove_tree(uri: str) -> None:
     """Delete a directory tree, or everything under an object-store prefix; missing is fine."""
     location.remove_tree(uri)
+
+
+def high_water_marks(table: DeltaTable) -> dict[int, int]:
+    """Per partition: the highest n of its sequence numbers committed (sparkbus.core.sequencing), from the
+    add actions' max statistics, no data read; partitions without rows are absent."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    marks: dict[int, int] = {}
+    if actions.num_rows == 0:
+        return marks
+    for pid, top in zip(actions["partition.partition_id"].to_pylist(), actions["max.sequence_number"].to_pylist()):
+        if top is not None:
+            marks[pid] = max(marks.get(pid, 0), top & sequencing.LOW_MASK)
+    return marks
 
 
 def last_commit_time_ms(table: DeltaTable) -> int | None:

@@ -61,7 +61,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from . import (EPOCH, PARTITION_COLUMN, fsync_file, fsync_together, durable, pool as storage_pool, local_root,
+from ..core.records import EPOCH
+from . import (PARTITION_COLUMN, fsync_file, fsync_together, durable, pool as storage_pool, local_root,
                location, open_table, read_at)
 
 ENGINE = "sparkbus"

@@ -41,7 +41,7 @@ CHECKPOINT_EVERY = 10
 COMPACT_EVERY = 20
 # Files reaching this size are left alone: with delta-rs' default target (100 MB) a partition holding one
 # large file and one new small file was rewritten whole every COMPACT_EVERY commits. A table's
-# delta.targetFileSize, when set, is used instead (messages tables: storage.schemas).
+# delta.targetFileSize, when set, is used instead (messages tables: core.schemas).
 COMPACT_TARGET_BYTES = 16 * 1024 * 1024
 # A compaction loses to any commit that rewrote the files it read (settlements do, all the time); tried
 # once and skipped, a busy locks table piled up files and receive+complete went from 49 to 286 ms at p50.

@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..records import EPOCH
+
 ARROW_TYPES = {
     "int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
     "datetime": pa.timestamp("us", tz="UTC"), "timespan": pa.duration("us"), "uuid": pa.string(),
@@ -29,7 +31,6 @@ NUMERIC = ("int", "float")
 EVALUATION_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError,
                      pa.ArrowException)
 ORDERED = {"int", "float", "str", "datetime", "timespan"}
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def type_of(value: object) -> Optional[str]:

@@ -1,0 +1,126 @@
+"""Rows as stored and as Python sees them: times as microseconds since the epoch, rows as dicts or as views of
+a table's columns, and back to Arrow. Pure conversions, no storage: the engine's reads hand their tables
+here, and received messages read their fields through Columns and Row.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def micros(moment: datetime) -> int:
+    """A UTC time as stored: microseconds since the epoch."""
+    return (moment - EPOCH) // _US
+
+
+def from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """Rows (dicts) as a table, column by column: Table.from_pylist took 15.6 ms for 1,000 state rows
+    with two timestamp columns, this 1.2 ms."""
+    return pa.table([pa.array([row[f.name] for row in rows], f.type) for f in schema], schema=schema)
+
+
+def as_rows(table: pa.Table) -> list[dict]:
+    """Rows as dicts, like Table.to_pylist but about 20x faster on timestamp columns (pyarrow spends
+    ~8 us per tz-aware datetime; epoch + timedelta takes a fraction of that)."""
+    columns = [_values(table[field.name], field.type) for field in table.schema]
+    names = table.schema.names
+    return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def _values(column: pa.ChunkedArray, kind: pa.DataType) -> list:
+    """A column as Python values (timestamps in microseconds as UTC datetimes, the fast way)."""
+    if pa.types.is_timestamp(kind) and kind.unit == "us":
+        return [None if v is None else EPOCH + timedelta(microseconds=v) for v in column.cast(pa.int64()).to_pylist()]
+    return column.to_pylist()
+
+
+# Microseconds since the epoch that a datetime can hold (years 1 to 9999).
+_DATETIME_MICROS = tuple(micros(limit.replace(tzinfo=timezone.utc)) for limit in (datetime.min, datetime.max))
+
+
+class Columns:
+    """A table's rows read column by column, each column made Python values (as as_rows makes them) the
+    first time one of its values is asked for: one conversion per column a caller uses instead of a dict
+    per row (received messages read their fields this way, sparkbus.receiver).
+
+    Made from a table, every value is checked up front, vectorised, to have a Python form (text that is
+    UTF-8, times within datetime's range): a table where one has none raises what as_rows raises for it,
+    here and not where the value is read later. KeyError names a column the rows do not have. Threads may
+    share one: a column two of them convert at once is converted twice, to equal lists, and either kept.
+    Whoever keeps a row keeps the whole table (a receive's messages share theirs)."""
+
+    __slots__ = ("_lists", "_names", "table")
+
+    def __init__(self, table: pa.Table) -> None:
+        _check_convertible(table)
+        self.table: Optional[pa.Table] = table
+        self._names = table.column_names
+        self._lists: dict[str, list] = {}
+
+    @classmethod
+    def of_rows(cls, rows: list[Mapping]) -> "Columns":
+        """Rows given as mappings of the same keys (no table behind them)."""
+        made = cls.__new__(cls)
+        made.table = None
+        made._lists = {name: [row[name] for row in rows] for name in (rows[0] if rows else ())}
+        made._names = list(made._lists)
+        return made
+
+    def column(self, name: str) -> list:
+        """The column's values."""
+        values = self._lists.get(name)
+        if values is None:
+            if self.table is None or name not in self._names:
+                raise KeyError(name)
+            values = self._lists[name] = _values(self.table[name], self.table.schema.field(name).type)
+        return values
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def has(self, name: str) -> bool:
+        return name in self._lists or name in self._names
+
+
+def _check_convertible(table: pa.Table) -> None:
+    """Raise what as_rows would raise for the table when one of its values has no Python form (text that
+    is not UTF-8: Parquet readers do not check; a time beyond datetime's range)."""
+    try:
+        table.validate(full=True)
+        for field in table.schema:
+            if pa.types.is_timestamp(field.type) and table[field.name].null_count < table.num_rows:
+                found = pc.min_max(table[field.name].cast(pa.int64()))
+                if found["min"].as_py() < _DATETIME_MICROS[0] or found["max"].as_py() > _DATETIME_MICROS[1]:
+                    raise OverflowError(f"{field.name} holds a time beyond datetime's range")
+    except (pa.ArrowInvalid, OverflowError):
+        as_rows(table)
+        raise
+
+
+class Row(Mapping):
+    """One row of Columns, as a read-only mapping of column name to value."""
+
+    __slots__ = ("columns", "index")
+
+    def __init__(self, columns: Columns, index: int) -> None:
+        self.columns = columns
+        self.index = index
+
+    def __getitem__(self, name: str) -> object:
+        return self.columns.column(name)[self.index]
+
+    def get(self, name: str, default: object = None) -> object:
+        return self.columns.column(name)[self.index] if self.columns.has(name) else default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.columns.names())
+
+    def __len__(self) -> int:
+        return len(self.columns.names())
