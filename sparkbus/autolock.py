@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Callable, Optional
 
 from .exceptions import ServiceBusError
 from .receiver import ServiceBusSession
+from .engine import clock
 
 RENEW_BEFORE_SECONDS = 10.0  # renew this long before a lock lapses (or half way through shorter locks)
 TICK_SECONDS = 0.2
@@ -61,10 +60,10 @@ class AutoLockRenewer:
         if self._stop.is_set():
             raise ValueError("the AutoLockRenewer is closed")
         duration = self._default_duration if max_lock_renewal_duration is None else _check_duration(max_lock_renewal_duration)
-        remaining = (renewable.locked_until_utc - datetime.now(timezone.utc)).total_seconds()
+        remaining = (renewable.locked_until_utc - clock.now()).total_seconds()
         renew_within = min(RENEW_BEFORE_SECONDS, max(remaining, 0) / 2)
         with self._guard:
-            self._registered.append(_Registration(receiver, renewable, time.monotonic() + duration, renew_within,
+            self._registered.append(_Registration(receiver, renewable, clock.monotonic() + duration, renew_within,
                                                   on_lock_renew_failure or self._default_callback))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="sparkbus-lock-renewer", daemon=True)
@@ -88,9 +87,9 @@ class AutoLockRenewer:
     def _keep(self, item: _Registration) -> bool:
         """Renew item if due; False once it needs no more attention."""
         message = item.renewable
-        if getattr(message, "_settled", False) or time.monotonic() >= item.deadline:
+        if getattr(message, "_settled", False) or clock.monotonic() >= item.deadline:
             return False
-        remaining = (message.locked_until_utc - datetime.now(timezone.utc)).total_seconds()
+        remaining = (message.locked_until_utc - clock.now()).total_seconds()
         if remaining > item.renew_within:
             return True
         try:

@@ -21,7 +21,6 @@ import math
 import random
 import re
 import threading
-import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
@@ -54,6 +53,7 @@ from .handler import requires_open
 from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_TIME_ANNOTATION, amqp_text,
                       amqp_ttl, body_text, public_body, str_keys, to_utc)
 from .core.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
+from .engine import clock
 
 RECEIVER_KINDS = ("queue", "subscription")
 MAX_DELETE_COUNT = 4000  # messages one delete_messages call removes at most, as Service Bus
@@ -369,10 +369,10 @@ class ServiceBusSession:
 
     def _release(self) -> None:
         """End the locks of its unsettled messages now (they are delivered again first), then its own."""
-        self._delivery.extend_locks(self._lock, dict(self._held), datetime.now(timezone.utc))
+        self._delivery.extend_locks(self._lock, dict(self._held), clock.now())
         self._delivery.update_session(self._lock, lambda row, info, now: {**row, "lock_token": None,
                                                                            "locked_until_utc": None})
-        self._lock.locked_until_utc = datetime.now(timezone.utc)  # settling now reads the session row back
+        self._lock.locked_until_utc = clock.now()  # settling now reads the session row back
 
     def __repr__(self) -> str:
         return f"ServiceBusSession(session_id={self.session_id!r}, locked_until_utc={self.locked_until_utc})"
@@ -536,7 +536,7 @@ class ServiceBusReceiver:
     def _hint_fanout(self) -> None:
         """Log one warning (once per receiver) when this subscription is empty while its topic holds messages
         older than FANOUT_HINT_AGE that no fan-out has taken, saying what delivers them."""
-        now = time.monotonic()
+        now = clock.monotonic()
         if self._fanout_hinted or (self._fanout_checked is not None and now < self._fanout_checked + FANOUT_HINT_EVERY):
             return
         self._fanout_checked = now
@@ -624,7 +624,7 @@ class ServiceBusReceiver:
         up to prefetch_count extra messages for later calls. The cache is taken from once nothing can fail
         any more: a throttled or failed fetch leaves it as it was."""
         info = self._connected()
-        now = datetime.now(timezone.utc)
+        now = clock.now()
         self._prefetched = [m for m in self._prefetched if m.locked_until_utc is None or m.locked_until_utc > now]
         got = self._prefetched[:count]
         if len(got) == count:
@@ -790,7 +790,7 @@ class ServiceBusReceiver:
         if isinstance(max_message_count, bool) or not isinstance(max_message_count, int) or \
                 not 1 <= max_message_count <= MAX_DELETE_COUNT:
             raise ValueError(f"max_message_count must be an int from 1 to {MAX_DELETE_COUNT}, got {max_message_count!r}")
-        before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or datetime.now(timezone.utc)
+        before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or clock.now()
         try:
             return self._delete(max_message_count, before)
         except EntityDeleted as gone:  # deleted while this ran: the new incarnation's, if created again
@@ -818,7 +818,7 @@ class ServiceBusReceiver:
     def purge_messages(self, *, before_enqueued_time_utc: Optional[datetime] = None) -> int:
         """delete_messages until none is left that qualifies (enqueued before before_enqueued_time_utc,
         default the time of the call); returns how many were removed."""
-        before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or datetime.now(timezone.utc)
+        before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or clock.now()
         total = 0
         while True:
             removed = self.delete_messages(max_message_count=MAX_DELETE_COUNT, before_enqueued_time_utc=before)
@@ -856,7 +856,7 @@ class ServiceBusReceiver:
                 info, cursor, max_message_count,
                 sub_queue=SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else None,
                 session_id=None if self.session is None else self.session.session_id)
-            now = datetime.now(timezone.utc)
+            now = clock.now()
             return [m for m in (_peeked(r, now) for r in found) if m is not None]
         return self._charged(info, peek, peeking=True)
 

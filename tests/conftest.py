@@ -19,10 +19,13 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
+from typing import Callable
 
 import pytest
 
 import sparkbus
+from sparkbus.engine import clock as service_clock
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -105,6 +108,25 @@ def azurite():
     server.wait(30)
 
 
+class MovedClock:
+    """The service's clock (sparkbus.engine.clock) as a test moves it: what would happen after a wait happens
+    at once, in this process (spawned processes keep the real time)."""
+
+    now = staticmethod(service_clock.now)
+    advance = staticmethod(service_clock.advance)
+
+    def past(self, moment: datetime, headroom: float = 1.0) -> None:
+        """Move the clock to headroom seconds after moment (the end of a lock, a window, a schedule)."""
+        service_clock.advance(max(0.0, (moment - service_clock.now()).total_seconds() + headroom))
+
+
+@pytest.fixture
+def clock():
+    """A clock the test moves instead of sleeping; back to the real time afterwards."""
+    yield MovedClock()
+    service_clock.reset()
+
+
 @pytest.fixture
 def ns_path(request, store, tmp_path):
     """Where a test's namespace goes: a local directory, or a fresh az:// prefix on Azurite."""
@@ -142,6 +164,17 @@ def spawn():
 
 # per-process state sparkbus keeps beside a local namespace's tables: not namespace data
 NOT_DATA = (".throttle-ledger", ".throttle-slots", "machine-id")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
+    """Look at condition every `every` seconds until it holds (True) or timeout seconds have passed (False):
+    for what another process or thread does in real time."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
 
 
 def files_under(top: str, *, metrics: bool = True) -> dict[str, tuple]:

@@ -1,8 +1,6 @@
 """Receiver delete_messages and purge_messages (the SDK's batch delete): which messages go, and what stays."""
 from __future__ import annotations
 
-import time
-from datetime import datetime, timezone
 
 import pytest
 
@@ -32,12 +30,12 @@ def test_delete_takes_the_oldest_unlocked_messages_and_purge_the_rest(admin, cli
     assert admin.get_queue_runtime_properties("q").active_message_count == 0
 
 
-def test_delete_honours_the_enqueued_time_cutoff_and_sub_queues(admin, client):
+def test_delete_honours_the_enqueued_time_cutoff_and_sub_queues(admin, client, clock):
     admin.create_queue("q")
     _send(client, "q", ["old1", "old2"])
-    time.sleep(0.05)
-    cutoff = datetime.now(timezone.utc)
-    time.sleep(0.05)
+    clock.advance(0.05)
+    cutoff = clock.now()
+    clock.advance(0.05)
     _send(client, "q", ["new"])
     with client.get_queue_receiver("q") as receiver:
         assert receiver.purge_messages(before_enqueued_time_utc=cutoff) == 2

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,7 +19,7 @@ from sparkbus import ServiceBusMessage
 from sparkbus.cli import main
 from sparkbus.definitions import MAX_NESTING_DEPTH, apply_definition, load_definition
 from sparkbus.storage import maintenance
-from conftest import files_under
+from conftest import files_under, wait_until
 
 # The namespace's request metrics count a refused request as a user error (as Service Bus does): the one
 # table a refused command may add to, when its process flushes its metrics (files_under(metrics=False)).
@@ -281,13 +280,11 @@ def test_a_file_is_sent_whole_in_batches_after_it_was_checked(admin, ns_path, tm
 
 def _until_reading_stdin(pid: int, timeout: float = 120) -> None:
     """Wait until the process's main thread is blocked in read(2) on file descriptor 0 (Linux /proc)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reading() -> bool:
         with open(f"/proc/{pid}/syscall") as current:
-            if current.read().split()[:2] == ["0", "0x0"]:  # x86-64 read, fd 0
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"process {pid} did not start reading stdin within {timeout} s")
+            return current.read().split()[:2] == ["0", "0x0"]  # x86-64 read, fd 0
+    if not wait_until(reading, timeout):
+        raise AssertionError(f"process {pid} did not start reading stdin within {timeout} s")
 
 
 def test_ctrl_c_is_one_line_and_exit_130(admin, ns_path):

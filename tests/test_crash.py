@@ -191,7 +191,7 @@ def _tail(path: str) -> str:
         return handle.read()[-3000:]
 
 
-def check_final(ns: str, ledger: Ledger, spark) -> None:
+def check_final(ns: str, ledger: Ledger, spark, clock) -> None:
     catalog = open_catalog(ns)
     fanout.drain(catalog, "t")  # what a killed fan-out or forward left is finished, exactly once
     forwarding.forward_all(catalog)
@@ -206,7 +206,7 @@ def check_final(ns: str, ledger: Ledger, spark) -> None:
         present = set(messages_of(ns, entity)[0])
         assert present == wanted, \
             f"{entity}: missing {sorted(wanted - present)[:5]}, extra {sorted(present - wanted)[:5]}"
-    time.sleep(LOCK_SECONDS + 1.5)  # every lock the killed workers held has lapsed
+    clock.advance(LOCK_SECONDS + 1.5)  # every lock the killed workers held has lapsed
     client = ServiceBusClient(ns)
     live = {m.message_id: m for m in peek_all(client, "q")}
     dead = {m.message_id for m in peek_all(client, "q", ServiceBusSubQueue.DEAD_LETTER)}
@@ -254,12 +254,12 @@ def check_final(ns: str, ledger: Ledger, spark) -> None:
 
 
 @pytest.mark.slow
-def test_killed_clients_lose_and_duplicate_nothing(tmp_path, spark):
+def test_killed_clients_lose_and_duplicate_nothing(tmp_path, spark, clock):
     ns, logs = str(tmp_path / "ns"), tmp_path / "logs"
     logs.mkdir()
     setup(ns)
     ledger = run_rounds(ns, str(logs), KILLS, SEED)
-    check_final(ns, ledger, spark)
+    check_final(ns, ledger, spark, clock)
     total = sum(len(ids) for ids in ledger.sent.values())
     print(f"\ncrash: {KILLS} kills (seed {SEED}), {total} acknowledged sends, interrupted: {dict(ledger.interrupted)}")
     assert total > 0 and sum(ledger.interrupted.values()) >= KILLS // 2

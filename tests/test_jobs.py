@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 import pyarrow as pa
@@ -20,6 +19,8 @@ import pytest
 
 import sparkbus
 from sparkbus import ServiceBusMessage
+
+from conftest import wait_until
 
 pytestmark = pytest.mark.slow
 JOBS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
@@ -83,11 +84,11 @@ def cluster(tmp_path_factory):
                                                 start_new_session=True))
             if name == "master" and not listening(port, started[0], 120):
                 pytest.fail(f"the master did not start: {(work / 'master.log').read_text()[-2000:]}")
-        deadline = time.monotonic() + 120  # the worker registers with the master (its UI's JSON says so; the
-        while _alive_workers(ui) < 1:      # logs need not: SPARK_CONF_DIR may set warnings only)
-            if time.monotonic() > deadline or started[1].poll() is not None:
-                pytest.fail(f"the worker did not register: {(work / 'worker.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+        # the worker registers with the master (its UI's JSON says so; the logs need not: SPARK_CONF_DIR may
+        # set warnings only)
+        wait_until(lambda: _alive_workers(ui) >= 1 or started[1].poll() is not None, 120, every=0.2)
+        if _alive_workers(ui) < 1:
+            pytest.fail(f"the worker did not register: {(work / 'worker.log').read_text()[-2000:]}")
         yield f"spark://127.0.0.1:{port}"
     finally:
         for process in reversed(started):
@@ -190,10 +191,9 @@ def test_fanout_forward_and_serve_through_spark_submit(tmp_path):
     try:
         with client.get_topic_sender("events") as sender:
             sender.send_messages(ServiceBusMessage("live"))
-        deadline = time.monotonic() + 180
-        while admin.get_queue_runtime_properties("archive").active_message_count < 6:
-            assert time.monotonic() < deadline and service.poll() is None, "the service did not forward in time"
-            time.sleep(0.5)
+        forwarded = wait_until(lambda: service.poll() is not None or
+                               admin.get_queue_runtime_properties("archive").active_message_count >= 6, 180, every=0.5)
+        assert forwarded and service.poll() is None, "the service did not forward in time"
         # SIGTERM to the Python driver (spark-submit's child) stops the service cleanly; spark-submit, and
         # `sparkbus submit` with it, then exit with the driver's exit code
         # (the driver is the child running our Python: a child the JVM has forked and not yet exec'd to start

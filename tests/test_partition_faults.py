@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import glob
 import os
-import time
 
 import pytest
 
@@ -46,7 +45,7 @@ def filled(admin, ns: str) -> None:
             sender.send_messages([ServiceBusMessage(f"m{2 * i}"), ServiceBusMessage(f"m{2 * i + 1}")])
 
 
-def test_a_partition_whose_directory_is_gone_serves_nothing_and_takes_nothing_until_repaired(admin, ns_path):
+def test_a_partition_whose_directory_is_gone_serves_nothing_and_takes_nothing_until_repaired(admin, ns_path, clock):
     filled(admin, ns_path)
     broken = partition_dir(admin, "q", 3)
     os.rename(broken, broken + ".saved")
@@ -70,7 +69,7 @@ def test_a_partition_whose_directory_is_gone_serves_nothing_and_takes_nothing_un
     finally:
         os.remove(broken)
         os.rename(broken + ".saved", broken)
-    time.sleep(DETECTED_SECONDS + 0.5)  # found faulty partitions are tried again after this
+    clock.advance(DETECTED_SECONDS + 0.5)  # found faulty partitions are tried again after this
     with ServiceBusClient(ns_path).get_queue_sender("q") as sender:
         sender.send_messages(ServiceBusMessage("pinned", partition_key=key_for(3)))
     assert admin.get_queue_runtime_properties("q").availability_status == "Available"
@@ -79,7 +78,7 @@ def test_a_partition_whose_directory_is_gone_serves_nothing_and_takes_nothing_un
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "missing"])
-def test_a_partition_with_a_corrupt_or_missing_file_is_skipped_then_served_once_repaired(admin, ns_path, fault):
+def test_a_partition_with_a_corrupt_or_missing_file_is_skipped_then_served_once_repaired(admin, ns_path, fault, clock):
     filled(admin, ns_path)
     victim = sorted(glob.glob(os.path.join(partition_dir(admin, "q", 5), "*.parquet")))[0]
     with open(victim, "rb") as f:
@@ -104,7 +103,7 @@ def test_a_partition_with_a_corrupt_or_missing_file_is_skipped_then_served_once_
     finally:
         with open(victim, "wb") as f:
             f.write(original)
-    time.sleep(DETECTED_SECONDS + 0.5)
+    clock.advance(DETECTED_SECONDS + 0.5)
     assert admin.get_queue_runtime_properties("q").availability_status == "Available"
     assert received_partitions(ns_path, "q") == {5: 2}
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import datetime, timezone
 
 import pytest
 from conftest import REPO
@@ -15,11 +14,6 @@ from sparkbus import (NEXT_AVAILABLE_SESSION, MessageLockLostError, MessageSizeE
                       MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusMessage, ServiceBusSubQueue,
                       SessionCannotBeLockedError, set_partition_availability, storage)
 from sparkbus.core import partitioning
-
-
-def _sleep_past(locked_until: datetime, headroom: float = 1.0) -> None:
-    """Sleep until headroom seconds after a lock lapses."""
-    time.sleep(max(0.0, (locked_until - datetime.now(timezone.utc)).total_seconds() + headroom))
 
 
 def _messages_table(admin, entity: str):
@@ -172,7 +166,7 @@ def test_leaving_a_session_receivers_with_block_frees_it_for_next_available(admi
 # "A message abandoned, or whose lock lapsed, at `max_delivery_count` moves to the dead-letter sub-queue with
 # reason `MaxDeliveryCountExceeded`."
 @pytest.mark.slow
-def test_a_lock_lapsing_at_max_delivery_count_dead_letters_the_message(admin, client):
+def test_a_lock_lapsing_at_max_delivery_count_dead_letters_the_message(admin, client, clock):
     admin.create_queue("q", max_delivery_count=1, lock_duration="PT5S")
     sender = client.get_queue_sender("q")
     sender.send_messages(ServiceBusMessage("poison"))
@@ -180,7 +174,7 @@ def test_a_lock_lapsing_at_max_delivery_count_dead_letters_the_message(admin, cl
     receiver = client.get_queue_receiver("q")
     (poison,) = receiver.receive_messages()
     assert (str(poison), poison.delivery_count) == ("poison", 1)
-    _sleep_past(poison.locked_until_utc)
+    clock.past(poison.locked_until_utc)
     got = client.get_queue_receiver("q").receive_messages(max_message_count=5)
     assert [str(m) for m in got] == ["fine"]  # the lapsed message at its limit is not delivered again
     with pytest.raises(MessageLockLostError):

@@ -20,11 +20,6 @@ def send(client, queue, *messages):
     client.get_queue_sender(queue).send_messages(list(messages))
 
 
-def _sleep_past(locked_until: datetime, headroom: float = 1.0) -> None:
-    """Sleep until headroom seconds after a lock lapses."""
-    time.sleep(max(0.0, (locked_until - datetime.now(timezone.utc)).total_seconds() + headroom))
-
-
 def test_peek_lock_settlements_keep_counts_exact(admin, client):
     admin.create_queue("q", enable_partitioning=True)
     send(client, "q", *(ServiceBusMessage(f"m{i}", application_properties={"i": i}, subject="s") for i in range(8)))
@@ -87,13 +82,13 @@ def test_max_delivery_count_dead_letters(admin, client):
 
 
 @pytest.mark.slow
-def test_lock_expiry_redelivers_and_loses_the_lock(admin, client):
+def test_lock_expiry_redelivers_and_loses_the_lock(admin, client, clock):
     admin.create_queue("q", lock_duration="PT5S")
     send(client, "q", ServiceBusMessage("slow job"))
     first = client.get_queue_receiver("q")
     (m,) = first.receive_messages()
     assert first.renew_message_lock(m) > m.enqueued_time_utc
-    _sleep_past(m.locked_until_utc)
+    clock.past(m.locked_until_utc)
     second = client.get_queue_receiver("q")
     (again,) = second.receive_messages()
     assert again.sequence_number == m.sequence_number and again.delivery_count == 2
@@ -103,24 +98,24 @@ def test_lock_expiry_redelivers_and_loses_the_lock(admin, client):
     assert counts(admin, "q") == (0, 0, 0, 0)
 
 
-def test_renew_extends_the_lock(admin, client):
+def test_renew_extends_the_lock(admin, client, clock):
     admin.create_queue("q", lock_duration="PT30S")
     send(client, "q", ServiceBusMessage("x"))
     receiver = client.get_queue_receiver("q")
     (m,) = receiver.receive_messages()
     before = m.locked_until_utc
-    time.sleep(0.05)
+    clock.advance(0.05)
     after = receiver.renew_message_lock(m)
     assert after > before and m.locked_until_utc == after
     receiver.complete_message(m)
 
 
-def test_expired_messages_are_never_delivered(admin, client):
+def test_expired_messages_are_never_delivered(admin, client, clock):
     admin.create_queue("keep", dead_lettering_on_message_expiration=True)
     admin.create_queue("drop")
     for queue in ("keep", "drop"):
         send(client, queue, ServiceBusMessage("old", time_to_live=timedelta(milliseconds=200)), ServiceBusMessage("fresh"))
-    time.sleep(0.4)
+    clock.advance(0.4)
     for queue in ("keep", "drop"):
         got = client.get_queue_receiver(queue).receive_messages(max_message_count=5)
         assert [str(m) for m in got] == ["fresh"]
@@ -193,7 +188,7 @@ def test_prefetch_serves_from_cache(admin, client):
 
 @pytest.mark.slow
 @pytest.mark.local_only
-def test_prefetched_messages_whose_lock_lapsed_are_not_handed_out(admin, client):
+def test_prefetched_messages_whose_lock_lapsed_are_not_handed_out(admin, client, clock):
     admin.create_queue("q", lock_duration="PT5S")
     send(client, "q", *(ServiceBusMessage(f"m{i}") for i in range(5)))
     receiver = client.get_queue_receiver("q", prefetch_count=3)
@@ -202,7 +197,7 @@ def test_prefetched_messages_whose_lock_lapsed_are_not_handed_out(admin, client)
     (last,) = other.receive_messages(max_message_count=5)
     assert str(last) == "m4"
     other.complete_message(last)
-    _sleep_past(first.locked_until_utc)
+    clock.past(first.locked_until_utc)
     got = receiver.receive_messages(max_message_count=3)
     # the cached m1-m3 (delivery 1, locks lapsed) are dropped: these are fresh locks, delivered a second time
     assert [str(m) for m in got] == ["m0", "m1", "m2"]
@@ -246,14 +241,14 @@ def test_receiver_errors(admin, client):
 
 
 @pytest.mark.slow
-def test_complete_messages_is_all_or_nothing_across_partitions(admin, client):
+def test_complete_messages_is_all_or_nothing_across_partitions(admin, client, clock):
     admin.create_queue("p", enable_partitioning=True, lock_duration="PT5S")
     send(client, "p", *[ServiceBusMessage(f"m{i}", partition_key=f"k{i % 3}") for i in range(9)])
     receiver = client.get_queue_receiver("p")
     first = receiver.receive_messages(max_message_count=9)
     assert len({m.sequence_number >> 48 for m in first}) == 3
     # the locks lapse; another receiver takes three messages of one partition
-    _sleep_past(max(m.locked_until_utc for m in first))
+    clock.past(max(m.locked_until_utc for m in first))
     thief = client.get_queue_receiver("p")
     stolen = thief.receive_messages(max_message_count=3)
     with pytest.raises(MessageLockLostError, match="nothing completed"):

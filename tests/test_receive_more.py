@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 
 import pytest
 from chispa import assert_df_equality
-from conftest import run_spawned
+from conftest import run_spawned, wait_until
 
 from sparkbus import AutoLockRenewer, MessageLockLostError, ServiceBusClient, ServiceBusMessage
 
@@ -36,18 +35,13 @@ def test_auto_lock_renewer_keeps_a_lock_past_its_duration(admin, client):
     assert admin.get_queue_runtime_properties("q").total_message_count == 0
 
 
-def _sleep_past(locked_until: datetime, headroom: float = 1.0) -> None:
-    """Sleep until headroom seconds after a lock lapses."""
-    time.sleep(max(0.0, (locked_until - datetime.now(timezone.utc)).total_seconds() + headroom))
-
-
 @pytest.mark.slow
-def test_auto_lock_renewer_reports_locks_that_really_lapsed(admin, client):
+def test_auto_lock_renewer_reports_locks_that_really_lapsed(admin, client, clock):
     admin.create_queue("q", lock_duration="PT5S")
     client.get_queue_sender("q").send_messages([ServiceBusMessage("taken"), ServiceBusMessage("lapsed")])
     receiver = client.get_queue_receiver("q")
     taken, lapsed = receiver.receive_messages(max_message_count=2)
-    _sleep_past(max(taken.locked_until_utc, lapsed.locked_until_utc))
+    clock.past(max(taken.locked_until_utc, lapsed.locked_until_utc))
     thief = client.get_queue_receiver("q")
     (stolen,) = thief.receive_messages()  # the oldest message, its lock lapsed: delivered again
     assert (stolen.sequence_number, stolen.delivery_count) == (taken.sequence_number, 2)
@@ -55,9 +49,7 @@ def test_auto_lock_renewer_reports_locks_that_really_lapsed(admin, client):
     renewer = AutoLockRenewer(on_lock_renew_failure=lambda m, e: failures.append((m, e)))
     renewer.register(receiver, taken)   # lapsed and taken by another receiver
     renewer.register(receiver, lapsed)  # lapsed, nobody took it yet
-    deadline = time.monotonic() + 10
-    while len(failures) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: len(failures) >= 2, 10, every=0.1)
     renewer.close()
     assert sorted(m.sequence_number for m, _ in failures) == sorted([taken.sequence_number, lapsed.sequence_number])
     assert all(isinstance(e, MessageLockLostError) for _, e in failures)
@@ -107,13 +99,14 @@ def _crash_holding_locks(path, queue, barrier, results):
 
 
 @pytest.mark.slow
-def test_crashed_receivers_locks_expire_and_messages_come_back(spawn, admin, client, ns_path):
+def test_crashed_receivers_locks_expire_and_messages_come_back(spawn, admin, client, ns_path, clock):
     admin.create_queue("q", lock_duration="PT5S")
     client.get_queue_sender("q").send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
     (taken,) = run_spawned(spawn, _crash_holding_locks, [(ns_path, "q")])
     assert len(taken) == 3
     receiver = client.get_queue_receiver("q")
     assert receiver.receive_messages(max_message_count=3, max_wait_time=0) == []
-    again = receiver.receive_messages(max_message_count=3, max_wait_time=10)
+    clock.advance(6)  # past the 5 s locks the crashed process took
+    again = receiver.receive_messages(max_message_count=3, max_wait_time=0)
     assert sorted(m.sequence_number for m in again) == sorted(taken)
     assert all(m.delivery_count == 2 for m in again)

@@ -13,6 +13,8 @@ import time
 
 from sparkbus import ServiceBusMessage
 
+from conftest import wait_until
+
 SEND_LATER = textwrap.dedent("""
     import sys, time
     from sparkbus import ServiceBusClient, ServiceBusMessage
@@ -56,9 +58,7 @@ def test_iterating_without_max_wait_time_goes_on_past_an_empty_queue_until_close
     worker = threading.Thread(target=work)
     worker.start()
     assert sender.wait(timeout=60) == 0
-    deadline = time.monotonic() + 30
-    while len(seen) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(seen) >= 3, 30)
     assert worker.is_alive()  # still waiting for a fourth message
     receiver.close()  # from another thread: the waiting iteration ends
     worker.join(timeout=10)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -94,7 +93,7 @@ def test_property_names_that_look_like_tables_or_code_are_only_property_names(sh
 
 @pytest.mark.slow
 @pytest.mark.local_only
-def test_a_read_only_namespace_refuses_writes_clearly_and_corrupts_nothing(tmp_path):
+def test_a_read_only_namespace_refuses_writes_clearly_and_corrupts_nothing(tmp_path, clock):
     """chattr +i makes files and directories immutable even for root (the suite's user here)."""
     ns = str(tmp_path / "ns")
     sparkbus.create_namespace(ns, credits_per_second=None)
@@ -111,7 +110,7 @@ def test_a_read_only_namespace_refuses_writes_clearly_and_corrupts_nothing(tmp_p
             sparkbus.ServiceBusAdministrationClient(ns).update_queue("q", max_delivery_count=3)
     finally:
         subprocess.run(["chattr", "-R", "-i", ns], check=True)
-    time.sleep(DETECTED_SECONDS + 0.5)  # this process avoids the partitions it found faulty this long
+    clock.advance(DETECTED_SECONDS + 0.5)  # this process avoids the partitions it found faulty this long
     fresh = sparkbus.ServiceBusAdministrationClient(ns)
     assert [q.name for q in fresh.list_queues()] == ["q"] and fresh.get_queue("q").max_delivery_count == 10
     with ServiceBusClient(ns).get_queue_receiver("q", receive_mode="receiveanddelete", max_wait_time=1) as r:

@@ -40,7 +40,7 @@ def test_session_receiver_gets_its_session_in_order(admin, client):
     assert admin.get_queue_runtime_properties("s").active_message_count == 3  # session b is untouched
 
 
-def test_a_locked_session_cannot_be_taken_until_its_lock_expires(admin, client):
+def test_a_locked_session_cannot_be_taken_until_its_lock_expires(admin, client, clock):
     _session_queue(admin, lock_duration="PT5S")
     _send(client, "s", "a", 3)
     first = client.get_queue_receiver("s", session_id="a")
@@ -49,7 +49,7 @@ def test_a_locked_session_cannot_be_taken_until_its_lock_expires(admin, client):
     with pytest.raises(SessionCannotBeLockedError, match="'a' is locked"):
         client.get_queue_receiver("s", session_id="a", max_wait_time=1)
     assert time.monotonic() - start >= 1  # it waited for the lock before giving up
-    time.sleep(5.2)
+    clock.advance(5.2)
     second = client.get_queue_receiver("s", session_id="a")  # takeover after expiry
     with pytest.raises(SessionLockLostError):
         first.complete_message(held[0])
@@ -60,7 +60,7 @@ def test_a_locked_session_cannot_be_taken_until_its_lock_expires(admin, client):
     assert [str(m) for m in second.receive_messages(max_message_count=5)] == ["a-0", "a-1", "a-2"]
 
 
-def test_session_state_and_renewal(admin, client, ns_path):
+def test_session_state_and_renewal(admin, client, ns_path, clock):
     _session_queue(admin, lock_duration="PT5S")
     _send(client, "s", "cart", 2)
     receiver = client.get_queue_receiver("s", session_id="cart")
@@ -74,7 +74,7 @@ def test_session_state_and_renewal(admin, client, ns_path):
     # which take a while on a busy emulator): renew now, then every 2.5 s
     receiver.session.renew_lock()
     for _ in range(3):
-        time.sleep(2.5)
+        clock.advance(2.5)
         before = receiver.session.locked_until_utc
         assert receiver.session.renew_lock() > before
     receiver.complete_message(message)  # 7.5 s into a 5 s lock: renewal carried the message lock too
@@ -84,7 +84,7 @@ def test_session_state_and_renewal(admin, client, ns_path):
         receiver.session.set_state(42)
     receiver.session.set_state("step-2")
     other = ServiceBusClient(ns_path)  # another client sees the durable state once the lock is free
-    time.sleep(5.2)
+    clock.advance(5.2)
     assert other.get_queue_receiver("s", session_id="cart").session.get_state() == b"step-2"
 
 
@@ -204,17 +204,17 @@ def test_four_receivers_process_twenty_sessions_in_order(spawn, admin, client, n
     assert admin.get_queue_runtime_properties("work").total_message_count == 0
 
 
-def test_a_session_on_an_unavailable_partition_delivers_nothing_until_it_returns(admin, client, ns_path):
+def test_a_session_on_an_unavailable_partition_delivers_nothing_until_it_returns(admin, client, ns_path, clock):
     from sparkbus import set_partition_availability
 
     _session_queue(admin)
     _send(client, "s", "a", 2)
     receiver = client.get_queue_receiver("s", session_id="a")
     set_partition_availability(ns_path, receiver.session._lock.partition, False, entity_path="s", reason="disk")
-    time.sleep(1.1)  # receivers re-read entity settings at most once a second
+    clock.advance(1.1)  # receivers re-read entity settings at most once a second
     assert receiver.receive_messages(max_message_count=2, max_wait_time=0) == []
     set_partition_availability(ns_path, receiver.session._lock.partition, True, entity_path="s")
-    time.sleep(1.1)
+    clock.advance(1.1)
     assert [str(m) for m in receiver.receive_messages(max_message_count=2)] == ["a-0", "a-1"]
 
 

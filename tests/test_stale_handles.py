@@ -33,14 +33,14 @@ def entity_directories(ns_path: str) -> dict[str, list[str]]:
     return found
 
 
-def replace_queue(admin, name: str, outcome: str, **options) -> None:
+def replace_queue(admin, name: str, outcome: str, clock, **options) -> None:
     """Delete the queue; unless outcome is "deleted", create it again (with options); after
-    "recreated-after-refresh", wait until clients re-read entity settings."""
+    "recreated-after-refresh", move the clock past the time clients re-read entity settings."""
     admin.delete_queue(name)
     if outcome != "deleted":
         admin.create_queue(name, **options)
     if outcome == "recreated-after-refresh":
-        time.sleep(SETTINGS_REFRESH_SECONDS + 0.05)
+        clock.advance(SETTINGS_REFRESH_SECONDS + 0.05)
 
 
 def shown(client, queue: str, **receiver_options) -> list[tuple]:
@@ -67,14 +67,14 @@ SETTLEMENTS = {
 
 @pytest.mark.parametrize("outcome", OUTCOMES)
 @pytest.mark.parametrize("settle", sorted(SETTLEMENTS))
-def test_a_lock_of_a_deleted_queue_is_lost_and_touches_nothing(admin, client, ns_path, settle, outcome):
+def test_a_lock_of_a_deleted_queue_is_lost_and_touches_nothing(admin, client, ns_path, settle, outcome, clock):
     admin.create_queue("x", enable_partitioning=True)
     old = [ServiceBusMessage(f"old-{i}", partition_key=f"k{i}") for i in range(4)]  # in several partitions
     client.get_queue_sender("x").send_messages(old)
     receiver = client.get_queue_receiver("x")
     messages = receiver.receive_messages(max_message_count=4)
     assert len(messages) == 4 and len({m._partition_id for m in messages}) > 1
-    replace_queue(admin, "x", outcome, enable_partitioning=True)
+    replace_queue(admin, "x", outcome, clock, enable_partitioning=True)
     if outcome != "deleted":  # the same numbers again: what a lock of the deleted queue would have hit
         client.get_queue_sender("x").send_messages(
             [ServiceBusMessage(f"new-{i}", partition_key=f"k{i}") for i in range(4)])
@@ -99,12 +99,12 @@ def test_a_lock_of_a_deleted_queue_is_lost_and_touches_nothing(admin, client, ns
     assert shown(client, "x") == []
 
 
-def test_prefetched_messages_of_a_deleted_queue_are_dropped(admin, client):
+def test_prefetched_messages_of_a_deleted_queue_are_dropped(admin, client, clock):
     admin.create_queue("x")
     client.get_queue_sender("x").send_messages([ServiceBusMessage(f"old-{i}") for i in range(3)])
     receiver = client.get_queue_receiver("x", prefetch_count=5)
     assert [str(m) for m in receiver.receive_messages(max_message_count=1)] == ["old-0"]
-    replace_queue(admin, "x", "recreated")
+    replace_queue(admin, "x", "recreated", clock)
     client.get_queue_sender("x").send_messages(ServiceBusMessage("new"))
     assert [str(m) for m in receiver.receive_messages(max_message_count=5, max_wait_time=5)] == ["new"]
 
@@ -112,13 +112,13 @@ def test_prefetched_messages_of_a_deleted_queue_are_dropped(admin, client):
 # ---- deferred sequence numbers ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("outcome", OUTCOMES)
-def test_deferred_numbers_of_a_deleted_queue_name_nothing_in_the_new_one(admin, client, ns_path, outcome):
+def test_deferred_numbers_of_a_deleted_queue_name_nothing_in_the_new_one(admin, client, ns_path, outcome, clock):
     admin.create_queue("x")
     client.get_queue_sender("x").send_messages(ServiceBusMessage("old"))
     receiver = client.get_queue_receiver("x")
     old = receiver.receive_messages(max_message_count=1)[0]
     receiver.defer_message(old)
-    replace_queue(admin, "x", outcome)
+    replace_queue(admin, "x", outcome, clock)
     if outcome == "deleted":
         before = files_under(ns_path)
         with pytest.raises(MessagingEntityNotFoundError):
@@ -153,13 +153,13 @@ SESSION_OPERATIONS = {  # (receiver, the message it holds) -> a session operatio
 
 @pytest.mark.parametrize("outcome", OUTCOMES)
 @pytest.mark.parametrize("operation", sorted(SESSION_OPERATIONS))
-def test_a_session_of_a_deleted_queue_is_lost_and_touches_nothing(admin, client, ns_path, operation, outcome):
+def test_a_session_of_a_deleted_queue_is_lost_and_touches_nothing(admin, client, ns_path, operation, outcome, clock):
     admin.create_queue("s", requires_session=True)
     client.get_queue_sender("s").send_messages([ServiceBusMessage(f"old-{i}", session_id="a") for i in range(2)])
     receiver = client.get_queue_receiver("s", session_id="a")
     receiver.session.set_state(b"old state")
     held = receiver.receive_messages(max_message_count=1)[0]
-    replace_queue(admin, "s", outcome, requires_session=True)
+    replace_queue(admin, "s", outcome, clock, requires_session=True)
     if outcome != "deleted":
         client.get_queue_sender("s").send_messages([ServiceBusMessage(f"new-{i}", session_id="a") for i in range(2)])
         new = shown(client, "s")
@@ -178,11 +178,11 @@ def test_a_session_of_a_deleted_queue_is_lost_and_touches_nothing(admin, client,
     assert [(str(m), m.delivery_count) for m in got] == [("new-0", 1), ("new-1", 1)]
 
 
-def test_a_session_taken_in_the_new_queue_keeps_its_lock_and_state(admin, client, ns_path):
+def test_a_session_taken_in_the_new_queue_keeps_its_lock_and_state(admin, client, ns_path, clock):
     admin.create_queue("s", requires_session=True)
     client.get_queue_sender("s").send_messages(ServiceBusMessage("old", session_id="a"))
     stale = client.get_queue_receiver("s", session_id="a")
-    replace_queue(admin, "s", "recreated", requires_session=True)
+    replace_queue(admin, "s", "recreated", clock, requires_session=True)
     client.get_queue_sender("s").send_messages(ServiceBusMessage("new", session_id="a"))
     holder = client.get_queue_receiver("s", session_id="a")
     holder.session.set_state(b"new state")
@@ -213,11 +213,11 @@ def test_a_sender_of_a_deleted_queue_raises_not_found_and_writes_nothing(admin, 
 
 
 @pytest.mark.parametrize("outcome", ["recreated", "recreated-after-refresh"])
-def test_a_sender_follows_a_queue_created_again(admin, client, ns_path, outcome):
+def test_a_sender_follows_a_queue_created_again(admin, client, ns_path, outcome, clock):
     admin.create_queue("x")
     sender = client.get_queue_sender("x")
     sender.send_messages(ServiceBusMessage("old"))
-    replace_queue(admin, "x", outcome, max_delivery_count=3)
+    replace_queue(admin, "x", outcome, clock, max_delivery_count=3)
     directories = set(entity_directories(ns_path))
     assert len(directories) == 1
     sender.send_messages(ServiceBusMessage("new"))
@@ -228,12 +228,12 @@ def test_a_sender_follows_a_queue_created_again(admin, client, ns_path, outcome)
 
 
 @pytest.mark.parametrize("outcome", OUTCOMES)
-def test_scheduled_numbers_of_a_deleted_queue_cancel_nothing(admin, client, ns_path, outcome):
+def test_scheduled_numbers_of_a_deleted_queue_cancel_nothing(admin, client, ns_path, outcome, clock):
     admin.create_queue("x")
     later = datetime.now(timezone.utc) + timedelta(hours=1)
     sender = client.get_queue_sender("x")
     old = sender.schedule_messages(ServiceBusMessage("old"), later)
-    replace_queue(admin, "x", outcome)
+    replace_queue(admin, "x", outcome, clock)
     if outcome == "deleted":
         before = files_under(ns_path)
         with pytest.raises(MessagingEntityNotFoundError):
@@ -368,12 +368,12 @@ def test_deleting_a_queue_while_4_threads_receive_and_complete(admin, ns_path):
     assert len(done) == len(set(done)) and sorted(left + done) == sorted(f"new-{i}" for i in range(100))
 
 
-def test_peek_and_delete_messages_follow_a_queue_created_again(admin, client):
+def test_peek_and_delete_messages_follow_a_queue_created_again(admin, client, clock):
     admin.create_queue("x")
     client.get_queue_sender("x").send_messages([ServiceBusMessage(f"old-{i}") for i in range(3)])
     receiver = client.get_queue_receiver("x")
     assert [str(m) for m in receiver.peek_messages(max_message_count=2)] == ["old-0", "old-1"]  # the cursor moved
-    replace_queue(admin, "x", "recreated")
+    replace_queue(admin, "x", "recreated", clock)
     client.get_queue_sender("x").send_messages([ServiceBusMessage(f"new-{i}") for i in range(3)])
     assert [str(m) for m in receiver.peek_messages(max_message_count=2)] == ["new-0", "new-1"]  # from the start
     assert receiver.delete_messages(max_message_count=2) == 2

@@ -87,7 +87,7 @@ def _in_debt(ns_path: str, peeked: int) -> None:
         assert len(receiver.peek_messages(peeked, sequence_number=1)) == peeked
 
 
-def test_out_of_credits_with_retry_total_0_raises_50009_and_does_nothing(ns_path):
+def test_out_of_credits_with_retry_total_0_raises_50009_and_does_nothing(ns_path, clock):
     _filled(ns_path, 4000)
     admin = sparkbus.ServiceBusAdministrationClient(ns_path, retry_total=0)
     before = stored_messages(admin, "q").num_rows
@@ -101,7 +101,7 @@ def test_out_of_credits_with_retry_total_0_raises_50009_and_does_nothing(ns_path
         receiver.receive_messages(max_message_count=5)
     with pytest.raises(ServiceBusServerBusyError, match="Error code: 50009"):
         admin.get_queue("q")  # management is throttled too
-    time.sleep(4.5)  # the debt is repaid
+    clock.advance(4.5)  # the debt is repaid
     runtime = admin.get_queue_runtime_properties("q")
     assert runtime.active_message_count == before == 4000  # nothing written, nothing locked
     assert stored_messages(admin, "q").num_rows == before

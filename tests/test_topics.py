@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import stored_messages
+from conftest import stored_messages, wait_until
 
 import sparkbus
 from sparkbus.storage.location import normalize
@@ -151,10 +150,10 @@ def test_syntax_errors_are_refused_and_nothing_is_stored(topic):
     assert isinstance(topic.get_rule("events", "s", "$Default").filter, TrueRuleFilter)
 
 
-def test_new_subscriptions_and_rule_changes_apply_to_later_messages(topic, client, ns_path):
+def test_new_subscriptions_and_rule_changes_apply_to_later_messages(topic, client, ns_path, clock):
     topic.create_subscription("events", "early")
     send(client, orders(2))
-    time.sleep(0.01)
+    clock.advance(0.01)
     topic.create_subscription("events", "late")
     send(client, [ServiceBusMessage("after")])
     drain(ns_path)
@@ -191,17 +190,17 @@ def test_session_subscription_dead_letters_copies_without_a_session_id(topic, cl
 
 
 @pytest.mark.local_only  # its schedule is seconds ahead: the emulator's slow commits can reach it first
-def test_scheduled_topic_messages_reach_subscriptions_at_their_time(topic, client, ns_path):
+def test_scheduled_topic_messages_reach_subscriptions_at_their_time(topic, client, ns_path, clock):
     topic.create_subscription("events", "all")
     with client.get_topic_sender("events") as sender:
         soon, later = sender.schedule_messages([ServiceBusMessage("soon"), ServiceBusMessage("cancelled")],
-                                               datetime.now(timezone.utc) + timedelta(seconds=1.5))
+                                               clock.now() + timedelta(seconds=1.5))
         sender.send_messages(ServiceBusMessage("now"))
         sender.cancel_scheduled_messages(later)
     drain(ns_path)
     assert [str(m) for m in received(client, "all")] == ["now"]
     assert topic.get_topic_runtime_properties("events").scheduled_message_count == 1
-    time.sleep(1.6)
+    clock.advance(1.6)
     drain(ns_path)
     drain(ns_path)
     assert [str(m) for m in received(client, "all")] == ["soon"]
@@ -287,12 +286,12 @@ def test_fanout_killed_mid_batch_then_restarted(topic, client, ns_path, spawn):
     path = normalize(ns_path)
     process = spawn.Process(target=_fanout_slowly, args=(path,))
     process.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:   # kill once some subscription is ahead of another: mid-batch
-        counts = [stored_messages(topic, f"events/Subscriptions/s{i}").num_rows for i in range(6)]
-        if counts[0] > 0 and len(set(counts)) > 1:
-            break
-        time.sleep(0.005)
+    counts: list[int] = []
+
+    def mid_batch() -> bool:  # kill once some subscription is ahead of another
+        counts[:] = [stored_messages(topic, f"events/Subscriptions/s{i}").num_rows for i in range(6)]
+        return counts[0] > 0 and len(set(counts)) > 1
+    wait_until(mid_batch, 120, every=0.005)
     os.kill(process.pid, signal.SIGKILL)
     process.join()
     assert process.exitcode == -signal.SIGKILL
@@ -330,7 +329,7 @@ def test_crash_between_copies_and_their_dead_lettering_is_repaired(topic, client
     assert stored_messages(topic, "events/Subscriptions/dlq").num_rows == 5        # nothing copied twice
 
 
-def test_an_empty_subscription_says_once_that_its_topic_awaits_fan_out(topic, client, ns_path, caplog, capsys):
+def test_an_empty_subscription_says_once_that_its_topic_awaits_fan_out(topic, client, ns_path, caplog, capsys, clock):
     from sparkbus.cli import main
     from sparkbus.receiver import FANOUT_HINT_AGE
 
@@ -344,7 +343,7 @@ def test_an_empty_subscription_says_once_that_its_topic_awaits_fan_out(topic, cl
         with client.get_subscription_receiver("events", "all") as early:
             assert early.receive_messages(10, max_wait_time=0) == []
         assert not caplog.records  # the messages are younger than FANOUT_HINT_AGE
-        time.sleep(FANOUT_HINT_AGE.total_seconds() + 0.2)
+        clock.advance(FANOUT_HINT_AGE.total_seconds() + 0.2)
         with client.get_subscription_receiver("events", "all") as waiting:
             for _ in range(3):
                 assert waiting.receive_messages(10, max_wait_time=0) == []

@@ -5,7 +5,7 @@ its validator once, in OPTIONS; each kind lists the options it accepts. Properti
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Callable, Optional
 
@@ -109,8 +109,20 @@ class EntityOptions:
 
     @classmethod
     def from_stored(cls, data: dict) -> "EntityOptions":
-        """From the catalog's stored (JSON) form."""
-        return cls(**{k: v for k, v in options_from_json(data).items() if k in OPTIONS})
+        """From the catalog's stored (JSON) form (options it lacks keep their defaults)."""
+        return cls(**{k: parse_duration(v, k) if k in DURATION_OPTIONS else v for k, v in data.items() if k in OPTIONS})
+
+    def changed(self, values: dict) -> "EntityOptions":
+        """These options with values (option name -> value, as check_options returns them) set."""
+        return replace(self, **values)
+
+    def of_kind(self, kind: str) -> dict:
+        """The options a queue, topic or subscription has, by name: what its SDK properties object carries."""
+        return {name: getattr(self, name) for name in KIND_OPTIONS[kind]}
+
+    def stored(self, kind: str) -> dict:
+        """The catalog's stored (JSON) form of the options of kind."""
+        return {k: format_duration(v) if k in DURATION_OPTIONS else v for k, v in self.of_kind(kind).items()}
 
 
 DEFAULTS = EntityOptions()
@@ -182,18 +194,6 @@ def check_options(kind: str, values: dict) -> dict:
     if unknown:
         raise TypeError(f"unknown {kind} option(s) {unknown}; allowed: {sorted(allowed)}")
     return {name: OPTIONS[name].check(name, value) for name, value in values.items()}
-
-
-def defaults(kind: str) -> dict:
-    return {name: getattr(DEFAULTS, name) for name in KIND_OPTIONS[kind]}
-
-
-def options_to_json(options: dict) -> dict:
-    return {k: format_duration(v) if k in DURATION_OPTIONS else v for k, v in options.items()}
-
-
-def options_from_json(data: dict) -> dict:
-    return {k: parse_duration(v, k) if k in DURATION_OPTIONS else v for k, v in data.items()}
 
 
 @dataclass

@@ -24,10 +24,9 @@ from deltalake.exceptions import DeltaError
 
 from .. import storage
 from ..core import entities, forwarding, throttling, tiers
-from ..core.entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
+from ..core.entities import (DEFAULTS, EntityOptions, QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                              SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
-from ..core.filters import (RuleFilter, RuleProperties, SqlRuleAction, TrueRuleFilter, action_from_json,
-                            action_to_json, check_filter, filter_from_json, filter_quota_kind, filter_to_json)
+from ..core.filters import (RuleFilter, RuleProperties, SqlRuleAction, TrueRuleFilter, action_to_json, check_filter, filter_quota_kind, filter_to_json)
 from ..core.names import DEFAULT_RULE_NAME, checked_name, key, rule_path, split_subscription_path, subscription_path
 from ..core.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 from ..exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
@@ -164,9 +163,9 @@ def partition_message_counts(catalog: Catalog, path: str) -> dict[int, int]:
 def properties(catalog: Catalog, snap: Snapshot, row: Row) -> EntityProperties:
     """The SDK's properties object of the entity's row."""
     ns = namespace(catalog, snap)
-    options = entities.options_from_json(row.properties)
+    options = row.options
     if row.kind in TOP_LEVEL:
-        size = options["max_size_in_megabytes"]
+        size = options.max_size_in_megabytes
         extra = {"max_size_in_megabytes_per_partition": tiers.size_per_partition_mb(ns.tier, size, row.partition_count),
                  "total_max_size_in_megabytes": tiers.total_size_mb(ns.tier, size, row.partition_count)}
         if row.kind == "topic":  # the SDK's TopicProperties carries the topic's size too
@@ -177,7 +176,7 @@ def properties(catalog: Catalog, snap: Snapshot, row: Row) -> EntityProperties:
             | detected_faults(catalog.root, row.path))
     return entities.PROPERTIES_CLASS[row.kind](
         name=_display_name(row), partition_count=row.partition_count, availability_status=_status(down),
-        created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options, **extra)
+        created_at_utc=row.created_at_utc, updated_at_utc=row.updated_at_utc, **options.of_kind(row.kind), **extra)
 
 
 def runtime(catalog: Catalog, snap: Snapshot, row: Row) -> RuntimeProperties:
@@ -189,10 +188,10 @@ def runtime(catalog: Catalog, snap: Snapshot, row: Row) -> RuntimeProperties:
         extra = {"topic_name": snap.rows[row.parent].path}
     # Messages an entity forwards are pending transfer, not active (or dead-lettered) there.
     active, dead, transfer = counts.active, counts.dead_letter, 0
-    options = entities.options_from_json(row.properties)
-    if options.get("forward_to"):
+    options = row.options
+    if options.forward_to:
         active, transfer = 0, transfer + active
-    if options.get("forward_dead_lettered_messages_to"):
+    if options.forward_dead_lettered_messages_to:
         dead, transfer = 0, transfer + dead
     if row.kind != "topic":
         extra.update(transfer_message_count=transfer,
@@ -231,7 +230,7 @@ def _counts(catalog: Catalog, snap: Snapshot, row: Row) -> tuple[Counts, set[int
 
 def _filter_counts(snap: Snapshot, subscriptions: list[Row]) -> dict[str, int]:
     """sql_filter_count and correlation_filter_count of a topic's subscriptions' rules."""
-    kinds = [filter_quota_kind(filter_from_json(r.properties["filter"]))
+    kinds = [filter_quota_kind(r.rule_filter)
              for sub in subscriptions for r in snap.children(sub.key, "rule")]
     return {"sql_filter_count": kinds.count("SQL"), "correlation_filter_count": kinds.count("correlation")}
 
@@ -251,8 +250,8 @@ def create_entity(catalog: Catalog, kind: str, name: str, given: dict) -> Entity
     """Create a queue or topic named name with the checked options given (the rest defaults)."""
     def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change:
         ns = namespace(catalog, snap)
-        options = _complete_options(ns, kind, given)
-        count = tiers.entity_partition_count(ns.tier, ns.partition_count, options["enable_partitioning"])
+        options = _complete_options(ns, kind, given, DEFAULTS)
+        count = tiers.entity_partition_count(ns.tier, ns.partition_count, options.enable_partitioning)
         existing = snap.get(key(name))
         if existing is not None:
             raise MessagingEntityAlreadyExistsError(f"{existing.kind} {existing.path!r} already exists")
@@ -260,7 +259,7 @@ def create_entity(catalog: Catalog, kind: str, name: str, given: dict) -> Entity
         _check_forwarding(snap, name, options)
         require_available(snap, None, count, f"create {kind} {name!r}")
         row = Row(key=key(name), kind=kind, path=name, partition_count=count, storage=storage_dir,
-                  properties=entities.options_to_json(options))
+                  properties=options.stored(kind))
         return Change(upserts=[row], result=row)
 
     return _create_with_storage(catalog, decide)
@@ -269,7 +268,7 @@ def create_entity(catalog: Catalog, kind: str, name: str, given: dict) -> Entity
 def create_subscription(catalog: Catalog, topic_name: str, subscription_name: str,
                         given: dict) -> SubscriptionProperties:
     """Create the subscription with the rule '$Default' (TrueRuleFilter); it has its topic's partitions."""
-    options = {**entities.defaults("subscription"), **given}
+    options = DEFAULTS.changed(given)
     path = subscription_path(topic_name, subscription_name)
 
     def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change:
@@ -285,7 +284,7 @@ def create_subscription(catalog: Catalog, topic_name: str, subscription_name: st
         require_available(snap, topic.key, topic.partition_count, f"create subscription {path!r}")
         row = Row(key=key(path), kind="subscription", path=path, parent=topic.key,
                   partition_count=topic.partition_count, storage=storage_dir,
-                  properties=entities.options_to_json(options))
+                  properties=options.stored("subscription"))
         default_rule = _rule_row(row, DEFAULT_RULE_NAME, TrueRuleFilter(), None)
         return Change(upserts=[row, default_rule], result=row)
 
@@ -320,18 +319,17 @@ def update_entity(catalog: Catalog, kind: str, path: str, values: dict) -> None:
     def decide(snap: Snapshot) -> Change:
         row = find(catalog, snap, kind, path)
         ns = namespace(catalog, snap)
-        current = entities.options_from_json(row.properties)
+        current = row.options
         for name, value in values.items():
-            if entities.OPTIONS[name].immutable and value != current[name]:
+            was = getattr(current, name)
+            if entities.OPTIONS[name].immutable and value != was:
                 raise InvalidOperationError(
-                    f"{name} of {kind} {row.path!r} is fixed at creation ({current[name]}); it cannot change to {value}")
-        options = {**current, **values}
-        if kind in TOP_LEVEL:
-            options = _complete_options(ns, kind, options)
+                    f"{name} of {kind} {row.path!r} is fixed at creation ({was}); it cannot change to {value}")
+        options = _complete_options(ns, kind, values, current) if kind in TOP_LEVEL else current.changed(values)
         _check_tier_features(ns, kind, options)
         _check_forwarding(snap, row.path, options, row.parent)
         require_available(snap, row.key, row.partition_count, f"update {kind} {row.path!r}")
-        stored = entities.options_to_json(options)
+        stored = options.stored(kind)
         if stored == row.properties:  # nothing changes: no catalog version either
             return Change()
         return Change(upserts=[row.updated(stored)])
@@ -426,17 +424,17 @@ def _rule_row(sub: Row, rule_name: str, rule_filter: object, action: object) -> 
 
 
 def _rule_properties(row: Row) -> RuleProperties:
-    return RuleProperties(name=row.path.split("/")[-1], filter=filter_from_json(row.properties["filter"]),
-                          action=action_from_json(row.properties["action"]), created_at_utc=row.created_at_utc)
+    return RuleProperties(name=row.path.split("/")[-1], filter=row.rule_filter, action=row.rule_action,
+                          created_at_utc=row.created_at_utc)
 
 
 # ---- the checks ----------------------------------------------------------------------------------------
 
-def _check_forwarding(snap: Snapshot, path: str, options: dict, topic_key: Optional[str] = None) -> None:
+def _check_forwarding(snap: Snapshot, path: str, options: EntityOptions, topic_key: Optional[str] = None) -> None:
     """Forwarding targets are existing queues or topics, never the entity itself, and forward_to must not
     close a loop (through other entities' forward_to and topics' subscriptions)."""
-    for option in ("forward_to", "forward_dead_lettered_messages_to"):
-        target = options.get(option)
+    for option, target in (("forward_to", options.forward_to),
+                           ("forward_dead_lettered_messages_to", options.forward_dead_lettered_messages_to)):
         if target is None:
             continue
         if key(target, option) == key(path):
@@ -444,16 +442,16 @@ def _check_forwarding(snap: Snapshot, path: str, options: dict, topic_key: Optio
         row = snap.get(key(target, option))
         if row is None or row.kind not in TOP_LEVEL:
             raise MessagingEntityNotFoundError(f"{option} target {target!r} is not a queue or topic in this namespace")
-    if options.get("forward_to") is None:
+    if options.forward_to is None:
         return
-    forwards = {r.key: key(r.properties["forward_to"]) for r in snap.of_kind("queue", "subscription")
-                if r.properties.get("forward_to") and r.key != key(path)}
+    forwards = {r.key: key(r.options.forward_to) for r in snap.of_kind("queue", "subscription")
+                if r.options.forward_to and r.key != key(path)}
     delivers: dict[str, list[str]] = {}
     for sub in snap.of_kind("subscription"):
         delivers.setdefault(sub.parent, []).append(sub.key)
     if topic_key is not None and key(path) not in delivers.get(topic_key, []):
         delivers.setdefault(topic_key, []).append(key(path))
-    loop = forwarding.cycle(key(path), key(options["forward_to"]), forwards, delivers)
+    loop = forwarding.cycle(key(path), key(options.forward_to), forwards, delivers)
     if loop is not None:
         names = " -> ".join(snap.rows[k].path if k in snap.rows else path for k in loop)
         raise InvalidOperationError(f"forward_to of {path!r} would close a forwarding loop: {names}")
@@ -468,7 +466,7 @@ def _check_filter_quota(catalog: Catalog, snap: Snapshot, topic_key: str, rule_f
     most = ns.limits.max_sql_filters_per_topic if kind == "SQL" else ns.limits.max_correlation_filters_per_topic
     subs = {r.key for r in snap.children(topic_key, "subscription")}
     used = sum(1 for r in snap.of_kind("rule")
-               if r.parent in subs and filter_quota_kind(filter_from_json(r.properties["filter"])) == kind)
+               if r.parent in subs and filter_quota_kind(r.rule_filter) == kind)
     if used >= most:
         raise ServiceBusQuotaExceededError(f"the topic already has {most} {kind} filters, the most allowed")
 
@@ -486,9 +484,10 @@ def _check_quota(ns: NamespaceProperties, snap: Snapshot, partition_count: int) 
                 f"the most allowed in the {ns.tier} tier")
 
 
-def _complete_options(ns: NamespaceProperties, kind: str, given: dict) -> dict:
-    """Defaults filled in and the tier's rules for partitioning, sizes and features applied."""
-    options = {**entities.defaults(kind), **given}
+def _complete_options(ns: NamespaceProperties, kind: str, given: dict, base: EntityOptions) -> EntityOptions:
+    """A queue's or topic's options: base with the checked options given set, and the tier's rules for
+    partitioning, sizes and features applied."""
+    options = base.changed(given)
     if ns.tier == "premium":
         partitioned = ns.partition_count > 1
         if "enable_partitioning" in given and given["enable_partitioning"] != partitioned:
@@ -496,12 +495,12 @@ def _complete_options(ns: NamespaceProperties, kind: str, given: dict) -> dict:
                 raise InvalidOperationError("Non-partitioned entities are not allowed in partitioned namespace")
             raise InvalidOperationError(
                 "premium partitioning is chosen at namespace creation; this namespace has 1 partition")
-        options["enable_partitioning"] = partitioned
+        options = options.changed({"enable_partitioning": partitioned})
     sizes = tiers.allowed_sizes_mb(ns.tier)
-    if options["max_size_in_megabytes"] not in sizes:
+    if options.max_size_in_megabytes not in sizes:
         raise ValueError(f"max_size_in_megabytes must be one of {list(sizes)} in the {ns.tier} tier, "
-                         f"got {options['max_size_in_megabytes']!r}")
-    options["max_message_size_in_kilobytes"] = _message_size_kb(ns, options["max_message_size_in_kilobytes"])
+                         f"got {options.max_size_in_megabytes!r}")
+    options = options.changed({"max_message_size_in_kilobytes": _message_size_kb(ns, options.max_message_size_in_kilobytes)})
     _check_tier_features(ns, kind, options)
     return options
 
@@ -522,12 +521,15 @@ def _message_size_kb(ns: NamespaceProperties, value: object) -> int:
     return value
 
 
-def _check_tier_features(ns: NamespaceProperties, kind: str, options: dict) -> None:
+def _check_tier_features(ns: NamespaceProperties, kind: str, options: EntityOptions) -> None:
     """The basic tier has queues only, without sessions, duplicate detection or forwarding."""
     if ns.tier != "basic":
         return
     if kind != "queue":
         raise InvalidOperationError(f"{kind}s are not available in the basic tier; use standard or premium")
-    for name in ("requires_session", "requires_duplicate_detection", "forward_to", "forward_dead_lettered_messages_to"):
-        if options.get(name):
+    for name, used in (("requires_session", options.requires_session),
+                       ("requires_duplicate_detection", options.requires_duplicate_detection),
+                       ("forward_to", options.forward_to),
+                       ("forward_dead_lettered_messages_to", options.forward_dead_lettered_messages_to)):
+        if used:
             raise InvalidOperationError(f"{name} is not available in the basic tier; use standard or premium")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from typing import Optional
 
 from ..core import tiers
@@ -24,6 +23,7 @@ from ..core.names import key
 from ..exceptions import MessagingEntityNotFoundError, PartitionUnavailableError
 from .catalog import Catalog, Change, Row, Snapshot
 from .namespace import open_catalog
+from . import clock
 
 FAULT_KIND = "partition_fault"
 ALL_ENTITIES = "*"
@@ -36,12 +36,12 @@ _detected_lock = threading.Lock()
 def report_fault(root: str, entity_path: str, partition: int) -> None:
     """A partition of the entity failed a read or write of its files: avoid it for DETECTED_SECONDS."""
     with _detected_lock:
-        _detected[(root, key(entity_path), partition)] = time.monotonic() + DETECTED_SECONDS
+        _detected[(root, key(entity_path), partition)] = clock.monotonic() + DETECTED_SECONDS
 
 
 def detected_faults(root: str, entity_path: str) -> frozenset:
     """The entity's partitions this process found faulty within the last DETECTED_SECONDS."""
-    now, mine = time.monotonic(), (root, key(entity_path))
+    now, mine = clock.monotonic(), (root, key(entity_path))
     with _detected_lock:
         return frozenset(p for (*entity, p), until in _detected.items() if tuple(entity) == mine and until > now)
 

@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Callable, Iterable, Optional, TypeVar
 from urllib.parse import unquote
 
@@ -28,8 +28,11 @@ from deltalake.exceptions import CommitFailedError
 from ..storage import location
 from .. import storage
 from ..storage import commits, maintenance
+from ..core.entities import EntityOptions
+from ..core.filters import RuleFilter, SqlRuleAction, action_from_json, filter_from_json
 from ..core.schemas import TS
 from . import retry
+from . import clock
 
 T = TypeVar("T")
 CATALOG_DIR = "_catalog"
@@ -51,7 +54,7 @@ _COLUMNS = [f.name for f in SCHEMA]
 
 
 def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+    return clock.now()
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,21 @@ class Row:
 
     def updated(self, properties: dict) -> "Row":
         return replace(self, properties=properties, updated_at_utc=utc_now())
+
+    @property
+    def options(self) -> EntityOptions:
+        """A queue's, topic's or subscription's settings, typed (options it has not stored: defaults)."""
+        return EntityOptions.from_stored(self.properties)
+
+    @property
+    def rule_filter(self) -> RuleFilter:
+        """A rule's filter."""
+        return filter_from_json(self.properties["filter"])
+
+    @property
+    def rule_action(self) -> Optional[SqlRuleAction]:
+        """A rule's action (None: it has none)."""
+        return action_from_json(self.properties["action"])
 
 
 @dataclass(frozen=True)

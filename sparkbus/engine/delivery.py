@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Awaitable, Callable, Iterable, NamedTuple, Optional, TypeVar, Union
 
 import numpy as np
@@ -51,6 +51,7 @@ from . import locks, retention, retry, sessions
 from .catalog import Catalog
 from .registry import CachedEntity, EntityDeleted, EntityInfo
 from .retry import RetryPolicy
+from . import clock
 
 T = TypeVar("T")
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between tries on an empty entity, doubling (poll)
@@ -281,7 +282,7 @@ class Delivery:
         def attempt(_: int) -> list:
             wanted = count - len(delivered)
             messages, state = self.snapshot(info)
-            now = datetime.now(timezone.utc)
+            now = clock.now()
             taking = rules
             if session is not None:  # message locks end with the session lock, so a takeover finds them free
                 self.check_session(info, session, now)
@@ -318,11 +319,11 @@ class Delivery:
         what decode makes of them; one decode fails for is dead-lettered and left out (decoded)."""
         wanted = deferred_partitions(sequence_numbers)
         if session is not None:
-            self.check_session(info, session, datetime.now(timezone.utc))
+            self.check_session(info, session, clock.now())
 
         def deliverable() -> set[int]:
             messages, state = self.snapshot(info)
-            now = datetime.now(timezone.utc)
+            now = clock.now()
             return {n for partition, numbers in wanted.items() for n in transitions.candidates(
                 self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
                 queue, now, len(numbers), numbers, session.session_id if session else None)["sequence_number"].to_pylist()}
@@ -364,7 +365,7 @@ class Delivery:
         first, in one conditional commit (a message locked meanwhile makes it retry); returns how many."""
         def attempt(_: int) -> int:
             messages, state = self.snapshot(info)
-            now = datetime.now(timezone.utc)
+            now = clock.now()
             if session is not None:
                 self.check_session(info, session, now)
             found = transitions.candidates(
@@ -426,12 +427,12 @@ class Delivery:
         for seq, lock in held.items():
             by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = lock
         try:
-            if len(by_partition) > 1 and not self._all_fresh(held, datetime.now(timezone.utc)):
+            if len(by_partition) > 1 and not self._all_fresh(held, clock.now()):
                 with self._guard:
                     lost = self._reading(info, lambda: [
                         seq for partition, mine in by_partition.items() for seq in transitions.not_held(
                             locks.lock_rows(self.view(info, "locks"), partition, list(mine)), _tokens(mine),
-                            datetime.now(timezone.utc))])
+                            clock.now())])
                 if lost:
                     raise MessageLockLostError(
                         f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
@@ -465,7 +466,7 @@ class Delivery:
                           session: Optional[SessionLock], attempt: int) -> pa.Table:
         """Settle held locks of one partition in one commit; the state rows written. A settlement with a
         table form (transitions.TABLE_FORMS) changes the rows as Arrow columns, others row by row."""
-        state, now = self.view(info, "locks"), datetime.now(timezone.utc)
+        state, now = self.view(info, "locks"), clock.now()
         if session is not None:
             self.check_session(info, session, now, read=attempt > 0)
         whole = transitions.TABLE_FORMS.get(change)
@@ -502,7 +503,7 @@ class Delivery:
         def attempt(_: int) -> None:
             state = self.view(info, "locks")
             current = locks.lock_rows(state, session.partition, list(held))
-            lost = transitions.not_held(current, held, datetime.now(timezone.utc))
+            lost = transitions.not_held(current, held, clock.now())
             mine = current.filter(pc.invert(pc.is_in(current["sequence_number"], value_set=pa.array(lost, pa.int64()))))
             self._commit(state, session.partition, transitions.locked_until(mine, until))
 
@@ -580,7 +581,7 @@ class Delivery:
         def take(partition: int, session_id: str) -> SessionLock:
             def attempt(_: int) -> dict:
                 row = sessions.lock(self.table(info, "sessions"), partition, session_id, duration,
-                                    datetime.now(timezone.utc))
+                                    clock.now())
                 self._wrote = True
                 return row
             row = self.retrying(info, attempt)
@@ -593,7 +594,7 @@ class Delivery:
             messages, state = self.tables(info)
             table = self.table(info, "sessions")
             try:
-                waiting = sessions.available(messages, state, table, available, datetime.now(timezone.utc))
+                waiting = sessions.available(messages, state, table, available, clock.now())
             except Exception as error:  # a partition whose files cannot be read is left out
                 self.entity.confirm(info, error)  # a deleted table's files are no fault
                 faulty = info.fault_in(error)
@@ -630,7 +631,7 @@ class Delivery:
         info = self.lock_info(session)
 
         def attempt(_: int) -> dict:
-            now = datetime.now(timezone.utc)
+            now = clock.now()
             row = self.session_row(info, session, now)
             written = change(row, info, now)
             if written is None:

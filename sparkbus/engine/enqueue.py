@@ -49,6 +49,7 @@ from . import duplicates, retry
 from .registry import EntityDeleted, EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .runtime import PartitionSizes, partition_sizes
+from . import clock
 
 # Service Bus reports DateTime.MaxValue as the expiry of a message that never expires.
 LATEST_TIME_US = records.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
@@ -355,7 +356,7 @@ class EntityWriter:
     def _commit(self, info: EntityInfo, table: DeltaTable, rows: pa.Table, placed: np.ndarray, keep: np.ndarray,
                 body: np.ndarray, header: np.ndarray, dedup: bool, with_sequence_numbers: bool,
                 app_transaction: Optional[tuple[str, int]] = None) -> EnqueueResult:
-        now = datetime.now(timezone.utc)
+        now = clock.now()
         accept = keep.copy()
         if dedup and accept.any():
             window = info.options.duplicate_detection_history_time_window
@@ -488,7 +489,7 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy =
                      confirm: Optional[Callable[[], None]] = None) -> None:
     """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions.
     confirm: run after a lost commit before planning again (it raises when the entity was deleted)."""
-    now = datetime.now(timezone.utc)
+    now = clock.now()
     now_us = records.micros(now)
     wanted = ", ".join(str(n) for n in numbers)
     messages = storage.open_table(info.tables["messages"])

@@ -62,7 +62,7 @@ from ..core import records
 from ..core import sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import header_sizes
-from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter, action_from_json, filter_from_json
+from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter
 from ..core.language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
 from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
@@ -74,6 +74,7 @@ from .catalog import Catalog, Row, Snapshot
 from .namespace import governor_of
 from .registry import CachedEntity, EntityDeleted, EntityInfo, resolve
 from .throttle import Usage
+from . import clock
 
 LOG = logging.getLogger("sparkbus.fanout")
 T = TypeVar("T")
@@ -130,8 +131,7 @@ def compile_rule(row: Row) -> CompiledRule:
     """A stored rule ready to evaluate; a rule that no longer parses keeps its problem (validated here)."""
     name = row.path.split("/")[-1]
     try:
-        rule_filter = filter_from_json(row.properties["filter"])
-        action = action_from_json(row.properties["action"])
+        rule_filter, action = row.rule_filter, row.rule_action
     except (ValueError, TypeError, KeyError) as error:
         return CompiledRule(name, problem=f"the stored rule cannot be read: {error}")
     action_text = action.sql_expression if action else None
@@ -443,7 +443,7 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
             predicate = locks.rows_predicate(p, sorted(wanted))
             have = set(storage.query(f"SELECT sequence_number FROM locks WHERE {predicate}", locks=table)
                        ["sequence_number"].to_pylist())
-            now = datetime.now(timezone.utc)
+            now = clock.now()
             rows = [transitions.new_state(p, n, DEAD_LETTERED, 0, now, reason=reasons[i], description=descriptions[i])
                     for n, i in sorted(wanted.items()) if n not in have]
             if rows:
@@ -495,7 +495,7 @@ def deliver_scheduled(catalog: Catalog, topic: EntityInfo, now: Optional[datetim
 
 def _due(topic: EntityInfo, now: Optional[datetime]) -> pa.Table:
     """The topic's scheduled messages due at `now` that were neither cancelled nor fanned out."""
-    now_us = records.micros(now or datetime.now(timezone.utc))
+    now_us = records.micros(now or clock.now())
     topic_locks = storage.open_table(topic.tables["locks"])
     topic_messages = storage.open_table(topic.tables["messages"])
     due = storage.query(f"""
@@ -516,7 +516,7 @@ def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutRe
     result.messages = view.n
     for target in targets(catalog.root, snap, topic):
         result.add(_unless_deleted(catalog, target, view, _scheduled_plan(numbers), scheduled=True))
-    states = [transitions.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, datetime.now(timezone.utc))
+    states = [transitions.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, clock.now())
               for n in numbers]
     table = records.from_rows(states, LOCKS)
     for p in sorted({s["partition_id"] for s in states}):
@@ -541,7 +541,7 @@ def pending(topic: EntityInfo, limit: int = 100_000) -> pa.Table:
 def awaiting(topic: EntityInfo, *, older_than: timedelta = timedelta(0), now: Optional[datetime] = None) -> int:
     """How many of the topic's messages no fan-out has taken yet (above its cursor, not scheduled for later),
     among those enqueued more than older_than ago."""
-    now = now or datetime.now(timezone.utc)
+    now = now or clock.now()
     table = storage.open_table(topic.tables["messages"])
     cursors = topic_cursors(table, topic.partition_count)
     above = " OR ".join(f"(partition_id = {p} AND sequence_number > {sequencing.compose(p, n)})"

@@ -30,7 +30,7 @@ itself redoes an outstanding claim whether or not its lock lapsed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Optional
 
 import numpy as np
@@ -55,6 +55,7 @@ from .enqueue import EntityWriter
 from .namespace import governor_of
 from .registry import EntityInfo, resolve
 from .throttle import Usage
+from . import clock
 
 CLAIM_DURATION = timedelta(minutes=5)  # a claim's lock, should forwarding be switched off meanwhile
 BATCH = 5_000                          # messages claimed at once per source partition
@@ -85,7 +86,7 @@ def destination_of(info: EntityInfo, kind: str) -> Optional[str]:
 def sources(root: str, snap: Snapshot) -> list[EntityInfo]:
     """Queues and subscriptions that forward messages or dead-letters."""
     return [resolve(root, snap, row.path, SOURCE_KINDS) for row in snap.of_kind(*SOURCE_KINDS)
-            if row.properties.get("forward_to") or row.properties.get("forward_dead_lettered_messages_to")]
+            if row.options.forward_to or row.options.forward_dead_lettered_messages_to]
 
 
 def forward_all(catalog: Catalog, *, batch: int = BATCH) -> ForwardResult:
@@ -123,7 +124,7 @@ def _partitions_with_work(info: EntityInfo, kinds: list[str]) -> list[int]:
     queries before."""
     wanted = [f"l.{rules.CLAIM_SQL}"]
     if rules.FORWARD in kinds:
-        now_us = records.micros(datetime.now(timezone.utc))
+        now_us = records.micros(clock.now())
         wanted.append(f"((l.state IS NULL OR l.state = '{ACTIVE}') AND (m.scheduled_enqueue_time_utc IS NULL "
                       f"OR CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us}))")
     if rules.DEAD_LETTER in kinds:
@@ -170,7 +171,7 @@ def _claim(root: str, snap: Snapshot, info: EntityInfo, partition: int, kind: st
     result as transfer-dead-lettered."""
     state = storage.open_table(info.tables["locks"])  # before messages: see sparkbus.engine.retention
     messages = storage.open_table(info.tables["messages"])
-    now = datetime.now(timezone.utc)
+    now = clock.now()
     queue = ACTIVE if kind == rules.FORWARD else DEAD_LETTERED
     where = f"partition_id = {partition}"
     state_rows = storage.query(f"SELECT * FROM locks WHERE {where}", locks=state).select(LOCKS.names).cast(LOCKS)
@@ -299,7 +300,7 @@ def _release(info: EntityInfo, partition: int, kind: str, batch: int, failure: O
         f"SELECT * FROM locks WHERE partition_id = {partition} AND lock_token = {storage.quoted(token)}", locks=state))
     if not rows:
         return 0  # another forwarder released them
-    now = datetime.now(timezone.utc)
+    now = clock.now()
     written = [transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.completed(r, now)
                for r in rows]
     view = commits.LogView(state)

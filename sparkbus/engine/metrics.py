@@ -35,6 +35,7 @@ from .. import storage
 from ..storage import maintenance
 from ..core import records
 from ..core.schemas import METRICS, METRICS_COUNTERS
+from . import clock
 
 METRICS_DIR = "_metrics"
 BUCKET_SECONDS = 10  # the grain rows are counted and persisted at
@@ -108,7 +109,7 @@ class Recorder:
         self._cpu_mark = (time.monotonic(), _cpu_seconds())
 
     def add(self, entity: str, counts: Counts) -> None:
-        bucket = int(time.time()) // BUCKET_SECONDS
+        bucket = int(clock.time()) // BUCKET_SECONDS
         with self._lock:
             slot = (bucket, entity)
             self._counts[slot] = self._counts[slot] + counts if slot in self._counts else counts
@@ -147,11 +148,11 @@ class Recorder:
         """The process's CPU share of the machine since the last sample, and its memory share now."""
         now, cpu = time.monotonic(), _cpu_seconds()
         then, cpu_then = self._cpu_mark
-        if now - then < 0.5 and int(time.time()) // BUCKET_SECONDS in self._samples:
+        if now - then < 0.5 and int(clock.time()) // BUCKET_SECONDS in self._samples:
             return
         self._cpu_mark = (now, cpu)
         share = 100.0 * (cpu - cpu_then) / max(now - then, 1e-6) / (os.cpu_count() or 1)
-        self._samples[int(time.time()) // BUCKET_SECONDS] = (min(share, 100.0), _memory_percent())
+        self._samples[int(clock.time()) // BUCKET_SECONDS] = (min(share, 100.0), _memory_percent())
 
     def _rows(self, counts: dict[tuple[int, str], Counts], samples: dict[int, tuple[float, float]]) -> pa.Table:
         keys = sorted(set(counts) | {(bucket, NAMESPACE) for bucket in samples})

@@ -36,13 +36,12 @@ settle, renew, defer or number messages nobody received (sequence numbers start 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
 from .. import storage
 from ..storage import commits, location, maintenance
-from ..core import entities, tiers
+from ..core import tiers
 from ..core.entities import EntityOptions
 from ..core.names import key, subscription_path
 from ..exceptions import InvalidOperationError, MessagingEntityNotFoundError
@@ -51,6 +50,7 @@ from . import availability
 from .availability import unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Row, Snapshot
 from .namespace import NamespaceProperties, namespace_properties
+from . import clock
 
 T = TypeVar("T")
 KB = 1024
@@ -120,7 +120,7 @@ def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> Ent
         raise InvalidOperationError(f"{path!r} is a {row.kind}; this operation needs a {' or '.join(kinds)}")
     subs = len(snap.children(row.key, "subscription")) if row.kind == "topic" else 0
     return EntityInfo(kind=row.kind, path=row.path, partition_count=row.partition_count,
-                      options=entities.EntityOptions.from_stored(row.properties), tables=table_uris(root, row),
+                      options=row.options, tables=table_uris(root, row),
                       namespace=namespace_properties(snap.rows[NAMESPACE_KEY], root),
                       unavailable=frozenset(unavailable_partitions(snap, row.key, row.partition_count)),
                       subscription_count=subs, incarnation=row.storage, catalog_version=snap.version)
@@ -177,9 +177,9 @@ class CachedEntity:
         self._read_at = 0.0
 
     def get(self) -> EntityInfo:
-        if self._info is None or time.monotonic() - self._read_at > SETTINGS_REFRESH_SECONDS:
+        if self._info is None or clock.monotonic() - self._read_at > SETTINGS_REFRESH_SECONDS:
             self._info = resolve_current(self._catalog, self.path, self._kinds)
-            self._read_at = time.monotonic()
+            self._read_at = clock.monotonic()
         return self._info
 
     def confirm(self, info: EntityInfo, cause: Optional[BaseException] = None) -> None:
@@ -197,7 +197,7 @@ class CachedEntity:
         current: Optional[EntityInfo] = None
         if row is not None and row.kind in self._kinds:
             current = resolve(self._catalog.root, snap, self.path, self._kinds)
-        self._info, self._read_at = current, time.monotonic()
+        self._info, self._read_at = current, clock.monotonic()
         if current is not None and current.incarnation == info.incarnation:
             return
         try:

@@ -17,7 +17,6 @@ run that loses a race is simply skipped: the next one finds the same rows.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +28,7 @@ from ..storage import maintenance
 from ..core import records
 from ..core.schemas import GONE_SQL
 from .registry import EntityInfo
+from . import clock
 
 RUN_EVERY = 50  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
 MIN_REMOVED = 2_000
@@ -59,7 +59,7 @@ def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: in
 def _remove_messages(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: int, minimum: int) -> int:
     window = ""
     if info.options.requires_duplicate_detection:
-        cutoff = datetime.now(timezone.utc) - info.options.duplicate_detection_history_time_window
+        cutoff = clock.now() - info.options.duplicate_detection_history_time_window
         window = f"AND CAST(m.enqueued_time_utc AS BIGINT) < {records.micros(cutoff)}"
     rows = storage.query(f"""
         SELECT m.sequence_number,

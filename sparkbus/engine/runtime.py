@@ -13,6 +13,7 @@ from ..core import records
 from ..core import sequencing
 from ..storage import commits
 from ..core.schemas import DEAD_LETTERED, GONE_SQL, TRANSFER_DEAD_LETTERED
+from . import clock
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
     """Counts over every partition but the skipped ones (unreadable), by state and by partition. header_copies: a topic
     stores headers once per subscription; fanned_out: a topic's cursors (partition -> n), below which
     unscheduled rows are already copied out."""
-    now_us = records.micros(now or datetime.now(timezone.utc))
+    now_us = records.micros(now or clock.now())
     messages, locks = open_live(messages_uri, locks_uri)
     conditions = [f"m.partition_id NOT IN ({', '.join(map(str, sorted(skipped)))})"] if skipped else []
     conditions += [f"NOT (m.partition_id = {p} AND m.sequence_number <= {sequencing.compose(p, n)} "

@@ -57,6 +57,7 @@ from ..core.throttling import Bucket, Budget
 from ..exceptions import ServiceBusError, ServiceBusServerBusyError
 from . import metrics
 from .retry import RetryPolicy
+from . import clock
 
 T = TypeVar("T")
 LEDGER_FILE = ".throttle-ledger"
@@ -85,11 +86,11 @@ FREE = Usage(0)
 
 
 def _period() -> int:
-    return int(time.time())
+    return int(clock.time())
 
 
 def _until_next_period() -> float:
-    now = time.time()
+    now = clock.time()
     return int(now) + 1 - now
 
 
@@ -150,7 +151,7 @@ class Ledger:
             budget, bucket = self._read()
             if budget.credits_per_second is None:
                 return 0.0
-            now = time.time()
+            now = clock.time()
             bucket = throttling.replenished(bucket, int(now), budget.credits_per_second)
             periods = throttling.periods_until_admitted(bucket, budget.credits_per_second)
             return 0.0 if periods == 0 else int(now) + periods - now
