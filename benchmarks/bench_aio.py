@@ -94,7 +94,7 @@ def loop_lateness(path: str) -> None:
     async def run() -> float:
         stop = asyncio.Event()
         beat = asyncio.create_task(heartbeat(stop))
-        async with ServiceBusClient(path) as client:
+        async with ServiceBusClient(path, retry_total=10) as client:
             sender = client.get_queue_sender("large")
             started = time.monotonic()
             await asyncio.gather(*(sender.send_messages([ServiceBusMessage(b"x" * 1000) for _ in range(900)])

@@ -4,12 +4,14 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from .exceptions import ServiceBusError
-from .receiver import ServiceBusSession
+from .receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSession
 from .engine import clock
 
+Renewable = Union[ServiceBusReceivedMessage, ServiceBusSession]
+FailureCallback = Callable[[Renewable, Optional[Exception]], None]
 RENEW_BEFORE_SECONDS = 10.0  # renew this long before a lock lapses (or half way through shorter locks)
 TICK_SECONDS = 0.2
 
@@ -50,8 +52,9 @@ class AutoLockRenewer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def register(self, receiver: object, renewable: object, max_lock_renewal_duration: Optional[float] = None,
-                 on_lock_renew_failure: Optional[Callable] = None) -> None:
+    def register(self, receiver: ServiceBusReceiver, renewable: Renewable,
+                 max_lock_renewal_duration: Optional[float] = None,
+                 on_lock_renew_failure: Optional[FailureCallback] = None) -> None:
         """Keep renewable's lock (a received message, or a receiver's session) alive through receiver."""
         if not hasattr(receiver, "renew_message_lock"):
             raise TypeError(f"receiver must be a ServiceBusReceiver, got {type(receiver).__name__}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 from .core import throttling
 from .core.connection import parse_connection_string
@@ -15,9 +15,18 @@ from .engine.throttle import Usage
 from .exceptions import InvalidOperationError
 from .message import to_utc
 from .engine.retry import RetryPolicy
-from .receiver import ServiceBusReceiveMode, ServiceBusReceiver
+from .receiver import ServiceBusReceiveMode, ServiceBusReceiver, ServiceBusSessionFilter, ServiceBusSubQueue
 from .sender import ServiceBusSender
 from .transactions import ServiceBusTransaction
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from .autolock import AutoLockRenewer
+
+ReceiveMode = Union[ServiceBusReceiveMode, str]
+SubQueue = Optional[Union[ServiceBusSubQueue, str]]
+SessionId = Union[str, ServiceBusSessionFilter, None]
 
 
 class ServiceBusClient:
@@ -37,7 +46,7 @@ class ServiceBusClient:
 
     def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, *,
                  retry_total: int = 3, retry_backoff_factor: float = 0.8, retry_backoff_max: float = 120,
-                 retry_mode: str = "exponential", spark: object = None,
+                 retry_mode: str = "exponential", spark: Optional["SparkSession"] = None,
                  storage_options: Optional[dict[str, str]] = None, **kwargs: object) -> None:
         self._retry = RetryPolicy(retry_total, retry_backoff_factor, retry_backoff_max, retry_mode)
         self._catalog = open_namespace(fully_qualified_namespace, credential, storage_options)
@@ -86,9 +95,9 @@ class ServiceBusClient:
         self._check_entity_path(topic_name, "topic")
         return ServiceBusSender(self._catalog, topic_name, self.spark, retry=self._retry)
 
-    def get_queue_receiver(self, queue_name: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
-                           sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                           session_id: object = None, auto_lock_renewer: Optional[object] = None,
+    def get_queue_receiver(self, queue_name: str, *, receive_mode: ReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+                           sub_queue: SubQueue = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
+                           session_id: SessionId = None, auto_lock_renewer: Optional["AutoLockRenewer"] = None,
                            **kwargs: object) -> ServiceBusReceiver:
         """A receiver of a queue (sub_queue=ServiceBusSubQueue.DEAD_LETTER: of its dead-letter sub-queue;
         session_id=<id> or NEXT_AVAILABLE_SESSION: of one session, locked for this receiver;
@@ -99,9 +108,9 @@ class ServiceBusClient:
                                   spark=self.spark, retry=self._retry, auto_lock_renewer=auto_lock_renewer)
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, *,
-                                  receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK, sub_queue: object = None,
+                                  receive_mode: ReceiveMode = ServiceBusReceiveMode.PEEK_LOCK, sub_queue: SubQueue = None,
                                   prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                                  session_id: object = None, auto_lock_renewer: Optional[object] = None,
+                                  session_id: SessionId = None, auto_lock_renewer: Optional["AutoLockRenewer"] = None,
                                   **kwargs: object) -> ServiceBusReceiver:
         self._check_entity_path(topic_name, "topic")
         path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime, timedelta
+from types import EllipsisType
 from typing import Callable, Optional, TypeVar, Union
 
 from .core import entities
 from .core.connection import parse_connection_string
 from .core.entities import (QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                             SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
-from .core.filters import (CorrelationRuleFilter, FalseRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter,
-                           TrueRuleFilter, check_action, check_filter)
+from .core.filters import (CorrelationRuleFilter, FalseRuleFilter, RuleFilter, RuleProperties, SqlRuleAction,
+                           SqlRuleFilter, TrueRuleFilter, check_action, check_filter)
 from .core.names import checked_name, subscription_path, validate_child_name, validate_entity_name
 from .core.vocabulary import (AccessRights, ApiVersion, EntityAvailabilityStatus, EntityStatus, MessagingSku,
                               NamespaceType)
@@ -88,7 +89,7 @@ class ServiceBusAdministrationClient:
         mark_partition(self._catalog, partition_id, available, entity_path=entity_path, reason=reason)
 
     def update_namespace(self, *, messaging_units: Optional[int] = None,
-                         credits_per_second: object = ...) -> NamespaceProperties:
+                         credits_per_second: Union[int, None, EllipsisType] = ...) -> NamespaceProperties:
         """Scale a premium namespace to messaging_units (1, 2, 4, 8 or 16), or set a basic/standard one's
         credits_per_second (None: no credit throttling). Running clients follow at their next operation."""
         return update_namespace(self._catalog, messaging_units=messaging_units, credits_per_second=credits_per_second)
@@ -221,8 +222,9 @@ class ServiceBusAdministrationClient:
     # ---- rules -----------------------------------------------------------------------------------------
 
     @_management
-    def create_rule(self, topic_name: str, subscription_name: str, rule_name: str, *, filter: object = None,
-                    action: object = None, **kwargs: object) -> RuleProperties:
+    def create_rule(self, topic_name: str, subscription_name: str, rule_name: str, *,
+                    filter: Optional[RuleFilter] = None, action: Optional[SqlRuleAction] = None,
+                    **kwargs: object) -> RuleProperties:
         if kwargs:
             raise TypeError(f"unknown rule option(s) {sorted(kwargs)}; allowed: filter, action")
         validate_child_name(rule_name, "rule")

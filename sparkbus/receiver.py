@@ -24,7 +24,7 @@ import threading
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,11 @@ from .message import (AMQP_PROPERTY_FIELDS, PARTITION_KEY_ANNOTATION, SCHEDULED_
                       amqp_ttl, body_text, public_body, str_keys, to_utc)
 from .core.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, TRANSFER_DEAD_LETTERED
 from .engine import clock
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from .autolock import AutoLockRenewer
 
 RECEIVER_KINDS = ("queue", "subscription")
 MAX_DELETE_COUNT = 4000  # messages one delete_messages call removes at most, as Service Bus
@@ -389,10 +394,12 @@ FANOUT_HINT_EVERY = 10.0
 class ServiceBusReceiver:
     """Receiver of a queue or subscription (or its dead-letter sub-queue); with session_id, of one session."""
 
-    def __init__(self, catalog: Catalog, entity_path: str, *, receive_mode: object = ServiceBusReceiveMode.PEEK_LOCK,
-                 sub_queue: object = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
-                 session_id: Union[str, ServiceBusSessionFilter, None] = None, spark: object = None,
-                 retry: RetryPolicy = DEFAULT_RETRY, auto_lock_renewer: Optional[Any] = None) -> None:
+    def __init__(self, catalog: Catalog, entity_path: str, *,
+                 receive_mode: Union[ServiceBusReceiveMode, str] = ServiceBusReceiveMode.PEEK_LOCK,
+                 sub_queue: Optional[Union[ServiceBusSubQueue, str]] = None, prefetch_count: int = 0,
+                 max_wait_time: Optional[float] = None, session_id: Union[str, ServiceBusSessionFilter, None] = None,
+                 spark: Optional["SparkSession"] = None, retry: RetryPolicy = DEFAULT_RETRY,
+                 auto_lock_renewer: Optional["AutoLockRenewer"] = None) -> None:
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self.sub_queue = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
         if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
@@ -690,7 +697,7 @@ class ServiceBusReceiver:
         return len(messages)
 
     @requires_open
-    def complete_dataframe(self, df: object) -> int:
+    def complete_dataframe(self, df: "DataFrame") -> int:
         """Complete the messages of a DataFrame (sequence_number and lock_token columns), one commit per
         partition; a lost lock raises MessageLockLostError before anything is completed."""
         from .spark.dataframes import check_dataframe

@@ -10,7 +10,7 @@ new one) and cancels nothing.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Callable, Iterable, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, TypeVar, Union
 
 from .engine.catalog import Catalog
 from .core.throttling import data_cost
@@ -25,6 +25,9 @@ from .exceptions import MessageNotFoundError, MessagingEntityNotFoundError
 from .message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing, to_utc
 from .handler import requires_open
 from .transactions import ServiceBusTransaction
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 SENDER_KINDS = ("queue", "topic")
 T = TypeVar("T")
@@ -73,7 +76,7 @@ class ServiceBusSender:
     close(), every operation raises ValueError, as the SDK's sender does.
     """
 
-    def __init__(self, catalog: Catalog, entity_name: str, spark: object = None, *,
+    def __init__(self, catalog: Catalog, entity_name: str, spark: Optional["SparkSession"] = None, *,
                  retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self._catalog = catalog
         self.entity_name = entity_name
@@ -204,7 +207,7 @@ class ServiceBusSender:
         return ServiceBusMessageBatch(max_size_in_bytes)
 
     @requires_open
-    def send_dataframe(self, df: object) -> EnqueueResult:
+    def send_dataframe(self, df: "DataFrame") -> EnqueueResult:
         """Send every row of a Spark DataFrame as one atomic commit (see sparkbus.spark.dataframes). It is
         admitted as one request and charged 1 credit per row: a large DataFrame goes through and leaves
         the namespace throttled until the following periods repaid it."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional
+from types import EllipsisType
+from typing import Optional, Union
 
 from ..core import throttling, tiers
 from ..core.connection import namespace_location, parse_connection_string
@@ -119,7 +120,7 @@ def _holds_more_than_a_catalog(root: str) -> bool:
 
 
 def update_namespace(catalog: Catalog, *, messaging_units: Optional[int] = None,
-                     credits_per_second: object = ...) -> NamespaceProperties:
+                     credits_per_second: Union[int, None, EllipsisType] = ...) -> NamespaceProperties:
     """Scale a premium namespace (messaging_units) or change a basic/standard one's credit budget
     (credits_per_second; None switches throttling off). Takes effect at every client's next operation.
     Arguments that do not apply to the tier -> ValueError, and nothing changes."""
