@@ -7,7 +7,7 @@ AZURITE := .azurite/node_modules/.bin/azurite-blob
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: install demo test test-fast dist docs crash soak sdk-samples bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-store bench-peers bench-peers-quick bench-servers clean
+.PHONY: install demo test test-fast typecheck dist docs crash soak sdk-samples bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-store bench-peers bench-peers-quick bench-servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,12 @@ demo: $(RUNTIME)
 		--conf spark.ui.enabled=false jobs/demo.py \
 		--namespace .sparkbus/demo --definition conf/namespace.toml
 
-test: install
+test: install typecheck
 	$(BIN)/python -m pytest
+
+# mypy over the pure rules and the engine, strict (pyproject.toml, [tool.mypy]).
+typecheck: install
+	$(BIN)/python -m mypy
 
 # A wheel and an sdist in dist/ (pip install dist/sparkbus-*.whl, with [spark] where Spark is not provided).
 dist: $(RUNTIME)
@@ -60,7 +64,7 @@ $(DOCS_STAMP): pyproject.toml | $(BIN)/python
 docs: $(DOCS_STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
-test-fast: install
+test-fast: install typecheck
 	$(BIN)/python -m pytest -m 'not slow'
 
 # The crash harness's full run (`make test` runs 6 kills of it): CRASH_SEED=N replays a run.

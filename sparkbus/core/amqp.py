@@ -269,12 +269,12 @@ class Sections:
 
     body_type: str = DATA
     body: Any = field(default_factory=list)
-    header: dict = field(default_factory=dict)
-    delivery_annotations: dict = field(default_factory=dict)
-    annotations: dict = field(default_factory=dict)
-    properties: dict = field(default_factory=dict)
-    application_properties: dict = field(default_factory=dict)
-    footer: dict = field(default_factory=dict)
+    header: dict[str, Any] = field(default_factory=dict[str, Any])
+    delivery_annotations: dict[str, Any] = field(default_factory=dict[str, Any])
+    annotations: dict[str, Any] = field(default_factory=dict[str, Any])
+    properties: dict[str, Any] = field(default_factory=dict[str, Any])
+    application_properties: dict[str, Any] = field(default_factory=dict[str, Any])
+    footer: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 def _descriptor_code(descriptor: Any) -> int:
@@ -285,13 +285,13 @@ def _descriptor_code(descriptor: Any) -> int:
     raise ValueError(f"not an AMQP message section descriptor: {descriptor!r}")
 
 
-def _fields(names: tuple[str, ...], values: Any, section_name: str) -> dict:
+def _fields(names: tuple[str, ...], values: Any, section_name: str) -> dict[str, Any]:
     if not isinstance(values, list) or len(values) > len(names):
         raise ValueError(f"the {section_name} section must be a list of at most {len(names)} fields")
     return {name: v for name, v in zip(names, values) if v is not None}
 
 
-def _map(value: Any, section_name: str) -> dict:
+def _map(value: Any, section_name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"the {section_name} section must be a map, got {type(value).__name__}")
     return value
@@ -341,7 +341,7 @@ def decode_message(data: bytes) -> Sections:
     return out
 
 
-def _fields_list(value: Any) -> list:
+def _fields_list(value: Any) -> list[Any]:
     if not isinstance(value, list):
         raise ValueError(f"an amqp-sequence section holds a list, got {type(value).__name__}")
     return value

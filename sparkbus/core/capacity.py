@@ -10,7 +10,7 @@ sparkbus.core.encoding, the functions every send uses, so a plan matches what a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 
@@ -44,7 +44,7 @@ class CapacityPlan:
     messages: int  # messages_per_partition x partitions
 
 
-def estimate_header_size(application_properties: Optional[dict] = None) -> int:
+def estimate_header_size(application_properties: Optional[dict[str, Any]] = None) -> int:
     """Header bytes of a message carrying these application properties and a default (uuid4 hex) message
     id, and no other system property; counted as sends count them. TypeError for unsupported values."""
     properties = check_properties(application_properties, "application_properties")

@@ -31,7 +31,7 @@ def parse_duration(value: object, name: str, *, clamp: bool = False) -> timedelt
     match = _ISO.match(value.strip())
     if not match or value.strip() in ("P", "PT") or value.strip().endswith("T"):
         raise ValueError(f"{name}={value!r} is not an ISO 8601 duration such as 'PT30S', 'PT5M' or 'P1DT2H'")
-    ticks = sum(Decimal(v) * _TICKS_PER[k] for k, v in match.groupdict().items() if v is not None)
+    ticks = sum((Decimal(v) * _TICKS_PER[k] for k, v in match.groupdict().items() if v is not None), Decimal(0))
     if ticks > MAX_TICKS and clamp:
         return MAX_DURATION
     if ticks > MAX_TICKS:

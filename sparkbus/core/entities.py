@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .durations import MAX_DURATION, format_duration, parse_duration
 
@@ -108,19 +108,21 @@ class EntityOptions:
     support_ordering: bool = True
 
     @classmethod
-    def from_stored(cls, data: dict) -> "EntityOptions":
+    def from_stored(cls, data: dict[str, Any]) -> "EntityOptions":
         """From the catalog's stored (JSON) form (options it lacks keep their defaults)."""
-        return cls(**{k: parse_duration(v, k) if k in DURATION_OPTIONS else v for k, v in data.items() if k in OPTIONS})
+        values: dict[str, Any] = {k: parse_duration(v, k) if k in DURATION_OPTIONS else v
+                                  for k, v in data.items() if k in OPTIONS}
+        return cls(**values)
 
-    def changed(self, values: dict) -> "EntityOptions":
+    def changed(self, values: dict[str, Any]) -> "EntityOptions":
         """These options with values (option name -> value, as check_options returns them) set."""
         return replace(self, **values)
 
-    def of_kind(self, kind: str) -> dict:
+    def of_kind(self, kind: str) -> dict[str, Any]:
         """The options a queue, topic or subscription has, by name: what its SDK properties object carries."""
         return {name: getattr(self, name) for name in KIND_OPTIONS[kind]}
 
-    def stored(self, kind: str) -> dict:
+    def stored(self, kind: str) -> dict[str, Any]:
         """The catalog's stored (JSON) form of the options of kind."""
         return {k: format_duration(v) if k in DURATION_OPTIONS else v for k, v in self.of_kind(kind).items()}
 
@@ -186,7 +188,7 @@ KIND_OPTIONS = {"queue": QUEUE_OPTIONS, "topic": TOPIC_OPTIONS, "subscription": 
 DURATION_OPTIONS = {name for name in OPTIONS if isinstance(getattr(DEFAULTS, name), timedelta)}
 
 
-def check_options(kind: str, values: dict) -> dict:
+def check_options(kind: str, values: dict[str, Any]) -> dict[str, Any]:
     """Validate user-given options of a kind; unknown names -> TypeError like an unexpected keyword."""
     allowed = KIND_OPTIONS[kind]
     values = {k: v for k, v in values.items() if k not in IGNORED_OPTIONS or kind == "subscription"}
@@ -220,7 +222,7 @@ class _TopLevelCommon(_EntityCommon):
     enable_batched_operations: bool = DEFAULTS.enable_batched_operations
     enable_express: bool = DEFAULTS.enable_express
     user_metadata: Optional[str] = DEFAULTS.user_metadata
-    authorization_rules: list = field(default_factory=list)
+    authorization_rules: list[Any] = field(default_factory=list[Any])
 
 
 @dataclass
@@ -263,10 +265,11 @@ class SubscriptionProperties(_EntityCommon):
     user_metadata: Optional[str] = DEFAULTS.user_metadata
 
 
-PROPERTIES_CLASS = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
+PROPERTIES_CLASS: dict[str, Union[type[QueueProperties], type[TopicProperties], type[SubscriptionProperties]]] = {
+    "queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
 
 
-def settable_values(kind: str, props: object, changes: dict) -> dict:
+def settable_values(kind: str, props: object, changes: dict[str, Any]) -> dict[str, Any]:
     """The settable options carried by a properties object (or a mapping) given to update_*, with the
     keyword changes over them. A name (a sparkbus convenience) carries none, so it needs keyword changes:
     TypeError without any, as for anything else that is not properties."""
@@ -320,11 +323,12 @@ class SubscriptionRuntimeProperties(_RuntimeCommon):
     topic_name: str = ""
 
 
-RUNTIME_CLASS = {"queue": QueueRuntimeProperties, "topic": TopicRuntimeProperties,
-                 "subscription": SubscriptionRuntimeProperties}
+RUNTIME_CLASS: dict[str, Union[type[QueueRuntimeProperties], type[TopicRuntimeProperties],
+                               type[SubscriptionRuntimeProperties]]] = {
+    "queue": QueueRuntimeProperties, "topic": TopicRuntimeProperties, "subscription": SubscriptionRuntimeProperties}
 
 
-def check_options_for(props: object, values: dict) -> dict:
+def check_options_for(props: object, values: dict[str, Any]) -> dict[str, Any]:
     """Validate options against the kind of an existing properties object."""
     kind = next(k for k, cls in PROPERTIES_CLASS.items() if isinstance(props, cls))
     return check_options(kind, values)

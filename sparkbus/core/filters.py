@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from .language import check_action_text, check_filter_text
 from .language.syntax import ID_PROPERTIES, Parameter, SetStatement
@@ -36,7 +36,7 @@ def _check_sql(expression: object, what: str) -> str:
     return expression
 
 
-def _check_parameters(parameters: object, what: str) -> dict:
+def _check_parameters(parameters: object, what: str) -> dict[str, Any]:
     params = check_properties(parameters, f"{what} parameters", allow_timedelta=True)
     for name in params:
         if not name.startswith("@") or len(name) < 2:
@@ -47,7 +47,7 @@ def _check_parameters(parameters: object, what: str) -> dict:
 class SqlRuleFilter:
     """A Service Bus SQL filter expression over message properties, with optional @parameters."""
 
-    def __init__(self, sql_expression: str, parameters: Optional[dict] = None) -> None:
+    def __init__(self, sql_expression: str, parameters: Optional[dict[str, Any]] = None) -> None:
         self.sql_expression = _check_sql(sql_expression, "SqlRuleFilter")
         self.parameters = _check_parameters(parameters, "SqlRuleFilter")
 
@@ -90,12 +90,12 @@ class CorrelationRuleFilter:
     session_id: Optional[str] = None
     reply_to_session_id: Optional[str] = None
     content_type: Optional[str] = None
-    properties: dict = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict[str, Any])
 
     def __init__(self, *, correlation_id: Optional[str] = None, message_id: Optional[str] = None,
                  to: Optional[str] = None, reply_to: Optional[str] = None, subject: Optional[str] = None,
                  session_id: Optional[str] = None, reply_to_session_id: Optional[str] = None,
-                 content_type: Optional[str] = None, properties: Optional[dict] = None,
+                 content_type: Optional[str] = None, properties: Optional[dict[str, Any]] = None,
                  label: Optional[str] = None) -> None:
         if label is not None and subject is not None and label != subject:
             raise ValueError("label is the older name of subject; give one of them")
@@ -122,7 +122,7 @@ class SqlRuleAction:
     """A Service Bus SQL action (SET/REMOVE statements) applied to matching messages."""
 
     sql_expression: str
-    parameters: dict = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict[str, Any])
 
     def __post_init__(self) -> None:
         _check_sql(self.sql_expression, "SqlRuleAction")
@@ -160,7 +160,7 @@ def check_filter(value: object) -> RuleFilter:
     return value
 
 
-def _with_text(check: Callable[[str, dict], T], expression: str, parameters: dict) -> T:
+def _with_text(check: Callable[[str, dict[str, Any]], T], expression: str, parameters: dict[str, Any]) -> T:
     """check(expression, parameters), its ValueError naming the expression."""
     try:
         return check(expression, parameters)
@@ -181,7 +181,7 @@ def check_action(value: object) -> Optional[SqlRuleAction]:
     return value
 
 
-def _check_id_parameters(statements: tuple, parameters: dict) -> None:
+def _check_id_parameters(statements: tuple[Any, ...], parameters: dict[str, Any]) -> None:
     """An action that sets an id system property to a @parameter: the parameter, when a str, has 1 to
     MAX_ID_LENGTH characters (the parser checks string constants)."""
     lowered = {k.lower(): v for k, v in parameters.items()}
@@ -212,7 +212,7 @@ def filter_to_json(rule_filter: RuleFilter) -> str:
                        "parameters": encode_properties(rule_filter.parameters)})
 
 
-def _as_stored(cls: type, make: Callable[[], T], **attributes: object) -> T:
+def _as_stored(cls: type[T], make: Callable[[], T], **attributes: object) -> T:
     """make(), or, when the stored values no longer pass its checks (written by an older version, or by
     hand), the object with those values unchecked: reading must show a bad rule, not fail the listing it
     is in. Fan-out reports and skips such a rule when it cannot be evaluated (see

@@ -11,7 +11,7 @@ Python send path calls it on a list, and the Spark UDF calls it on each Arrow ba
 from __future__ import annotations
 
 import random
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import mmh3
 import numpy as np
@@ -89,9 +89,9 @@ class RoundRobin:
         return np.asarray(available, dtype=np.int32)[positions]
 
 
-def resolve(codes: Sequence[int], unavailable: set[int], round_robin: RoundRobin, partition_count: int) -> np.ndarray:
+def resolve(given: Union[Sequence[int], np.ndarray], unavailable: set[int], round_robin: RoundRobin, partition_count: int) -> np.ndarray:
     """Final partitions: keyless ones round-robin over available partitions; pinned ones must be available."""
-    codes = np.asarray(codes, dtype=np.int32)
+    codes = np.asarray(given, dtype=np.int32)
     mismatched = np.flatnonzero(codes == KEY_MISMATCH)
     if mismatched.size:
         raise InvalidOperationError(
@@ -103,7 +103,7 @@ def resolve(codes: Sequence[int], unavailable: set[int], round_robin: RoundRobin
             f"partition(s) {pinned_down} unavailable: messages with a session id, partition key or (with "
             "duplicate detection) message id are pinned to them; send without a key to use another partition")
     keyless = np.flatnonzero(codes == KEYLESS)
-    result = codes.copy()
+    result: np.ndarray = codes.copy()
     if keyless.size:
         available = [p for p in range(partition_count) if p not in unavailable]
         result[keyless] = round_robin.take(keyless.size, available)

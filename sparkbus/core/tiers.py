@@ -6,6 +6,8 @@ premium: the partition count (1, 2 or 4) is fixed at namespace creation and ever
 """
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import asdict, dataclass, fields, replace
 
 TIERS = ("basic", "standard", "premium")
@@ -49,7 +51,7 @@ def default_limits(tier: str, partition_count: int, messaging_units: int) -> Nam
     )
 
 
-def apply_overrides(limits: NamespaceLimits, overrides: dict) -> NamespaceLimits:
+def apply_overrides(limits: NamespaceLimits, overrides: dict[str, Any]) -> NamespaceLimits:
     """Lower quotas by name; only lowering is allowed so tests stay within what Service Bus permits."""
     known = {f.name for f in fields(NamespaceLimits)}
     unknown = sorted(set(overrides) - known)
@@ -64,11 +66,11 @@ def apply_overrides(limits: NamespaceLimits, overrides: dict) -> NamespaceLimits
     return replace(limits, **overrides)
 
 
-def limits_to_dict(limits: NamespaceLimits) -> dict:
+def limits_to_dict(limits: NamespaceLimits) -> dict[str, Any]:
     return asdict(limits)
 
 
-def limits_from_dict(data: dict) -> NamespaceLimits:
+def limits_from_dict(data: dict[str, Any]) -> NamespaceLimits:
     return NamespaceLimits(**data)
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, cast
 
 import numpy as np
 import pyarrow as pa
@@ -70,18 +71,18 @@ def all_fresh(rows: pa.Table, tokens: list[str], now: datetime) -> bool:
     return not until.null_count and pc.min(until).as_py() - micros(now) > FRESH_MARGIN // timedelta(microseconds=1)
 
 
-def unlocked(row: dict, now: datetime) -> dict:
+def unlocked(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """The row with its lock released, stamped now: the common part of every settlement."""
     return {**row, "lock_token": None, "locked_until_utc": None, "updated_at_utc": now}
 
 
-def returned(row: dict, now: datetime) -> dict:
+def returned(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """A lock given back as if it had never been taken (its delivery did not happen): released, and the
     delivery count it raised lowered again."""
     return {**unlocked(row, now), "delivery_count": max(0, row["delivery_count"] - 1)}
 
 
-def completed(row: dict, now: datetime) -> dict:
+def completed(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     return {**unlocked(row, now), "state": COMPLETED}
 
 
@@ -97,7 +98,8 @@ def completed_table(rows: pa.Table, now: datetime) -> pa.Table:
 
 # The settlements that have a table form: settling many messages (complete_messages) writes their rows
 # with it instead of a dict per row.
-TABLE_FORMS = {completed: completed_table}
+TABLE_FORMS: dict[Callable[[Mapping[str, Any], datetime], dict[str, Any]], Callable[[pa.Table, datetime], pa.Table]] = {
+    completed: completed_table}
 
 
 def times(moment: datetime, count: int) -> pa.Array:
@@ -105,22 +107,22 @@ def times(moment: datetime, count: int) -> pa.Array:
     return pa.array(np.full(count, micros(moment), dtype=np.int64)).cast(TS)
 
 
-def deferred(row: dict, now: datetime) -> dict:
+def deferred(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     return {**unlocked(row, now), "state": DEFERRED}
 
 
-def dead_lettered(row: dict, now: datetime, reason: Optional[str], description: Optional[str]) -> dict:
+def dead_lettered(row: Mapping[str, Any], now: datetime, reason: Optional[str], description: Optional[str]) -> dict[str, Any]:
     return {**unlocked(row, now), "state": DEAD_LETTERED, "dead_letter_reason": reason,
             "dead_letter_error_description": description}
 
 
-def transfer_dead_lettered(row: dict, now: datetime, reason: str, description: str) -> dict:
+def transfer_dead_lettered(row: Mapping[str, Any], now: datetime, reason: str, description: str) -> dict[str, Any]:
     """Moved to the transfer dead-letter sub-queue: forwarding it failed (sparkbus.engine.forwarding)."""
     return {**unlocked(row, now), "state": TRANSFER_DEAD_LETTERED, "dead_letter_reason": reason,
             "dead_letter_error_description": description}
 
 
-def abandoned(row: dict, now: datetime, policy: Policy) -> dict:
+def abandoned(row: Mapping[str, Any], now: datetime, policy: Policy) -> dict[str, Any]:
     """Released for redelivery; an active message at max_delivery_count is dead-lettered instead."""
     if row["state"] == ACTIVE and row["delivery_count"] >= policy.max_delivery_count:
         return dead_lettered(row, now, MAX_DELIVERY_REASON,
@@ -128,7 +130,7 @@ def abandoned(row: dict, now: datetime, policy: Policy) -> dict:
     return unlocked(row, now)
 
 
-def renewed(row: dict, now: datetime, policy: Policy) -> dict:
+def renewed(row: Mapping[str, Any], now: datetime, policy: Policy) -> dict[str, Any]:
     """The lock extended by lock_duration from now (kept, not released)."""
     return {**row, "locked_until_utc": now + policy.lock_duration, "updated_at_utc": now}
 
@@ -264,7 +266,7 @@ def deleted(found: pa.Table, now: datetime) -> pa.Table:
 
 
 def new_state(partition: int, sequence_number: int, state: str, delivery_count: int, now: datetime, *,
-              reason: Optional[str] = None, description: Optional[str] = None) -> dict:
+              reason: Optional[str] = None, description: Optional[str] = None) -> dict[str, Any]:
     """An unlocked state row."""
     return {"partition_id": partition, "sequence_number": sequence_number, "state": state,
             "delivery_count": delivery_count, "lock_token": None, "locked_until_utc": None,
@@ -274,7 +276,7 @@ def new_state(partition: int, sequence_number: int, state: str, delivery_count: 
 
 def new_lock_tokens(count: int) -> list[str]:
     """count random version-4 UUID strings (one urandom call for all of them, formatted vectorised)."""
-    return lock_token_array(count).to_pylist()
+    return cast(list[str], lock_token_array(count).to_pylist())
 
 
 def lock_token_array(count: int) -> pa.Array:

@@ -5,6 +5,8 @@ strings, so each value is stored with a type tag and comes back as the same Pyth
 """
 from __future__ import annotations
 
+from typing import Any
+
 import base64
 import json
 import uuid
@@ -17,7 +19,7 @@ PROPERTY_TYPES = (str, int, float, bool, bytes, datetime, uuid.UUID, type(None))
 _NAMES = "str, int, float, bool, bytes, datetime, UUID or None"
 
 
-def check_properties(props: object, name: str, *, allow_timedelta: bool = False) -> dict:
+def check_properties(props: object, name: str, *, allow_timedelta: bool = False) -> dict[str, Any]:
     """Validate a property mapping: str keys, values of the supported types, each with a wire form
     (sparkbus.core.wire: text without lone surrogates, ints in the signed 64-bit range; durations, where
     allowed, from zero to TimeSpan.MaxValue); returns a plain dict. TypeError for a type, ValueError for a
@@ -44,7 +46,7 @@ def check_properties(props: object, name: str, *, allow_timedelta: bool = False)
     return dict(props)
 
 
-def _encode(v: object) -> list:
+def _encode(v: object) -> list[Any]:
     if v is None:
         return ["null", None]
     if isinstance(v, bool):
@@ -67,7 +69,7 @@ def _encode(v: object) -> list:
     raise TypeError(f"unsupported property type {type(v).__name__}")
 
 
-def _decode(tagged: list) -> object:
+def _decode(tagged: list[Any]) -> object:
     tag, v = tagged
     if tag == "bytes":
         return base64.b64decode(v)
@@ -84,14 +86,14 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # one for ev
 # options builds an encoder each time, a third of the cost of a small dict
 
 
-def encode_properties(props: dict | None) -> str | None:
+def encode_properties(props: dict[str, Any] | None) -> str | None:
     """JSON text of a property dict, each value tagged with its type; None for an empty dict."""
     if not props:
         return None
     return _ENCODER.encode({k: _encode(v) for k, v in props.items()})
 
 
-def decode_properties(text: str | None) -> dict:
+def decode_properties(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
     return {k: _decode(v) for k, v in json.loads(text).items()}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Collection
-from typing import Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from deltalake.exceptions import DeltaError
 
@@ -112,7 +112,9 @@ def get_entity(catalog: Catalog, kind: str, path: str) -> EntityProperties:
 
 def get_subscription(catalog: Catalog, topic_name: str, subscription_name: str) -> SubscriptionProperties:
     snap = catalog.snapshot()
-    return properties(catalog, snap, find_subscription(catalog, snap, topic_name, subscription_name))
+    found = properties(catalog, snap, find_subscription(catalog, snap, topic_name, subscription_name))
+    assert isinstance(found, SubscriptionProperties)
+    return found
 
 
 def list_entities(catalog: Catalog, kind: str, topic_name: Optional[str] = None) -> list[EntityProperties]:
@@ -129,7 +131,9 @@ def get_runtime(catalog: Catalog, kind: str, path: str) -> RuntimeProperties:
 def get_subscription_runtime(catalog: Catalog, topic_name: str,
                              subscription_name: str) -> SubscriptionRuntimeProperties:
     snap = catalog.snapshot()
-    return runtime(catalog, snap, find_subscription(catalog, snap, topic_name, subscription_name))
+    found = runtime(catalog, snap, find_subscription(catalog, snap, topic_name, subscription_name))
+    assert isinstance(found, SubscriptionRuntimeProperties)
+    return found
 
 
 def list_runtime(catalog: Catalog, kind: str, topic_name: Optional[str] = None) -> list[RuntimeProperties]:
@@ -141,6 +145,7 @@ def list_runtime(catalog: Catalog, kind: str, topic_name: Optional[str] = None) 
 def _listed(catalog: Catalog, snap: Snapshot, kind: str, topic_name: Optional[str]) -> list[Row]:
     if kind != "subscription":
         return snap.of_kind(kind)
+    assert topic_name is not None  # subscriptions are listed by topic
     return snap.children(find(catalog, snap, "topic", topic_name).key, "subscription")
 
 
@@ -164,6 +169,7 @@ def properties(catalog: Catalog, snap: Snapshot, row: Row) -> EntityProperties:
     """The SDK's properties object of the entity's row."""
     ns = namespace(catalog, snap)
     options = row.options
+    extra: dict[str, Any]  # the keywords of the properties class that the options do not give
     if row.kind in TOP_LEVEL:
         size = options.max_size_in_megabytes
         extra = {"max_size_in_megabytes_per_partition": tiers.size_per_partition_mb(ns.tier, size, row.partition_count),
@@ -171,6 +177,7 @@ def properties(catalog: Catalog, snap: Snapshot, row: Row) -> EntityProperties:
         if row.kind == "topic":  # the SDK's TopicProperties carries the topic's size too
             extra["size_in_bytes"] = runtime(catalog, snap, row).size_in_bytes
     else:
+        assert row.parent is not None  # a subscription's topic
         extra = {"topic_name": snap.rows[row.parent].path}
     down = (set(unavailable_partitions(snap, row.key, row.partition_count))
             | detected_faults(catalog.root, row.path))
@@ -183,8 +190,10 @@ def runtime(catalog: Catalog, snap: Snapshot, row: Row) -> RuntimeProperties:
     """The SDK's runtime properties object of the entity's row: its message counts now."""
     counts, skipped = _counts(catalog, snap, row)
     subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
-    extra = {"subscription_count": len(subscriptions), **_filter_counts(snap, subscriptions)} if row.kind == "topic" else {}
+    extra: dict[str, Any] = ({"subscription_count": len(subscriptions), **_filter_counts(snap, subscriptions)}
+                             if row.kind == "topic" else {})
     if row.kind == "subscription":
+        assert row.parent is not None  # a subscription's topic
         extra = {"topic_name": snap.rows[row.parent].path}
     # Messages an entity forwards are pending transfer, not active (or dead-lettered) there.
     active, dead, transfer = counts.active, counts.dead_letter, 0
@@ -246,9 +255,9 @@ def _status(down: Collection[int]) -> str:
 
 # ---- creating, updating, deleting entities --------------------------------------------------------------
 
-def create_entity(catalog: Catalog, kind: str, name: str, given: dict) -> EntityProperties:
+def create_entity(catalog: Catalog, kind: str, name: str, given: dict[str, Any]) -> EntityProperties:
     """Create a queue or topic named name with the checked options given (the rest defaults)."""
-    def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change:
+    def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change[Row]:
         ns = namespace(catalog, snap)
         options = _complete_options(ns, kind, given, DEFAULTS)
         count = tiers.entity_partition_count(ns.tier, ns.partition_count, options.enable_partitioning)
@@ -266,12 +275,12 @@ def create_entity(catalog: Catalog, kind: str, name: str, given: dict) -> Entity
 
 
 def create_subscription(catalog: Catalog, topic_name: str, subscription_name: str,
-                        given: dict) -> SubscriptionProperties:
+                        given: dict[str, Any]) -> SubscriptionProperties:
     """Create the subscription with the rule '$Default' (TrueRuleFilter); it has its topic's partitions."""
     options = DEFAULTS.changed(given)
     path = subscription_path(topic_name, subscription_name)
 
-    def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change:
+    def decide(snap: Snapshot, storage_dir: Optional[str]) -> Change[Row]:
         ns = namespace(catalog, snap)
         topic = find(catalog, snap, "topic", topic_name)
         _check_tier_features(ns, "subscription", options)
@@ -288,10 +297,13 @@ def create_subscription(catalog: Catalog, topic_name: str, subscription_name: st
         default_rule = _rule_row(row, DEFAULT_RULE_NAME, TrueRuleFilter(), None)
         return Change(upserts=[row, default_rule], result=row)
 
-    return _create_with_storage(catalog, decide)
+    created = _create_with_storage(catalog, decide)
+    assert isinstance(created, SubscriptionProperties)
+    return created
 
 
-def _create_with_storage(catalog: Catalog, decide: Callable[[Snapshot, Optional[str]], Change]) -> EntityProperties:
+def _create_with_storage(catalog: Catalog,
+                         decide: Callable[[Snapshot, Optional[str]], Change[Row]]) -> EntityProperties:
     """Check first (nothing written on bad input), then create the tables, then commit the catalog row
     (module docstring). Returns the new entity's properties, built from the snapshot the commit was based on."""
     first = catalog.snapshot()
@@ -299,24 +311,26 @@ def _create_with_storage(catalog: Catalog, decide: Callable[[Snapshot, Optional[
     storage_dir = os.path.join(ENTITIES_DIR, uuid.uuid4().hex)
     location = storage.location.join(catalog.root, storage_dir)
 
-    def decide_with_storage(snap: Snapshot) -> Change:
+    def decide_with_storage(snap: Snapshot) -> Change[tuple[Snapshot, Row]]:
         change = decide(snap, storage_dir)
-        change.result = (snap, change.result)
-        return change
+        assert change.result is not None  # the new entity's row
+        return Change(change.upserts, change.deletes, (snap, change.result))
 
     try:
         for role, schema in ENTITY_TABLES.items():
             storage.create_table(storage.location.join(location, role), schema, configuration=TABLE_CONFIGURATION[role])
-        snap, row = catalog.transact(decide_with_storage, first)
+        created = catalog.transact(decide_with_storage, first)
+        assert created is not None
+        snap, row = created
         return properties(catalog, Snapshot(snap.version, {**snap.rows, row.key: row}), row)
     except BaseException:
         storage.remove_tree(location)
         raise
 
 
-def update_entity(catalog: Catalog, kind: str, path: str, values: dict) -> None:
+def update_entity(catalog: Catalog, kind: str, path: str, values: dict[str, Any]) -> None:
     """Set the checked options in values on the entity; InvalidOperationError for one fixed at creation."""
-    def decide(snap: Snapshot) -> Change:
+    def decide(snap: Snapshot) -> Change[None]:
         row = find(catalog, snap, kind, path)
         ns = namespace(catalog, snap)
         current = row.options
@@ -339,13 +353,15 @@ def update_entity(catalog: Catalog, kind: str, path: str, values: dict) -> None:
 
 def delete_entity(catalog: Catalog, kind: str, path: str) -> None:
     """Delete the entity with everything under it (a topic's subscriptions, their rules) and their data."""
-    def decide(snap: Snapshot) -> Change:
+    def decide(snap: Snapshot) -> Change[list[Row]]:
         row = find(catalog, snap, kind, path)
         require_available(snap, row.key, row.partition_count, f"delete {kind} {row.path!r}")
         doomed = [row] + _descendants(snap, row)
         return Change(deletes=[r.key for r in doomed], result=doomed)
 
-    for gone in catalog.transact(decide):
+    doomed = catalog.transact(decide)
+    assert doomed is not None
+    for gone in doomed:
         if gone.storage:  # now and after this process's maintenance of its tables (registry)
             remove_incarnation(catalog.root, gone.storage)
 
@@ -363,16 +379,19 @@ def _descendants(snap: Snapshot, row: Row) -> list[Row]:
 def create_rule(catalog: Catalog, topic_name: str, subscription_name: str, rule_name: str,
                 rule_filter: RuleFilter, action: Optional[SqlRuleAction]) -> RuleProperties:
     """Add a checked rule to the subscription (the topic's filter quota applies)."""
-    def decide(snap: Snapshot) -> Change:
+    def decide(snap: Snapshot) -> Change[Row]:
         sub = find_subscription(catalog, snap, topic_name, subscription_name)
         if snap.get(key(rule_path(topic_name, subscription_name, rule_name))):
             raise MessagingEntityAlreadyExistsError(f"rule {rule_name!r} already exists on {sub.path!r}")
+        assert sub.parent is not None  # a subscription's topic
         _check_filter_quota(catalog, snap, sub.parent, rule_filter)
         require_available(snap, sub.key, sub.partition_count, f"create rule {rule_name!r}")
         row = _rule_row(sub, rule_name, rule_filter, action)
         return Change(upserts=[row], result=row)
 
-    return _rule_properties(catalog.transact(decide))
+    created = catalog.transact(decide)
+    assert created is not None
+    return _rule_properties(created)
 
 
 def get_rule(catalog: Catalog, topic_name: str, subscription_name: str, rule_name: str) -> RuleProperties:
@@ -385,16 +404,19 @@ def list_rules(catalog: Catalog, topic_name: str, subscription_name: str) -> lis
     return [_rule_properties(row) for row in snap.children(sub.key, "rule")]
 
 
-def update_rule(catalog: Catalog, topic_name: str, subscription_name: str, rule_name: str, given: dict) -> None:
+def update_rule(catalog: Catalog, topic_name: str, subscription_name: str, rule_name: str,
+                given: dict[str, Any]) -> None:
     """Replace the rule's filter and/or action (given: 'filter', 'action', checked); what is not given keeps
     its stored value."""
-    def decide(snap: Snapshot) -> Change:
+    def decide(snap: Snapshot) -> Change[None]:
         row = find_rule(catalog, snap, topic_name, subscription_name, rule_name)
+        assert row.parent is not None  # a rule's subscription
         sub = snap.rows[row.parent]
         stored = _rule_properties(row)
         rule_filter = check_filter(given.get("filter", stored.filter))
         rule_action = given.get("action", stored.action)
         if filter_quota_kind(rule_filter) != filter_quota_kind(stored.filter):
+            assert sub.parent is not None  # a subscription's topic
             _check_filter_quota(catalog, snap, sub.parent, rule_filter)
         require_available(snap, sub.key, sub.partition_count, f"update rule {rule_name!r}")
         return Change(upserts=[row.updated(_rule_json(rule_filter, rule_action))])
@@ -403,8 +425,9 @@ def update_rule(catalog: Catalog, topic_name: str, subscription_name: str, rule_
 
 
 def delete_rule(catalog: Catalog, topic_name: str, subscription_name: str, rule_name: str) -> None:
-    def decide(snap: Snapshot) -> Change:
+    def decide(snap: Snapshot) -> Change[None]:
         row = find_rule(catalog, snap, topic_name, subscription_name, rule_name)
+        assert row.parent is not None  # a rule's subscription
         sub = snap.rows[row.parent]
         require_available(snap, sub.key, sub.partition_count, f"delete rule {rule_name!r}")
         return Change(deletes=[row.key])
@@ -412,12 +435,14 @@ def delete_rule(catalog: Catalog, topic_name: str, subscription_name: str, rule_
     catalog.transact(decide)
 
 
-def _rule_json(rule_filter: object, action: object) -> dict:
+def _rule_json(rule_filter: RuleFilter, action: Optional[SqlRuleAction]) -> dict[str, Any]:
     return {"filter": filter_to_json(rule_filter), "action": action_to_json(action)}
 
 
-def _rule_row(sub: Row, rule_name: str, rule_filter: object, action: object) -> Row:
-    topic, sub_name = split_subscription_path(sub.path)
+def _rule_row(sub: Row, rule_name: str, rule_filter: RuleFilter, action: Optional[SqlRuleAction]) -> Row:
+    parts = split_subscription_path(sub.path)
+    assert parts is not None  # sub is a subscription
+    topic, sub_name = parts
     path = rule_path(topic, sub_name, rule_name)
     return Row(key=key(path), kind="rule", path=path, parent=sub.key, partition_count=sub.partition_count,
                properties=_rule_json(rule_filter, action))
@@ -448,6 +473,7 @@ def _check_forwarding(snap: Snapshot, path: str, options: EntityOptions, topic_k
                 if r.options.forward_to and r.key != key(path)}
     delivers: dict[str, list[str]] = {}
     for sub in snap.of_kind("subscription"):
+        assert sub.parent is not None  # a subscription's topic
         delivers.setdefault(sub.parent, []).append(sub.key)
     if topic_key is not None and key(path) not in delivers.get(topic_key, []):
         delivers.setdefault(topic_key, []).append(key(path))
@@ -457,7 +483,7 @@ def _check_forwarding(snap: Snapshot, path: str, options: EntityOptions, topic_k
         raise InvalidOperationError(f"forward_to of {path!r} would close a forwarding loop: {names}")
 
 
-def _check_filter_quota(catalog: Catalog, snap: Snapshot, topic_key: str, rule_filter: object) -> None:
+def _check_filter_quota(catalog: Catalog, snap: Snapshot, topic_key: str, rule_filter: RuleFilter) -> None:
     """Per topic: at most max_sql_filters_per_topic SQL and max_correlation_filters_per_topic correlation filters."""
     kind = filter_quota_kind(rule_filter)
     if kind is None:
@@ -484,7 +510,7 @@ def _check_quota(ns: NamespaceProperties, snap: Snapshot, partition_count: int) 
                 f"the most allowed in the {ns.tier} tier")
 
 
-def _complete_options(ns: NamespaceProperties, kind: str, given: dict, base: EntityOptions) -> EntityOptions:
+def _complete_options(ns: NamespaceProperties, kind: str, given: dict[str, Any], base: EntityOptions) -> EntityOptions:
     """A queue's or topic's options: base with the checked options given set, and the tier's rules for
     partitioning, sizes and features applied."""
     options = base.changed(given)

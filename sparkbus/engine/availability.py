@@ -39,14 +39,14 @@ def report_fault(root: str, entity_path: str, partition: int) -> None:
         _detected[(root, key(entity_path), partition)] = clock.monotonic() + DETECTED_SECONDS
 
 
-def detected_faults(root: str, entity_path: str) -> frozenset:
+def detected_faults(root: str, entity_path: str) -> frozenset[int]:
     """The entity's partitions this process found faulty within the last DETECTED_SECONDS."""
     now, mine = clock.monotonic(), (root, key(entity_path))
     with _detected_lock:
         return frozenset(p for (*entity, p), until in _detected.items() if tuple(entity) == mine and until > now)
 
 
-def down(root: str, entity_path: str, declared: frozenset) -> set:
+def down(root: str, entity_path: str, declared: frozenset[int]) -> set[int]:
     """Partitions to avoid: declared unavailable (the catalog's faults) or found faulty by this process."""
     return set(declared) | detected_faults(root, entity_path)
 
@@ -63,7 +63,7 @@ def fault_of(root: str, entity_path: str, partition_count: int, error: BaseExcep
 def partition_named(error: BaseException) -> Optional[int]:
     """The partition a storage error names (delta-rs and object_store errors carry the file's path, whose
     directory is partition_id=N), or None: then the error is not a partition's fault."""
-    found = getattr(error, "partition_id", None)
+    found: Optional[int] = getattr(error, "partition_id", None)
     if found is not None:
         return found
     match = _PARTITION_IN_PATH.search(str(error))
@@ -119,7 +119,7 @@ def mark_partition(catalog: Catalog, partition_id: int, available: bool, *, enti
         raise TypeError(f"reason must be a str, got {type(reason).__name__}")
     target = ALL_ENTITIES if entity_path is None else key(entity_path)
 
-    def decide(snap: Snapshot) -> Change:
+    def decide(snap: Snapshot) -> Change[None]:
         if entity_path is not None:
             entity = snap.get(target)
             if entity is None or entity.kind not in ("queue", "topic", "subscription"):

@@ -18,7 +18,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Optional, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -64,7 +64,7 @@ class Row:
     key: str
     kind: str
     path: str
-    properties: dict
+    properties: dict[str, Any]
     parent: Optional[str] = None
     partition_count: int = 1
     storage: Optional[str] = None
@@ -75,7 +75,7 @@ class Row:
         if self.updated_at_utc is None:
             object.__setattr__(self, "updated_at_utc", self.created_at_utc)
 
-    def updated(self, properties: dict) -> "Row":
+    def updated(self, properties: dict[str, Any]) -> "Row":
         return replace(self, properties=properties, updated_at_utc=utc_now())
 
     @property
@@ -112,12 +112,12 @@ class Snapshot:
 
 
 @dataclass
-class Change:
+class Change(Generic[T]):
     """What a transaction writes: rows to insert or replace, keys to delete, and the caller's result."""
 
     upserts: list[Row] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
-    result: object = None
+    result: Optional[T] = None
 
 
 def _to_arrow(rows: Iterable[Row], op: str) -> pa.Table:
@@ -205,14 +205,14 @@ class Catalog:
                 self._snapshot = Snapshot(version, rows)
             return self._snapshot
 
-    def transact(self, decide: Callable[[Snapshot], Change], first: Optional[Snapshot] = None) -> object:
+    def transact(self, decide: Callable[[Snapshot], Change[T]], first: Optional[Snapshot] = None) -> Optional[T]:
         """Apply decide(snapshot) atomically, re-deciding on a fresh snapshot after a conflict.
 
         first: a snapshot already read by the caller, used for the first attempt.
         """
         pending = [first] if first is not None else []
 
-        def attempt() -> object:
+        def attempt() -> Optional[T]:
             snap = pending.pop() if pending else self.snapshot()
             change = decide(snap)
             if change.upserts or change.deletes:
@@ -221,7 +221,7 @@ class Catalog:
 
         return retry.run(attempt, what="changing the namespace catalog")
 
-    def _merge(self, snap: Snapshot, change: Change) -> None:
+    def _merge(self, snap: Snapshot, change: Change[T]) -> None:
         placeholders = [Row(key=k, kind="", path="", properties={}) for k in change.deletes]
         source = pa.concat_tables([_to_arrow(change.upserts, "upsert"), _to_arrow(placeholders, "delete")])
         assignments = {c: f"s.`{c}`" for c in _COLUMNS}

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Awaitable, Callable, Iterable, NamedTuple, Optional, TypeVar, Union
+from typing import Any, Awaitable, Callable, Iterable, NamedTuple, Optional, TypeVar, Union, cast
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,7 @@ from .retry import RetryPolicy
 from . import clock
 
 T = TypeVar("T")
+M = TypeVar("M")  # what a receive's decode makes of a message (sparkbus.receiver: a received message)
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between tries on an empty entity, doubling (poll)
 WATCH_EVERY = 0.02  # seconds between looks at a local entity's log directories while a receive waits
 # The message columns choosing and planning a lock read (transitions.candidates and plan).
@@ -63,11 +64,12 @@ NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session wit
 # What a receiver's decode of a stored row written by an older version or another tool can raise: such a
 # message is dead-lettered instead of delivered (decoded).
 DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError)
-Change = Callable[[dict, datetime], dict]
+DecodeError = Union[ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError]
+Change = Callable[[Mapping[str, Any], datetime], dict[str, Any]]
 # How a receive turns the messages it locked into what it returns: given their message rows and the state
 # rows written for them (two tables, row i of one with row i of the other), one entry per message: what
 # it decodes to, or the error (one of DECODE_ERRORS) decoding it raised (see decoded).
-Decode = Callable[[pa.Table, pa.Table], list]
+Decode = Callable[[pa.Table, pa.Table], list[Union[M, DecodeError]]]
 
 
 @dataclass
@@ -87,7 +89,7 @@ class Held(NamedTuple):
     entity it was taken in (a lock known by its token only is always read back)."""
 
     token: str
-    row: Optional[Mapping] = None
+    row: Optional[Mapping[str, Any]] = None
     incarnation: Optional[str] = None
 
 
@@ -187,7 +189,7 @@ class Delivery:
         log directories' modification times). Never for an object store, which has no cheap sign (poll's
         timer serves it); always when the entity cannot be resolved (the next try raises what the caller
         should see)."""
-        seen: list[tuple] = []
+        seen: list[tuple[Optional[int], ...]] = []
 
         def changed() -> bool:
             try:
@@ -270,16 +272,16 @@ class Delivery:
 
     # ---- locking -----------------------------------------------------------------------------------------
 
-    def lock(self, info: EntityInfo, partition: int, queue: str, count: int, *, delete: bool, decode: Decode,
-             sequence_numbers: Optional[list[int]] = None, session: Optional[SessionLock] = None) -> list:
+    def lock(self, info: EntityInfo, partition: int, queue: str, count: int, *, delete: bool, decode: Decode[M],
+             sequence_numbers: Optional[list[int]] = None, session: Optional[SessionLock] = None) -> list[M]:
         """Lock (delete: remove) up to count deliverable messages of one partition's `queue` (ACTIVE,
         DEFERRED or DEAD_LETTERED), oldest first; returns what decode makes of them. A message decode
         fails for is not delivered (see decoded)."""
         rules = policy(info)
         moved = [0]  # undecodable messages the last attempt dead-lettered
-        delivered: list = []
+        delivered: list[M] = []
 
-        def attempt(_: int) -> list:
+        def attempt(_: int) -> list[M]:
             wanted = count - len(delivered)
             messages, state = self.snapshot(info)
             now = clock.now()
@@ -310,7 +312,7 @@ class Delivery:
         return delivered
 
     def lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
-                     decode: Decode, session: Optional[SessionLock] = None) -> list:
+                     decode: Decode[M], session: Optional[SessionLock] = None) -> list[M]:
         """Lock (delete: remove) exactly these messages of `queue` (receive_deferred_messages), or none:
         MessageNotFoundError names the numbers that are not deliverable now, before anything is written.
         Partitions commit one by one, so a number taken by another receiver between the check and its
@@ -333,11 +335,11 @@ class Delivery:
             self.entity.confirm(info)  # not found because the entity is gone? (see lock_any)
             raise MessageNotFoundError(f"no {queue.lower()}, unlocked message with sequence number(s) {missing[:10]}; "
                                        "nothing was received")
-        taken: list[tuple[dict, object]] = []  # (state row written, what decode made) of each message
+        taken: list[tuple[dict[str, Any], M]] = []  # (state row written, what decode made) of each message
         undecodable: set[int] = set()
 
-        def tracked(messages: pa.Table, states: pa.Table) -> list:
-            made = []
+        def tracked(messages: pa.Table, states: pa.Table) -> list[Union[tuple[dict[str, Any], M], DecodeError]]:
+            made: list[Union[tuple[dict[str, Any], M], DecodeError]] = []
             for state_row, item in zip(records.as_rows(states), decode(messages, states)):
                 if isinstance(item, DECODE_ERRORS):
                     undecodable.add(state_row["sequence_number"])
@@ -373,14 +375,14 @@ class Delivery:
                 queue, now, count, session_id=session.session_id if session else None, enqueued_before=before)
             if found.num_rows:
                 self._commit(state, partition, transitions.deleted(found, now))
-            return found.num_rows
+            return cast(int, found.num_rows)
 
         removed = self.retrying(info, attempt)
         self.retain(info, partition)
         return removed
 
-    def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int, decode: Decode,
-                 session: Optional[SessionLock] = None) -> list:
+    def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int, decode: Decode[M],
+                 session: Optional[SessionLock] = None) -> list[M]:
         """Up to count messages from the available partitions, visited from the start-th on (a session
         receiver visits its session's partition only), as decode makes them. Finding none, it confirms
         the incarnation (EntityDeleted when it is gone): files it had read and written are kept in
@@ -392,7 +394,7 @@ class Delivery:
         if not available:
             return []
         start %= len(available)
-        got: list = []
+        got: list[M] = []
         for partition in available[start:] + available[:start]:
             try:
                 got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session,
@@ -438,8 +440,9 @@ class Delivery:
                         f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
             written = []
             for partition, mine in by_partition.items():
-                written.append(self.retrying(info, lambda attempt, p=partition, m=mine:
-                                             self._settle_partition(info, p, m, change, session, attempt)))
+                def settle_partition(attempt: int, p: int = partition, m: dict[int, Held] = mine) -> pa.Table:
+                    return self._settle_partition(info, p, m, change, session, attempt)
+                written.append(self.retrying(info, settle_partition))
                 self.retain(info, partition)
             return pa.concat_tables(written) if written else LOCKS.empty_table()
         except EntityDeleted as gone:
@@ -472,7 +475,7 @@ class Delivery:
         whole = transitions.TABLE_FORMS.get(change)
         grouped = _grouped(held.values()) if attempt == 0 else None
         if grouped is not None and _fresh(*grouped, now):
-            rows: Union[pa.Table, list[Mapping]] = _locked_table(*grouped) if whole else [
+            rows: Union[pa.Table, list[Mapping[str, Any]]] = _locked_table(*grouped) if whole else [
                 lock.row for lock in held.values()]
         else:
             rows = locks.lock_rows(state, partition, list(held))
@@ -515,7 +518,7 @@ class Delivery:
     # ---- peeking -----------------------------------------------------------------------------------------
 
     def peek(self, info: EntityInfo, cursor: int, count: int, *, sub_queue: Optional[str],
-             session_id: Optional[str]) -> tuple[list[dict], int]:
+             session_id: Optional[str]) -> tuple[list[dict[str, Any]], int]:
         """Up to count messages of one partition from sequence number `cursor` on, without locking, with
         their state columns; and the cursor to continue from (past the last partition: nothing left).
         sub_queue: the state of a sub-queue's messages (DEAD_LETTERED, TRANSFER_DEAD_LETTERED), or None.
@@ -523,7 +526,7 @@ class Delivery:
         return self.entity.confirmed(info, lambda: self._peek(info, cursor, count, sub_queue, session_id))
 
     def _peek(self, info: EntityInfo, cursor: int, count: int, sub_queue: Optional[str],
-              session_id: Optional[str]) -> tuple[list[dict], int]:
+              session_id: Optional[str]) -> tuple[list[dict[str, Any]], int]:
         messages, state = self.tables(info)
         queue = f"l.state = {storage.quoted(sub_queue)}" if sub_queue else (
             f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
@@ -579,7 +582,7 @@ class Delivery:
         duration = info.options.lock_duration
 
         def take(partition: int, session_id: str) -> SessionLock:
-            def attempt(_: int) -> dict:
+            def attempt(_: int) -> dict[str, Any]:
                 row = sessions.lock(self.table(info, "sessions"), partition, session_id, duration,
                                     clock.now())
                 self._wrote = True
@@ -619,18 +622,19 @@ class Delivery:
         if read or not transitions.is_fresh(session.locked_until_utc, now):
             self.session_row(info, session, now)
 
-    def session_row(self, info: EntityInfo, session: SessionLock, now: datetime) -> dict:
+    def session_row(self, info: EntityInfo, session: SessionLock, now: datetime) -> dict[str, Any]:
         """The held session's row; SessionLockLostError if the lock expired or was taken."""
         return sessions.held(self.table(info, "sessions"), session.partition, session.session_id,
                              session.lock_token, now)
 
-    def update_session(self, session: SessionLock, change: Callable[[dict, EntityInfo, datetime], Optional[dict]]) -> dict:
+    def update_session(self, session: SessionLock, change: Callable[[dict[str, Any], EntityInfo, datetime],
+                                                                    Optional[dict[str, Any]]]) -> dict[str, Any]:
         """Apply change(row, info, now) to the held session's row (None: read only); returns the row.
         SessionLockLostError when the lock expired or was taken, or the entity was deleted since it was
         taken (then nothing is read or written in a new incarnation)."""
         info = self.lock_info(session)
 
-        def attempt(_: int) -> dict:
+        def attempt(_: int) -> dict[str, Any]:
             now = clock.now()
             row = self.session_row(info, session, now)
             written = change(row, info, now)
@@ -647,8 +651,8 @@ class Delivery:
             raise session_lost(session, str(gone)) from gone
 
 
-def decoded(taken: pa.Table, rows: pa.Table, decode: Decode, queue: str,
-            now: datetime) -> tuple[list, pa.Table, int]:
+def decoded(taken: pa.Table, rows: pa.Table, decode: Decode[M], queue: str,
+            now: datetime) -> tuple[list[M], pa.Table, int]:
     """(what decode makes of the messages a receive delivers, the state rows to commit, how many messages
     were dead-lettered). taken: the delivered messages, whose state rows are the first rows of `rows`
     (transitions.plan). Decoding runs before the commit, so a message decode fails for (it gives one of
@@ -659,9 +663,9 @@ def decoded(taken: pa.Table, rows: pa.Table, decode: Decode, queue: str,
     it cannot be dead-lettered again, it is left as it was (still visible to peek)."""
     made = decode(taken, rows.slice(0, taken.num_rows))
     failed = {i: error for i, error in enumerate(made) if isinstance(error, Exception)}
+    delivered = [item for item in made if not isinstance(item, Exception)]  # made, without those failed
     if not failed:
-        return made, rows, 0
-    delivered = [item for i, item in enumerate(made) if i not in failed]
+        return delivered, rows, 0
     keep = np.ones(rows.num_rows, dtype=bool)
     keep[list(failed)] = False
     if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED):
@@ -682,7 +686,7 @@ def session_lost(session: SessionLock, why: str) -> SessionLockLostError:
     return SessionLockLostError(f"the lock on session {session.session_id!r} ended with its entity: {why}")
 
 
-def _keep_only(cache: dict, info: EntityInfo) -> None:
+def _keep_only(cache: dict[str, T], info: EntityInfo) -> None:
     """Drop the tables of other incarnations (a deleted entity's) from a cache keyed by table uri."""
     for uri in [known for known in cache if known not in info.tables.values()]:
         del cache[uri]
@@ -695,8 +699,8 @@ def available_partitions(info: EntityInfo) -> list[int]:
 
 
 # Locks whose state rows are rows of one committed table (records.Row, as a receive made them): the
-# table's Columns, the rows' positions in it, the tokens held.
-_Group = tuple[records.Columns, list[int], list[str]]
+# table (of the rows' Columns), the rows' positions in it, the tokens held.
+_Group = tuple[pa.Table, list[int], list[str]]
 
 
 def _grouped(held: Iterable[Held]) -> tuple[list[_Group], list[Held]]:
@@ -707,7 +711,7 @@ def _grouped(held: Iterable[Held]) -> tuple[list[_Group], list[Held]]:
     for lock in held:
         row = lock.row
         if isinstance(row, records.Row) and row.columns.table is not None:
-            _, at, tokens = tables.setdefault(id(row.columns), (row.columns, [], []))
+            _, at, tokens = tables.setdefault(id(row.columns), (row.columns.table, [], []))
             at.append(row.index)
             tokens.append(lock.token)
         else:
@@ -719,15 +723,16 @@ def _fresh(tables: list[_Group], loose: list[Held], now: datetime) -> bool:
     """Whether every lock is known as written and certainly still held (transitions.is_fresh)."""
     return all(lock.row is not None and lock.row["lock_token"] == lock.token
                and transitions.is_fresh(lock.row["locked_until_utc"], now) for lock in loose) and all(
-        transitions.all_fresh(columns.table.take(pa.array(at, pa.int64())), tokens, now)
-        for columns, at, tokens in tables)
+        transitions.all_fresh(table.take(pa.array(at, pa.int64())), tokens, now)
+        for table, at, tokens in tables)
 
 
 def _locked_table(tables: list[_Group], loose: list[Held]) -> pa.Table:
     """The state rows (LOCKS) of locks known as written, as one table: one take per committed table."""
-    parts = [columns.table.take(pa.array(at, pa.int64())).select(LOCKS.names).cast(LOCKS)
-             for columns, at, _ in tables]
-    return pa.concat_tables([*parts, records.from_rows([lock.row for lock in loose], LOCKS)])
+    parts = [table.take(pa.array(at, pa.int64())).select(LOCKS.names).cast(LOCKS)
+             for table, at, _ in tables]
+    known = [lock.row for lock in loose if lock.row is not None]  # all of them (_fresh)
+    return pa.concat_tables([*parts, records.from_rows(known, LOCKS)])
 
 
 def _rows_at(table: pa.Table, positions: np.ndarray) -> pa.Table:

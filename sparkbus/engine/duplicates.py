@@ -10,6 +10,7 @@ the history is bounded by it; retention must keep rows at least that long.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -19,9 +20,9 @@ from .. import storage
 from ..core import records
 
 
-def first_occurrences(message_ids: list) -> np.ndarray:
+def first_occurrences(message_ids: list[Optional[str]]) -> np.ndarray:
     """Mask keeping the first row of each message id within one send."""
-    seen: set = set()
+    seen: set[Optional[str]] = set()
     keep = np.ones(len(message_ids), dtype=bool)
     for i, mid in enumerate(message_ids):
         if mid in seen:
@@ -31,7 +32,7 @@ def first_occurrences(message_ids: list) -> np.ndarray:
     return keep
 
 
-def recent_ids(table: DeltaTable, partitions: list[int], now: datetime, window: timedelta) -> set:
+def recent_ids(table: DeltaTable, partitions: list[int], now: datetime, window: timedelta) -> set[str]:
     """Message ids enqueued into the given partitions within the window before now."""
     if table.version() == 0 or not partitions:
         return set()
@@ -42,5 +43,5 @@ def recent_ids(table: DeltaTable, partitions: list[int], now: datetime, window: 
     return set(found["message_id"].to_pylist())
 
 
-def not_seen(message_ids: pa.Array, seen: set) -> np.ndarray:
+def not_seen(message_ids: pa.Array, seen: set[str]) -> np.ndarray:
     return np.array([mid not in seen for mid in message_ids.to_pylist()], dtype=bool)

@@ -65,8 +65,8 @@ class EnqueueResult:
 
     message_count: int = 0
     duplicate_count: int = 0
-    sequence_numbers: list = field(default_factory=list)
-    partitions: dict = field(default_factory=dict)
+    sequence_numbers: list[Optional[int]] = field(default_factory=list)
+    partitions: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def _first_rows(mask: np.ndarray, rows: pa.Table, limit: int = 5) -> str:
@@ -197,6 +197,7 @@ class EntityWriter:
             if leads:
                 self._group = []
             group = self._group
+            assert group is not None  # this caller's, or the one it joins
             group.append(member)
         if leads:
             with self._committing:  # while the previous group commits, others join this one
@@ -206,6 +207,7 @@ class EntityWriter:
         member.done.wait()
         if member.error is not None:
             raise member.error
+        assert member.result is not None  # _commit_group answers every member
         return member.result
 
     def _commit_group(self, group: list[_Member]) -> None:
@@ -342,10 +344,12 @@ class EntityWriter:
         uri = info.tables["messages"]
         if self._table is None or self._table_uri != uri:
             self._table, self._table_uri, self._position = storage.open_table(uri), uri, None
-        elif self._position is None or reads or time.monotonic() - self._position.known_at > self._log.safe_seconds:
-            self._table = storage.refresh(self._table)
         else:
-            return self._table
+            assert self._log is not None  # read with the table
+            if self._position is None or reads or time.monotonic() - self._position.known_at > self._log.safe_seconds:
+                self._table = storage.refresh(self._table)
+            else:
+                return self._table
         self._log = commits.TableLog.of(self._table)  # read again: the table's settings may have changed
         if self._position is None or self._table.version() != self._position.version:
             self._marks = storage.high_water_marks(self._table)
@@ -378,6 +382,7 @@ class EntityWriter:
             [storage.PARTITION_COLUMN])
         claim = commits.Claim({p: (sequencing.compose(p, self._marks.get(p, 0) + 1), math.inf) for p in touched},
                               app_ids=frozenset([app_transaction[0]] if app_transaction else []))
+        assert self._log is not None and self._position is not None  # set by _view
         # a filter per partition: 0.6 s for 1 GB, one Table.take grouping it 9 s (a table of many chunks)
         files = commits.write_files(self._log, touched, lambda p: data if len(touched) == 1
                                     else data.filter(pa.array(partitions == p)))

@@ -49,7 +49,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Iterator, Optional, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -311,7 +311,8 @@ def _copies_table(target: Target, view: MessageView, copies: Copies) -> _Built:
     return _Built(table, sources, reasons, described)
 
 
-def _copy_sources(view: MessageView, copies: Copies, dead_letter: bool):
+def _copy_sources(view: MessageView, copies: Copies,
+                  dead_letter: bool) -> Iterator[tuple[np.ndarray, Optional[pa.Table]]]:
     """(row positions, rows) of dead-letter copies first (rank 0; none unless the subscription dead-letters
     filter evaluation errors: otherwise such a message is not delivered to it), then plain copies, then
     each action's."""
@@ -416,7 +417,7 @@ def _stored_copies(target: Target, built: _Built, positions: np.ndarray) -> dict
         WHERE partition_id IN ({", ".join(map(str, partitions))})
           AND CAST(enqueued_time_utc AS BIGINT) IN ({", ".join(map(str, enqueued))})
         ORDER BY sequence_number""", messages=storage.open_table(target.info.tables["messages"]))
-    available: dict[tuple, list[int]] = {}
+    available: dict[tuple[object, ...], list[int]] = {}
     for row in stored.to_pylist():
         available.setdefault(tuple(row[c] for c in columns), []).append(row["sequence_number"])
     found = {}
@@ -438,7 +439,7 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
     for position, number in states.items():
         by_partition.setdefault(sequencing.partition_of_sequence(number), {})[number] = position
     for p, wanted in by_partition.items():
-        def commit(p=p, wanted=wanted) -> None:
+        def commit(p: int = p, wanted: dict[int, int] = wanted) -> None:
             table = storage.open_table(target.info.tables["locks"])
             predicate = locks.rows_predicate(p, sorted(wanted))
             have = set(storage.query(f"SELECT sequence_number FROM locks WHERE {predicate}", locks=table)
@@ -521,8 +522,11 @@ def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutRe
     table = records.from_rows(states, LOCKS)
     for p in sorted({s["partition_id"] for s in states}):
         part = table.filter(pc.equal(table["partition_id"], p))
-        retry.run(lambda part=part, p=p: locks.commit(commits.LogView(storage.open_table(topic.tables["locks"])), p, part),
-                  what=f"completing due scheduled messages of {topic.path!r}")
+
+        def complete(part: pa.Table = part, p: int = p) -> None:
+            locks.commit(commits.LogView(storage.open_table(topic.tables["locks"])), p, part)
+
+        retry.run(complete, what=f"completing due scheduled messages of {topic.path!r}")
     return result
 
 
@@ -582,6 +586,7 @@ def _deliver_ranges(catalog: Catalog, topic: EntityInfo, ranges: dict[int, tuple
     with ThreadPoolExecutor(1, thread_name_prefix="sparkbus-fanout-read") as reader:
         ahead = reader.submit(read_ranges, topic, pieces[0]) if pieces else None
         for r in range(rounds):  # the next round is read while this one is evaluated and committed
+            assert ahead is not None  # a read is ahead for every round
             rows = ahead.result()
             ahead = reader.submit(read_ranges, topic, pieces[r + 1]) if r + 1 < rounds else None
             if rows.num_rows:

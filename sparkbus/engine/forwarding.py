@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, cast
 
 import numpy as np
 import pyarrow as pa
@@ -135,7 +135,7 @@ def _partitions_with_work(info: EntityInfo, kinds: list[str]) -> list[int]:
         LEFT JOIN locks l ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
         WHERE {" OR ".join(wanted)} ORDER BY m.partition_id""",
                           messages=storage.open_table(info.tables["messages"]), locks=state)
-    return found["partition_id"].to_pylist()
+    return cast(list[int], found["partition_id"].to_pylist())
 
 
 # ---- one step --------------------------------------------------------------------------------------------
@@ -159,7 +159,8 @@ def _claimed(info: EntityInfo, partition: int) -> Optional[tuple[str, int, pa.Ta
                          f"AND state IN ('{ACTIVE}', '{DEAD_LETTERED}') ORDER BY sequence_number", locks=state)
     if rows.num_rows == 0:
         return None
-    claims = {rules.parse_claim(t) for t in rows["lock_token"].to_pylist()}
+    # every row selected carries a claim token (CLAIM_SQL)
+    claims = {claim for t in rows["lock_token"].to_pylist() if (claim := rules.parse_claim(t)) is not None}
     kind, batch = max(claims, key=lambda c: c[1])  # one at a time: only ever one batch number
     return kind, batch, rows
 
@@ -208,6 +209,7 @@ def _claim(root: str, snap: Snapshot, info: EntityInfo, partition: int, kind: st
 def _refusals(root: str, snap: Snapshot, info: EntityInfo, kind: str, taken: pa.Table) -> dict[int, tuple[str, str]]:
     """{sequence number: (reason, description)} of messages the destination would refuse for what they are."""
     target = destination_of(info, kind)
+    assert target is not None  # only kinds with a destination are claimed (forward_entity)
     numbers = taken["sequence_number"].to_pylist()
     try:
         destination = resolve(root, snap, target, ("queue", "topic"))

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Optional
+from typing import Optional, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -142,7 +142,7 @@ class Recorder:
                         del self._counts[slot]
                 for bucket in samples:
                     self._samples.pop(bucket, None)
-            return rows.num_rows
+            return cast(int, rows.num_rows)
 
     def _sample(self) -> None:
         """The process's CPU share of the machine since the last sample, and its memory share now."""
@@ -156,7 +156,7 @@ class Recorder:
 
     def _rows(self, counts: dict[tuple[int, str], Counts], samples: dict[int, tuple[float, float]]) -> pa.Table:
         keys = sorted(set(counts) | {(bucket, NAMESPACE) for bucket in samples})
-        columns: dict[str, list] = {f.name: [] for f in METRICS}
+        columns: dict[str, list[object]] = {f.name: [] for f in METRICS}
         for bucket, entity in keys:
             columns["time_utc"].append(datetime.fromtimestamp(bucket * BUCKET_SECONDS, timezone.utc))
             columns["entity"].append(entity)
@@ -240,13 +240,13 @@ def read(root: str, recorder: Optional[Recorder], *, entity: Optional[str] = Non
         [(f"{n}_sum", "sum") for n in METRICS_COUNTERS] + [("cpu", "mean"), ("memory", "mean")]).sort_by("period")
     points = []
     for row in grouped.to_pylist():
-        points.append(MetricsPoint(*(row[f"{n}_sum_sum"] for n in METRICS_COUNTERS), time_utc=row["period"],
+        points.append(MetricsPoint(**{n: row[f"{n}_sum_sum"] for n in METRICS_COUNTERS}, time_utc=row["period"],
                                    cpu_percent=row["cpu_mean"], memory_percent=row["memory_mean"]))
     total = Counts()
     for point in points:
         total = total + Counts(*point.values())
     latest = next((p for p in reversed(points) if p.cpu_percent is not None), None)
-    return Metrics(*total.values(), entity=entity, period=period, points=tuple(points),
+    return Metrics(**dict(zip(METRICS_COUNTERS, total.values())), entity=entity, period=period, points=tuple(points),
                    cpu_percent=None if latest is None else latest.cpu_percent,
                    memory_percent=None if latest is None else latest.memory_percent)
 

@@ -127,7 +127,7 @@ def update_namespace(catalog: Catalog, *, messaging_units: Optional[int] = None,
     if messaging_units is None and credits_per_second is ...:
         raise TypeError("update_namespace takes messaging_units= (premium) or credits_per_second= (basic, standard)")
 
-    def decide(snap: Snapshot) -> Change:
+    def decide(snap: Snapshot) -> Change[Row]:
         row = snap.rows[NAMESPACE_KEY]
         p = row.properties
         units, credits = p["messaging_units"], p["credits_per_second"]
@@ -212,10 +212,11 @@ def _upgrade(catalog: Catalog) -> None:
     if snap.rows[NAMESPACE_KEY].properties.get("format_version", 1) >= FORMAT_VERSION:
         return
     for entity in snap.of_kind("queue", "topic", "subscription"):
+        assert entity.storage is not None  # an entity's row names its storage directory
         for role, schema in ENTITY_TABLES.items():
             storage.add_missing_columns(location.join(catalog.root, entity.storage, role), schema)
 
-    def record(current: Snapshot) -> Change:
+    def record(current: Snapshot) -> Change[None]:
         row = current.rows[NAMESPACE_KEY]
         return Change(upserts=[row.updated({**row.properties, "format_version": FORMAT_VERSION})])
 

@@ -58,6 +58,7 @@ MB = 1024 * 1024
 
 
 def table_uris(root: str, row: Row) -> dict[str, str]:
+    assert row.storage is not None  # an entity's row names its storage directory
     return {role: location.join(root, row.storage, role) for role in ENTITY_TABLES}
 
 
@@ -71,7 +72,7 @@ class EntityInfo:
     options: EntityOptions
     tables: dict[str, str]  # role (messages, locks, sessions) -> table uri
     namespace: NamespaceProperties
-    unavailable: frozenset
+    unavailable: frozenset[int]
     subscription_count: int
     incarnation: str  # the entity's storage directory under the namespace: see the module docstring
     catalog_version: int  # the catalog version this was read from
@@ -119,6 +120,7 @@ def resolve(root: str, snap: Snapshot, path: str, kinds: tuple[str, ...]) -> Ent
     if row.kind not in kinds:
         raise InvalidOperationError(f"{path!r} is a {row.kind}; this operation needs a {' or '.join(kinds)}")
     subs = len(snap.children(row.key, "subscription")) if row.kind == "topic" else 0
+    assert row.storage is not None  # an entity's row names its storage directory
     return EntityInfo(kind=row.kind, path=row.path, partition_count=row.partition_count,
                       options=row.options, tables=table_uris(root, row),
                       namespace=namespace_properties(snap.rows[NAMESPACE_KEY], root),

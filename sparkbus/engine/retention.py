@@ -17,6 +17,7 @@ run that loses a race is simply skipped: the next one finds the same rows.
 """
 from __future__ import annotations
 
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -92,18 +93,22 @@ def _remove_states(messages: DeltaTable, locks: DeltaTable, partition: int) -> N
         maintenance.after_commit(locks)
 
 
-def runs(sequence_numbers: list[int], removable: list) -> list[tuple[int, int]]:
+def runs(sequence_numbers: list[int], removable: list[Optional[bool]]) -> list[tuple[int, int]]:
     """(first, last) of each run of consecutive removable rows, in sequence order: deleting every row
     between first and last removes exactly the removable rows (the rows are all the partition has)."""
-    found, start, last = [], None, None
+    found: list[tuple[int, int]] = []
+    start: Optional[int] = None
+    last: Optional[int] = None
     for seq, flag in zip(sequence_numbers, removable):
         if flag:
             start = seq if start is None else start
             last = seq
         elif start is not None:
+            assert last is not None  # set with start
             found.append((start, last))
             start = None
     if start is not None:
+        assert last is not None
         found.append((start, last))
     return found
 

@@ -27,7 +27,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from deltalake.exceptions import CommitFailedError, DeltaError
 
@@ -65,7 +65,7 @@ class RetryPolicy:
             raise ValueError(f"retry_mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
     @classmethod
-    def from_keywords(cls, keywords: dict) -> "RetryPolicy":
+    def from_keywords(cls, keywords: dict[str, Any]) -> "RetryPolicy":
         """The policy the client keywords retry_total, retry_backoff_factor, retry_backoff_max and
         retry_mode describe (defaults for those not given)."""
         return cls(*(keywords.get(f"retry_{name}", getattr(DEFAULT, name))

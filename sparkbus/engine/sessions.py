@@ -9,7 +9,7 @@ partitions never conflict. Nothing here knows about the receiver classes.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Optional
+from typing import Any, Optional, cast
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -22,14 +22,14 @@ from ..storage import maintenance
 from ..core.schemas import ACTIVE, GONE_SQL, SESSIONS
 
 
-def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[dict]:
+def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[dict[str, Any]]:
     found = storage.query(f"SELECT * FROM sessions WHERE partition_id = {partition} AND session_id = {storage.quoted(session_id)}",
                           sessions=table)
     rows = records.as_rows(found)
     return rows[0] if rows else None
 
 
-def write(table: DeltaTable, row: dict) -> None:
+def write(table: DeltaTable, row: dict[str, Any]) -> None:
     """Upsert one session row, rejected if another writer changed that session since the table's version."""
     write_deltalake(table, pa.Table.from_pylist([row], schema=SESSIONS), mode="overwrite",
                     predicate=f"partition_id = {row['partition_id']} AND session_id = {storage.quoted(row['session_id'])}",
@@ -37,14 +37,15 @@ def write(table: DeltaTable, row: dict) -> None:
     maintenance.after_commit(table)
 
 
-def is_locked(row: Optional[dict], now: datetime) -> bool:
+def is_locked(row: Optional[dict[str, Any]], now: datetime) -> bool:
     return row is not None and row["lock_token"] is not None and row["locked_until_utc"] > now
 
 
-def lock(table: DeltaTable, partition: int, session_id: str, duration: timedelta, now: datetime) -> dict:
+def lock(table: DeltaTable, partition: int, session_id: str, duration: timedelta, now: datetime) -> dict[str, Any]:
     """Take the session's lock (keeping its state); SessionCannotBeLockedError while another holds it."""
     row = session_row(table, partition, session_id)
     if is_locked(row, now):
+        assert row is not None
         raise SessionCannotBeLockedError(
             f"session {session_id!r} is locked by another receiver until {row['locked_until_utc'].isoformat()}")
     taken = {"partition_id": partition, "session_id": session_id, "lock_token": transitions.new_lock_tokens(1)[0],
@@ -53,7 +54,7 @@ def lock(table: DeltaTable, partition: int, session_id: str, duration: timedelta
     return taken
 
 
-def held(table: DeltaTable, partition: int, session_id: str, lock_token: str, now: datetime) -> dict:
+def held(table: DeltaTable, partition: int, session_id: str, lock_token: str, now: datetime) -> dict[str, Any]:
     """The session row if this lock still holds it; SessionLockLostError otherwise."""
     row = session_row(table, partition, session_id)
     if row is None or row["lock_token"] != lock_token or row["locked_until_utc"] <= now:
@@ -94,7 +95,7 @@ def listed(tables: dict[str, str], state_updated_after: Optional[datetime] = Non
             SELECT DISTINCT session_id FROM sessions
             WHERE state IS NOT NULL AND CAST(updated_at_utc AS BIGINT) > {after_us} ORDER BY session_id""",
             sessions=sessions)
-        return found["session_id"].to_pylist()
+        return cast(list[str], found["session_id"].to_pylist())
     found = storage.query(f"""
         SELECT DISTINCT m.session_id FROM messages m
         LEFT JOIN locks l ON l.partition_id = m.partition_id AND l.sequence_number = m.sequence_number
@@ -102,4 +103,4 @@ def listed(tables: dict[str, str], state_updated_after: Optional[datetime] = Non
         UNION SELECT DISTINCT session_id FROM sessions WHERE state IS NOT NULL
         ORDER BY session_id""", locks=storage.open_table(tables["locks"]),  # before messages: see retention
         messages=storage.open_table(tables["messages"]), sessions=sessions)
-    return found["session_id"].to_pylist()
+    return cast(list[str], found["session_id"].to_pylist())

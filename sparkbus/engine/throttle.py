@@ -123,6 +123,12 @@ class Ledger:
         budget = Budget(None if credits == _UNLIMITED else credits, None if concurrency == _UNLIMITED else concurrency)
         return budget, Bucket(period, balance)
 
+    def _record(self) -> tuple[Budget, Bucket]:
+        """_read() of a ledger this object opened: it wrote the record then if there was none."""
+        record = self._read()
+        assert record is not None
+        return record
+
     def _write(self, budget: Budget, bucket: Optional[Bucket]) -> None:
         if bucket is None:  # a full bucket
             bucket = Bucket(_period(), budget.credits_per_second or 0)
@@ -135,12 +141,12 @@ class Ledger:
 
     def budget(self) -> Budget:
         with self._locked():
-            return self._read()[0]
+            return self._record()[0]
 
     def admits(self) -> tuple[bool, Budget]:
         """Whether the balance is positive now, and the budget it was judged by."""
         with self._locked():
-            budget, bucket = self._read()
+            budget, bucket = self._record()
             if budget.credits_per_second is None:
                 return True, budget
             return throttling.admits(throttling.replenished(bucket, _period(), budget.credits_per_second)), budget
@@ -148,7 +154,7 @@ class Ledger:
     def seconds_until_admitted(self) -> float:
         """How long until the balance is positive again (0 when it is, or without a credit budget)."""
         with self._locked():
-            budget, bucket = self._read()
+            budget, bucket = self._record()
             if budget.credits_per_second is None:
                 return 0.0
             now = clock.time()
@@ -158,7 +164,7 @@ class Ledger:
 
     def charge(self, credits: int) -> None:
         with self._locked():
-            budget, bucket = self._read()
+            budget, bucket = self._record()
             if budget.credits_per_second is None:
                 return
             bucket = throttling.replenished(bucket, _period(), budget.credits_per_second)
@@ -168,7 +174,7 @@ class Ledger:
         """A new budget from now on; what the balance owes is kept, what it holds is capped at a full bucket
         of the new budget."""
         with self._locked():
-            old, bucket = self._read()
+            old, bucket = self._record()
             if budget.credits_per_second is None or old.credits_per_second is None:
                 self._write(budget, None)
                 return
@@ -243,8 +249,9 @@ def renew_share(root: str, budget: Budget, ledger: Ledger) -> Budget:
     """Renew this machine's lease on an object-store namespace and set its ledger to its share of budget;
     returns the share."""
     now = time.time()
-    lease = {"machine": machine_id(root), "host": socket.gethostname(), "expires": now + LEASE_SECONDS}
-    location.put(location.join(root, LEASE_DIR, lease["machine"]), json.dumps(lease).encode())
+    machine = machine_id(root)
+    lease = {"machine": machine, "host": socket.gethostname(), "expires": now + LEASE_SECONDS}
+    location.put(location.join(root, LEASE_DIR, machine), json.dumps(lease).encode())
     mine = throttling.share(budget, max(1, live_machines(root, now)))
     ledger.set_budget(mine)
     return mine

@@ -96,7 +96,7 @@ def _request(uri: str, job: str) -> None:
         _start()
 
 
-def run_later(key: str, task: Callable[[], None]) -> None:
+def run_later(key: str, task: Callable[[], object]) -> None:
     """Run task on the background thread: work of the layers above that must not sit on a caller's path
     (retention). A task still waiting under the same key is replaced (it would do the same work)."""
     with _changed:

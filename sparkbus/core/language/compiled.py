@@ -14,7 +14,7 @@ evaluation raise fails the same way, and a rule that cannot be evaluated at all 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import numpy as np
 
@@ -33,21 +33,21 @@ RULE_NAME_PROPERTY = "RuleName"
 T = TypeVar("T")
 
 
-def _check_parameters(tree: object, parameters: dict, what: str) -> None:
+def _check_parameters(tree: object, parameters: dict[str, Any], what: str) -> None:
     defined = {k.lower() for k in parameters}
     missing = sorted(p for p in parameters_used(tree) if p.lower() not in defined)
     if missing:
         raise ValueError(f"{what} uses parameter(s) {missing} that are not defined; defined: {sorted(parameters)}")
 
 
-def check_filter_text(text: str, parameters: dict) -> Node:
+def check_filter_text(text: str, parameters: dict[str, Any]) -> Node:
     """Parse a SQL filter and check its parameters; ValueError says where and what was expected."""
     tree = parse_filter(text)
     _check_parameters(tree, parameters, "the filter")
     return tree
 
 
-def check_action_text(text: str, parameters: dict) -> tuple[Statement, ...]:
+def check_action_text(text: str, parameters: dict[str, Any]) -> tuple[Statement, ...]:
     statements = parse_action(text)
     _check_parameters(statements, parameters, "the action")
     return statements
@@ -59,15 +59,15 @@ class CompiledRule:
 
     name: str
     condition: Optional[Node] = None
-    parameters: dict = field(default_factory=dict)
-    action: Optional[tuple] = None
-    action_parameters: dict = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict[str, Any])
+    action: Optional[tuple[Statement, ...]] = None
+    action_parameters: dict[str, Any] = field(default_factory=dict[str, Any])
     problem: str = ""
     errors_are_misses: bool = False  # correlation filters: a value of another type simply does not match
 
 
-def compile_sql(name: str, text: str, parameters: dict, action_text: Optional[str] = None,
-                action_parameters: Optional[dict] = None) -> CompiledRule:
+def compile_sql(name: str, text: str, parameters: dict[str, Any], action_text: Optional[str] = None,
+                action_parameters: Optional[dict[str, Any]] = None) -> CompiledRule:
     try:
         tree = check_filter_text(text, parameters)
         action = check_action_text(action_text, action_parameters or {}) if action_text else None
@@ -76,10 +76,10 @@ def compile_sql(name: str, text: str, parameters: dict, action_text: Optional[st
     return CompiledRule(name, tree, dict(parameters), action, dict(action_parameters or {}))
 
 
-def compile_correlation(name: str, fields: dict, properties: dict, action_text: Optional[str] = None,
-                        action_parameters: Optional[dict] = None) -> CompiledRule:
+def compile_correlation(name: str, fields: dict[str, Any], properties: dict[str, Any], action_text: Optional[str] = None,
+                        action_parameters: Optional[dict[str, Any]] = None) -> CompiledRule:
     """Equality on every field that is set (case-sensitive strings) and every application property, ANDed."""
-    parameters: dict = {}
+    parameters: dict[str, Any] = {}
     terms: list[Node] = []
     for field_name, value in fields.items():
         if value is not None:
@@ -179,11 +179,14 @@ def select(rules: list[CompiledRule], view: MessageView, eligible: np.ndarray) -
 def _evaluated(rule: CompiledRule, view: MessageView) -> tuple[np.ndarray, np.ndarray, str, dict[int, str]]:
     """(matched, failed, reason, {row: reason} of rows failed otherwise) of a rule's filter over the view.
     _Unusable when the rule itself cannot be evaluated."""
+    assert rule.condition is not None  # only a rule without a problem is evaluated
+    when = rule.condition
+
     def run(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
-        return condition(rule.condition, view.take(rows), rule.parameters)
+        return condition(when, view.take(rows), rule.parameters)
 
     try:
-        matched, failed, reason = condition(rule.condition, view, rule.parameters)
+        matched, failed, reason = condition(when, view, rule.parameters)
         return matched, failed, reason, {}
     except EVALUATION_ERRORS as error:
         _usable_or_raise(run, error)
@@ -202,9 +205,12 @@ def _acted(rule: CompiledRule, view: MessageView,
     """A rule's action run on copies of the given rows: (rows that have a copy, the changed copies,
     which of them failed, reason, {row: error} of rows the action raised for, which have no copy).
     _Unusable when the action itself cannot be run."""
+    assert rule.action is not None  # only a rule with an action runs one
+    statements = rule.action
+
     def run(taken: np.ndarray) -> tuple[MessageView, np.ndarray, str]:
         changed = view.take(taken)
-        failed, reason = run_action(rule.action, changed, rule.action_parameters)
+        failed, reason = run_action(statements, changed, rule.action_parameters)
         return changed, failed, reason
 
     try:
@@ -254,6 +260,6 @@ def _error_text(error: BaseException) -> str:
     return f"the message cannot be evaluated: {type(error).__name__}: {error}"
 
 
-def _note_failures(rule: str, rows: np.ndarray, reason: str, row_reasons: dict[int, str], reasons: list) -> None:
+def _note_failures(rule: str, rows: np.ndarray, reason: str, row_reasons: dict[int, str], reasons: list[Any]) -> None:
     for i in np.flatnonzero(rows).tolist():
         reasons[i] = f"rule '{rule}': {row_reasons.get(i, reason)}"

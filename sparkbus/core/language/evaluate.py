@@ -11,7 +11,7 @@ malformed beyond that, which sparkbus.core.language.compiled.select isolates.
 from __future__ import annotations
 
 import uuid
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -41,17 +41,17 @@ _MISSING = object()
 class MessageView:
     """A batch of message rows as filters see them; actions change a view in place (set_user/set_system)."""
 
-    def __init__(self, rows: pa.Table, properties: Optional[list[dict]] = None) -> None:
+    def __init__(self, rows: pa.Table, properties: Optional[list[dict[str, Any]]] = None) -> None:
         self.rows = rows
         self.n = rows.num_rows
         self._properties = properties
-        self._lowered: Optional[list[dict]] = None
+        self._lowered: Optional[list[dict[str, Any]]] = None
         self._users: dict[str, Vec] = {}  # by lower-case name: every rule of every subscription shares them
         self._system: dict[str, pa.Array] = {}
         self._texts: Optional[pa.Array] = None  # stored application property texts, and which are simple
         self._simple: Optional[np.ndarray] = None
 
-    def properties(self) -> list[dict]:
+    def properties(self) -> list[dict[str, Any]]:
         """Decoded application properties per row (decoded on first use)."""
         if self._properties is None:
             texts = self.rows["application_properties"].to_pylist() if self.n else []
@@ -114,7 +114,7 @@ class MessageView:
         view._system = {name: values.take(rows) for name, values in self._system.items()}
         return view
 
-    def set_user(self, name: str, values: Optional[list], rows: np.ndarray) -> None:
+    def set_user(self, name: str, values: Optional[list[Any]], rows: np.ndarray) -> None:
         """Set a user property on the given rows to values[i], or remove it when values is None."""
         props = self.properties()
         for i in np.flatnonzero(rows).tolist():
@@ -150,7 +150,7 @@ def take_rows(table: pa.Table, positions: np.ndarray) -> pa.Table:
     return grouped.combine_chunks().take(pa.array(np.argsort(order, kind="stable")))
 
 
-def evaluate(node: Node, view: MessageView, parameters: dict) -> Vec:
+def evaluate(node: Node, view: MessageView, parameters: dict[str, Any]) -> Vec:
     """The values of an expression (or condition) for every row of the view."""
     n = view.n
     if isinstance(node, Constant):
@@ -184,6 +184,7 @@ def evaluate(node: Node, view: MessageView, parameters: dict) -> Vec:
         for value in node.values:
             equal = vectors.binary("=", operand, evaluate(value, view, parameters))
             result = equal if result is None else vectors.logical("or", result, equal)
+        assert result is not None  # IN names at least one value (syntax)
         return vectors.invert(result) if node.negated else result
     if isinstance(node, Like):
         regex = vectors.like_regex(node.pattern, node.escape)
@@ -195,7 +196,7 @@ def evaluate(node: Node, view: MessageView, parameters: dict) -> Vec:
     raise TypeError(f"not an expression node: {node!r}")
 
 
-def parameter_value(parameters: dict, name: str) -> object:
+def parameter_value(parameters: dict[str, Any], name: str) -> object:
     """A parameter's value by name ('@x'), matched case-insensitively; rules are checked for missing ones."""
     if name in parameters:
         return parameters[name]
@@ -208,7 +209,7 @@ def parameter_value(parameters: dict, name: str) -> object:
 def _dynamic_property(names: Vec, view: MessageView) -> Vec:
     """property(expr): the user property whose name the expression gives, row by row."""
     out = Vec(view.n, error=names.error, reason=names.reason)
-    values: list = [None] * view.n
+    values: list[Any] = [None] * view.n
     for tag, array in names.parts.items():
         if tag != "str":
             out.failed(vectors.valid_mask(array), f"property() needs a string name, got a {tag} value")
@@ -224,7 +225,7 @@ def _dynamic_property(names: Vec, view: MessageView) -> Vec:
     return result
 
 
-def condition(node: Node, view: MessageView, parameters: dict) -> tuple[np.ndarray, np.ndarray, str]:
+def condition(node: Node, view: MessageView, parameters: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, str]:
     """(matched, failed, reason) per row: matched only where the condition is TRUE without error."""
     truth, checked = vectors.truth(evaluate(node, view, parameters))
     matched = np.asarray(pc.fill_null(truth, False).to_numpy(zero_copy_only=False), dtype=bool)
@@ -232,7 +233,7 @@ def condition(node: Node, view: MessageView, parameters: dict) -> tuple[np.ndarr
     return matched & ~failed, failed, checked.reason
 
 
-def run_action(statements: tuple[Statement, ...], view: MessageView, parameters: dict) -> tuple[np.ndarray, str]:
+def run_action(statements: tuple[Statement, ...], view: MessageView, parameters: dict[str, Any]) -> tuple[np.ndarray, str]:
     """Apply SET/REMOVE statements in order to every row of the view (in place); returns (failed, reason)."""
     failed = np.zeros(view.n, dtype=bool)
     reason = ""

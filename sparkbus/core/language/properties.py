@@ -33,7 +33,8 @@ _LONGEST_SURE_INT = 18  # digits (plus a sign) that always fit in int64
 
 def simple_rows(texts: pa.Array) -> np.ndarray:
     """Rows whose text the regular expressions read exactly: ASCII without backslashes (or no text)."""
-    return ~(_mask(pc.invert(pc.string_is_ascii(texts))) | _mask(pc.match_substring(texts, "\\")))
+    complex_rows: np.ndarray = _mask(pc.invert(pc.string_is_ascii(texts))) | _mask(pc.match_substring(texts, "\\"))
+    return ~complex_rows
 
 
 def user_property(texts: pa.Array, name: str, simple: Optional[np.ndarray] = None) -> Vec:
@@ -96,6 +97,7 @@ def _decode_rows(vec: Vec, texts: pa.Array, lowered: str, rows: np.ndarray) -> N
         values.append(found)
     vec.failed(undecodable, problem)
     present = np.array([v is not _MISSING for v in values], dtype=bool)
+    assert vec.exists is not None  # a property reference's vector (made with exists)
     vec.exists[rows] = present
     decoded = vectors.from_values([None if v is _MISSING else v for v in values])
     mask = np.zeros(vec.n, dtype=bool)

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 from ..wire import MAX_DEPTH, MAX_ID_LENGTH, lone_surrogate
 
+T = TypeVar("T")
 MAX_TEXT_LENGTH = 1024
 MAX_ACTION_STATEMENTS = 32
 
@@ -75,7 +76,7 @@ class Property:
 @dataclass(frozen=True)
 class Call:
     function: str  # "newid" or "property"
-    args: tuple
+    args: tuple["Node", ...]
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class IsNull:
 @dataclass(frozen=True)
 class In:
     operand: "Node"
-    values: tuple
+    values: tuple["Node", ...]
     negated: bool
 
 
@@ -141,10 +142,16 @@ class Token:
     kind: str   # "number", "string", "ident", "keyword", "param", "op", "end"
     text: str   # identifier name, keyword (lower case), operator, or the literal's source text
     pos: int
-    value: object = None
+    value: Union[int, float, str, None] = None
 
     def describe(self) -> str:
         return "end of text" if self.kind == "end" else repr(self.text)
+
+    @property
+    def string(self) -> str:
+        """A string token's value (its text without the quotes)."""
+        assert isinstance(self.value, str), self
+        return self.value
 
 
 _DIGITS = "0123456789"  # str.isdigit() also accepts characters such as '²' that are not numbers here
@@ -182,9 +189,11 @@ def tokenize(text: str) -> list[Token]:
             continue
         if c in _DIGITS or (c == "." and i + 1 < len(text) and text[i + 1] in _DIGITS):
             m = _NUMBER.match(text, i)
+            assert m is not None  # a digit, or a dot before one, starts a number
             literal = m.group(0)
+            value: Union[int, float, str]
             if m.group(2) or "." in literal:
-                value: object = float(literal)
+                value = float(literal)
             else:
                 value = int(literal)
                 if value > 2 ** 63 - 1:
@@ -209,14 +218,13 @@ def tokenize(text: str) -> list[Token]:
                 raise _error(text, i, "expected a parameter name after '@'")
             tokens.append(Token("param", "@" + m.group(0), i))
             i = m.end()
-        elif _REGULAR.match(text, i):
-            m = _REGULAR.match(text, i)
-            word = m.group(0)
+        elif (word_match := _REGULAR.match(text, i)) is not None:
+            word = word_match.group(0)
             if word.lower() in KEYWORDS:
                 tokens.append(Token("keyword", word.lower(), i))
             else:
                 tokens.append(Token("ident", word, i, "regular"))
-            i = m.end()
+            i = word_match.end()
         else:
             op = next((o for o in _OPERATORS if text.startswith(o, i)), None)
             if op is None:
@@ -229,7 +237,7 @@ def tokenize(text: str) -> list[Token]:
 
 # ---- parser -----------------------------------------------------------------------------------------------
 
-def _pairwise(items: list, combine: Callable) -> object:
+def _pairwise(items: list[T], combine: Callable[[T, T], T]) -> T:
     """items combined neighbour with neighbour, round after round, in order: a balanced reduction."""
     while len(items) > 1:
         items = [combine(items[i], items[i + 1]) if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
@@ -373,11 +381,11 @@ class _Parser:
             escape = None
             if self.take("keyword", "escape"):
                 e = self.take("string")
-                if e is None or len(e.value) != 1:
+                if e is None or len(e.string) != 1:
                     raise self.fail("a one-character 'c' string after ESCAPE", e)
-                escape = e.value
+                escape = e.string
             self.deeper(depth + 1, t)
-            return Like(left, pattern.value, escape, negated)
+            return Like(left, pattern.string, escape, negated)
         if negated:
             raise self.fail("IN or LIKE after NOT")
         self.depth = depth

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +56,8 @@ def type_of(value: object) -> Optional[str]:
     raise TypeError(f"unsupported property value type {type(value).__name__}")
 
 
-def _storable(tag: str, value: object) -> object:
+def _storable(tag: str, value: Any) -> object:
+    """value (of the type tag names) as its vector holds it; OverflowError for an int beyond 64 bits."""
     if tag == "uuid":
         return str(value)
     if tag == "datetime" and value.tzinfo is None:
@@ -90,9 +91,9 @@ class Vec:
             self.error = mask if self.error is None else (self.error | mask)
             self.reason = self.reason or reason
 
-    def values(self) -> list:
+    def values(self) -> list[Any]:
         """Python values per row (None for NULL or failed rows)."""
-        out: list = [None] * self.n
+        out: list[Any] = [None] * self.n
         for tag, array in self.parts.items():
             for i, v in enumerate(_to_python(tag, array)):
                 if v is not None:
@@ -104,25 +105,25 @@ def valid_mask(array: pa.Array) -> np.ndarray:
     return np.asarray(pc.is_valid(array).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _to_python(tag: str, array: pa.Array) -> list:
+def _to_python(tag: str, array: pa.Array) -> list[Any]:
     if tag == "uuid":
         return [None if v is None else uuid.UUID(v) for v in array.to_pylist()]
     if tag == "datetime":
         micros = array.cast(pa.int64()).to_pylist()
         return [None if v is None else EPOCH + timedelta(microseconds=v) for v in micros]
-    return array.to_pylist()
+    return cast(list[Any], array.to_pylist())
 
 
-def from_values(values: list, exists: Optional[np.ndarray] = None) -> Vec:
+def from_values(values: list[Any], exists: Optional[np.ndarray] = None) -> Vec:
     """A vector of Python values (one per row), grouped by type. A value no vector can hold (an int beyond
     64 bits, a str with a lone surrogate, a value of another type: only a stored row written by an older
     version or another tool has one) is an evaluation error of its row, as a type mismatch is; the rows
     are looked at one by one only when a column cannot be built."""
     n = len(values)
-    tags = [_tag_or_none(v) for v in values]
+    tags = [_tag_or_none(v) for v in values]  # None: a null; _UNUSABLE: no vector holds it
     vec = Vec(n, exists=exists)
     bad, problems = np.zeros(n, dtype=bool), []
-    for tag in set(tags) - {None, _UNUSABLE}:
+    for tag in {t for t in tags if t is not None and t != _UNUSABLE}:
         try:
             vec.parts[tag] = pa.array([_storable(tag, v) if t == tag else None for v, t in zip(values, tags)],
                                       ARROW_TYPES[tag])
@@ -190,7 +191,7 @@ def _add_part(out: Vec, tag: str, array: pa.Array) -> None:
 
 
 def _both(a: pa.Array, b: pa.Array) -> np.ndarray:
-    return valid_mask(a) & valid_mask(b)
+    return cast(np.ndarray, valid_mask(a) & valid_mask(b))
 
 
 def _numbers(array: pa.Array, dtype: type) -> np.ndarray:
@@ -199,7 +200,7 @@ def _numbers(array: pa.Array, dtype: type) -> np.ndarray:
 
 def _int_division(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """C# integer / (truncating toward zero) and % (sign of the dividend)."""
-    quotient = (np.abs(a) // np.abs(b)) * np.sign(a) * np.sign(b)
+    quotient: np.ndarray = (np.abs(a) // np.abs(b)) * np.sign(a) * np.sign(b)
     return quotient if op == "/" else a - quotient * b
 
 
@@ -229,16 +230,16 @@ def _arithmetic(op: str, ta: str, a: pa.Array, tb: str, b: pa.Array, out: Vec) -
     timed = {("datetime", "timespan", "+"): "datetime", ("timespan", "datetime", "+"): "datetime",
              ("datetime", "timespan", "-"): "datetime", ("datetime", "datetime", "-"): "timespan",
              ("timespan", "timespan", "+"): "timespan", ("timespan", "timespan", "-"): "timespan"}
-    tag = timed.get((ta, tb, op))
-    if tag is not None:
+    timed_tag = timed.get((ta, tb, op))
+    if timed_tag is not None:
         x, y = _numbers(a.cast(pa.int64()), np.int64), _numbers(b.cast(pa.int64()), np.int64)
         result = x + y if op == "+" else x - y
-        _add_part(out, tag, pa.array(result, pa.int64(), mask=~both).cast(ARROW_TYPES[tag]))
+        _add_part(out, timed_tag, pa.array(result, pa.int64(), mask=~both).cast(ARROW_TYPES[timed_tag]))
         return
     out.failed(both, f"operator {op} cannot combine {ta} and {tb} values")
 
 
-_COMPARE: dict[str, Callable] = {"=": pc.equal, "<>": pc.not_equal, ">": pc.greater, ">=": pc.greater_equal,
+_COMPARE: dict[str, Callable[..., Any]] = {"=": pc.equal, "<>": pc.not_equal, ">": pc.greater, ">=": pc.greater_equal,
                                  "<": pc.less, "<=": pc.less_equal}
 
 
