@@ -20,7 +20,7 @@ from common import bench_namespace
 import sparkbus
 from sparkbus import ServiceBusClient, ServiceBusMessage, SqlRuleFilter
 from sparkbus import storage
-from sparkbus.engine import fanout, metrics
+from sparkbus.engine import context, fanout, metrics
 
 SUBSCRIPTIONS = 10
 
@@ -101,7 +101,7 @@ def throughput(spark, path: str, count: int) -> None:
 def evaluations(path: str) -> int:
     """Filter evaluations charged to the topic by this process (fan-out runs in the driver)."""
     root = storage.local_path(path)
-    return metrics.read(root, metrics.known(root), entity="events").credits_used
+    return metrics.read(root, context.recorder(root), entity="events").credits_used
 
 
 def latency(spark, path: str, count: int) -> None:

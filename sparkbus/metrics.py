@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 
 import pyarrow as pa
 
-from .engine import metrics
+from .engine import context, metrics
 from .engine.metrics import BUCKET_SECONDS, MINUTE, Metrics
 from .engine.namespace import open_catalog
 from .management import ServiceBusAdministrationClient
@@ -57,7 +57,7 @@ def metrics_table(namespace: str) -> pa.Table:
     """Every persisted metrics row of the namespace (one per ten seconds, entity and process), with this
     process's counts not yet persisted; columns as sparkbus.core.schemas.METRICS."""
     root = open_catalog(namespace).root
-    return metrics.all_rows(root, metrics.known(root))
+    return metrics.all_rows(root, context.recorder(root))
 
 
 def format_metrics(report: Metrics) -> str:

@@ -100,10 +100,10 @@ def azurite():
     yield f"az://{CONTAINER}"
     # the namespaces on the emulator go with it: drop what they counted, or at interpreter exit their flush
     # would retry the stopped emulator for minutes (persisting it first took half a minute of appends)
-    from sparkbus.engine import metrics
+    from sparkbus.engine import context
 
-    for root in [root for root in list(metrics._recorders) if root.startswith("az://")]:
-        metrics.discard(root)
+    for root in [root for root in context.roots() if root.startswith("az://")]:
+        context.discard(root)
     server.terminate()
     server.wait(30)
 

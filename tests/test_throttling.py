@@ -484,3 +484,34 @@ def test_metrics_are_kept_per_ten_seconds_and_read_per_any_multiple_of_it(ns_pat
             parse_period(bad)
     assert [period_name(parse_period(t)) for t in ("10s", "90s", "1m", "5m", "1h", "2h")] == [
         "10 s", "90 s", "minute", "5 min", "hour", "2 h"]
+
+
+def test_a_namespace_context_keeps_this_process_state_until_closed_or_discarded(ns_path):
+    """The process's state of a namespace (sparkbus.engine.context) is made at first use and shared by its
+    clients: the governor, the unpersisted counts, the partitions found faulty. close() persists the counts
+    and forgets the rest; the next use starts afresh; discard() drops the counts unwritten."""
+    from sparkbus.engine import availability, context, metrics
+
+    sparkbus.create_namespace(ns_path, credits_per_second=None)
+    sparkbus.ServiceBusAdministrationClient(ns_path).create_queue("q", enable_partitioning=True)
+    client = ServiceBusClient(ns_path)
+    root = client.fully_qualified_namespace
+    client.get_queue_sender("q").send_messages(ServiceBusMessage("counted"))
+    held = context.known(root)
+    assert held is not None and held.governor is not None
+    assert ServiceBusClient(ns_path)._governor is held.governor  # one per namespace and process
+    counted = held.recorder.pending().num_rows
+    assert counted == 2  # the queue's creation (the namespace's row) and the send, not persisted yet
+    availability.report_fault(root, "q", 3)
+    assert availability.detected_faults(root, "q") == {3}
+
+    def persisted() -> int:
+        return metrics.all_rows(root, None).num_rows
+    context.close(root)
+    assert persisted() == counted and context.known(root) is None
+    assert availability.detected_faults(root, "q") == frozenset()  # forgotten with the context
+    client.get_queue_sender("q").send_messages(ServiceBusMessage("after"))
+    fresh = context.known(root)
+    assert fresh is not None and fresh is not held and fresh.governor is not held.governor
+    context.discard(root)
+    assert persisted() == counted and fresh.recorder.pending().num_rows == 0  # the second send's counts dropped

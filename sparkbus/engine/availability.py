@@ -15,7 +15,6 @@ operation that needs it. Detection is per process: each meets the fault itself.
 from __future__ import annotations
 
 import re
-import threading
 from typing import Optional
 
 from ..core import tiers
@@ -23,27 +22,28 @@ from ..core.names import key
 from ..exceptions import MessagingEntityNotFoundError, PartitionUnavailableError
 from .catalog import Catalog, Change, Row, Snapshot
 from .namespace import open_catalog
-from . import clock
+from . import clock, context
 
 FAULT_KIND = "partition_fault"
 ALL_ENTITIES = "*"
 DETECTED_SECONDS = 5.0  # a partition found faulty is avoided this long by this process, then tried again
 _PARTITION_IN_PATH = re.compile(r"partition_id=(\d+)")
-_detected: dict[tuple[str, str, int], float] = {}  # (namespace, entity key, partition) -> when tried again
-_detected_lock = threading.Lock()
 
 
 def report_fault(root: str, entity_path: str, partition: int) -> None:
     """A partition of the entity failed a read or write of its files: avoid it for DETECTED_SECONDS."""
-    with _detected_lock:
-        _detected[(root, key(entity_path), partition)] = clock.monotonic() + DETECTED_SECONDS
+    found = context.of(root)
+    with found.lock:
+        found.faults[(key(entity_path), partition)] = clock.monotonic() + DETECTED_SECONDS
 
 
 def detected_faults(root: str, entity_path: str) -> frozenset[int]:
     """The entity's partitions this process found faulty within the last DETECTED_SECONDS."""
-    now, mine = clock.monotonic(), (root, key(entity_path))
-    with _detected_lock:
-        return frozenset(p for (*entity, p), until in _detected.items() if tuple(entity) == mine and until > now)
+    found, now, mine = context.known(root), clock.monotonic(), key(entity_path)
+    if found is None:
+        return frozenset()
+    with found.lock:
+        return frozenset(p for (entity, p), until in found.faults.items() if entity == mine and until > now)
 
 
 def down(root: str, entity_path: str, declared: frozenset[int]) -> set[int]:

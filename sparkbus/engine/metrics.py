@@ -16,7 +16,6 @@ Rows persisted before the finer grain (one per minute) count at the start of the
 """
 from __future__ import annotations
 
-import atexit
 import os
 import socket
 import threading
@@ -113,6 +112,13 @@ class Recorder:
         with self._lock:
             slot = (bucket, entity)
             self._counts[slot] = self._counts[slot] + counts if slot in self._counts else counts
+
+    def clear(self) -> None:
+        """Drop the unpersisted counts (of a namespace that goes away) and stop sampling resources."""
+        with self._lock:
+            self._counts.clear()
+            self._samples.clear()
+            self.resources = False
 
     def pending(self) -> pa.Table:
         """The unpersisted counts as METRICS rows (with a resource sample of now, for premium)."""
@@ -249,43 +255,3 @@ def read(root: str, recorder: Optional[Recorder], *, entity: Optional[str] = Non
     return Metrics(**dict(zip(METRICS_COUNTERS, total.values())), entity=entity, period=period, points=tuple(points),
                    cpu_percent=None if latest is None else latest.cpu_percent,
                    memory_percent=None if latest is None else latest.memory_percent)
-
-
-_recorders: dict[str, Recorder] = {}
-_registry_lock = threading.Lock()
-
-
-def recorder(root: str, *, resources: bool) -> Recorder:
-    """The process's recorder of the namespace at root (created once, persisted at interpreter exit)."""
-    with _registry_lock:
-        found = _recorders.get(root)
-        if found is None:
-            found = _recorders[root] = Recorder(root, resources=resources)
-            atexit.register(_flush_quietly, found)
-        found.resources = found.resources or resources
-        return found
-
-
-def _flush_quietly(found: Recorder) -> None:
-    try:
-        found.flush()
-    except Exception:  # at exit: the namespace may be gone (a test's temporary directory)
-        pass
-
-
-def discard(root: str) -> None:
-    """Drop this process's unpersisted counts of the namespace at root, which is going away (nothing is
-    written for it, now or at interpreter exit)."""
-    with _registry_lock:
-        found = _recorders.pop(root, None)
-    if found is not None:
-        with found._lock:
-            found._counts.clear()
-            found._samples.clear()
-            found.resources = False
-
-
-def known(root: str) -> Optional[Recorder]:
-    with _registry_lock:
-        return _recorders.get(root)
-

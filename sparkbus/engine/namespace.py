@@ -21,7 +21,8 @@ from .. import storage
 from ..storage import location
 from ..core.schemas import ENTITY_TABLES
 from .catalog import CATALOG_DIR, NAMESPACE_KEY, Catalog, Change, Row, Snapshot
-from .throttle import Governor, governor, set_budget
+from . import context
+from .throttle import Governor, set_budget
 
 # 2: messages tables carry the forwarding columns (core.schemas.TRANSFER_COLUMNS); 3: and body_type
 # (AMQP sequence and value bodies); 4: and the born_dead_letter columns of fan-out's dead-letter copies.
@@ -149,11 +150,12 @@ def update_namespace(catalog: Catalog, *, messaging_units: Optional[int] = None,
 
 
 def governor_of(catalog: Catalog) -> Governor:
-    """The process's governor of the catalog's namespace (sparkbus.engine.throttle)."""
+    """The process's governor of the catalog's namespace (sparkbus.engine.throttle), kept in its context
+    (sparkbus.engine.context)."""
     def properties() -> NamespaceProperties:
         return namespace_properties(catalog.snapshot().rows[NAMESPACE_KEY], catalog.root)
 
-    return governor(catalog.root, lambda: properties().budget)
+    return context.governor(catalog.root, lambda: properties().budget)
 
 
 def namespace_properties(row: Row, root: str) -> NamespaceProperties:

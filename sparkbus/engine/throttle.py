@@ -298,16 +298,17 @@ class BudgetLease:
 
 
 class Governor:
-    """Admits, charges and counts the operations of one namespace in this process (one per namespace:
-    see governor())."""
+    """Admits, charges and counts (into recorder) the operations of one namespace in this process (one per
+    namespace: sparkbus.engine.context)."""
 
-    def __init__(self, root: str, initial: Callable[[], Budget]) -> None:
+    def __init__(self, root: str, initial: Callable[[], Budget], recorder: metrics.Recorder) -> None:
         self.root = root
         self.ledger = Ledger(root, initial)
         self.slots = Slots(root)
         self.lease = None if location.is_local(root) else BudgetLease(root, initial, self.ledger)
         # CPU and memory are metrics of premium namespaces, the ones with a governor's concurrency limit
-        self.recorder = metrics.recorder(root, resources=self.ledger.budget().concurrency is not None)
+        recorder.resources = recorder.resources or self.ledger.budget().concurrency is not None
+        self.recorder = recorder
 
     def call(self, entity: str, operation: Callable[[], T], usage: Callable[[T], Usage], policy: RetryPolicy, *,
              wait: bool = False) -> T:
@@ -363,20 +364,6 @@ class Governor:
             return None, admitted
         slot = self.slots.take(budget.concurrency)
         return slot, slot is not None
-
-
-_governors: dict[str, Governor] = {}
-_registry_lock = threading.Lock()
-
-
-def governor(root: str, initial: Callable[[], Budget]) -> Governor:
-    """The process's governor of the namespace at root; initial() gives the budget when the namespace
-    has no ledger yet."""
-    with _registry_lock:
-        found = _governors.get(root)
-        if found is None or not os.path.exists(os.path.join(location.state_dir(root), LEDGER_FILE)):
-            found = _governors[root] = Governor(root, initial)
-        return found
 
 
 def set_budget(root: str, budget: Budget) -> None:
