@@ -24,7 +24,7 @@ import threading
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol, Union
 
 import numpy as np
 import pyarrow as pa
@@ -57,8 +57,6 @@ from .engine import clock
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-    from .autolock import AutoLockRenewer
 
 RECEIVER_KINDS = ("queue", "subscription")
 MAX_DELETE_COUNT = 4000  # messages one delete_messages call removes at most, as Service Bus
@@ -391,6 +389,13 @@ FANOUT_HINT_AGE = timedelta(seconds=5)
 FANOUT_HINT_EVERY = 10.0
 
 
+class LockRenewer(Protocol):
+    """What a receiver's auto_lock_renewer is (sparkbus.AutoLockRenewer): it registers what to keep locked."""
+
+    def register(self, receiver: "ServiceBusReceiver",
+                 renewable: Union["ServiceBusReceivedMessage", "ServiceBusSession"]) -> None: ...
+
+
 class ServiceBusReceiver:
     """Receiver of a queue or subscription (or its dead-letter sub-queue); with session_id, of one session."""
 
@@ -399,7 +404,7 @@ class ServiceBusReceiver:
                  sub_queue: Optional[Union[ServiceBusSubQueue, str]] = None, prefetch_count: int = 0,
                  max_wait_time: Optional[float] = None, session_id: Union[str, ServiceBusSessionFilter, None] = None,
                  spark: Optional["SparkSession"] = None, retry: RetryPolicy = DEFAULT_RETRY,
-                 auto_lock_renewer: Optional["AutoLockRenewer"] = None) -> None:
+                 auto_lock_renewer: Optional["LockRenewer"] = None) -> None:
         self.receive_mode = ServiceBusReceiveMode(receive_mode)
         self.sub_queue = None if sub_queue is None else ServiceBusSubQueue(sub_queue)
         if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
