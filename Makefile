@@ -45,7 +45,7 @@ demo: $(RUNTIME)
 test: install typecheck
 	$(BIN)/python -m pytest
 
-# mypy over the pure rules and the engine, strict (pyproject.toml, [tool.mypy]).
+# mypy over the pure rules, storage and the engine, strict (pyproject.toml, [tool.mypy]).
 typecheck: install
 	$(BIN)/python -m mypy
 

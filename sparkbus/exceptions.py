@@ -115,7 +115,10 @@ class StorageError(ServiceBusError):
 
 
 class PartitionUnavailableError(ServiceBusError):
-    """A partition the operation needs is unavailable."""
+    """A partition the operation needs is unavailable (partition_id: which, when a storage fault of its
+    files said so)."""
+
+    partition_id: Optional[int] = None
 
 
 __all__ = [

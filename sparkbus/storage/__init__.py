@@ -194,7 +194,7 @@ def fsync_together(files: list[str], directories: Iterable[str] = ()) -> None:
     directories = sorted(set(directories), key=len, reverse=True)
     parents = sorted({os.path.dirname(d) for d in directories if d not in _durable_directories} - set(directories))
     paths = [*files, *directories, *parents]
-    pending: list[concurrent.futures.Future] = []
+    pending: list[concurrent.futures.Future[None]] = []
     try:
         for path in paths[1:]:
             pending.append(pool("fsync", 8).submit(fsync_file, path))

@@ -44,6 +44,7 @@ that knows which tables are current checks afterwards and removes what was writt
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import math
 import os
@@ -52,7 +53,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -81,8 +82,8 @@ class AddedFile:
     partition: int
     size: int
     rows: int
-    low: dict = field(default_factory=dict)   # column -> min, as in the statistics JSON
-    high: dict = field(default_factory=dict)  # column -> max
+    low: dict[str, Any] = field(default_factory=dict)   # column -> min, as in the statistics JSON
+    high: dict[str, Any] = field(default_factory=dict)  # column -> max
     stats: str = ""                           # the add action's statistics JSON
 
     def sequence_range(self) -> tuple[float, float]:
@@ -153,7 +154,7 @@ class TableLog:
         configuration = table.metadata().configuration
         columns = configuration.get("delta.dataSkippingStatsColumns")
         stats = tuple(c.strip() for c in columns.split(",")) if columns else \
-            tuple(f.name for f in table.schema().to_arrow() if f.name != PARTITION_COLUMN)[:32]
+            tuple(f.name for f in pa.schema(table.schema().to_arrow()) if f.name != PARTITION_COLUMN)[:32]
         retention = _retention(configuration.get("delta.logRetentionDuration"))
         uri = local_root(table.table_uri) or table.table_uri
         return cls(uri.rstrip("/"), stats, retention.total_seconds() / 2)
@@ -273,7 +274,7 @@ class LogView:
         """The partition's live files, in the order they were added; only those whose sequence-number
         range overlaps [low, high] when given (a file without statistics always does)."""
         found = [f for f in self._files.values() if f.partition == partition]
-        if low is None:
+        if low is None or high is None:
             return found
         return [f for f in found if f.sequence_range()[0] <= high and f.sequence_range()[1] >= low]
 
@@ -320,23 +321,26 @@ def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], p
         return [write_file(log, p, rows_of(p)) for p in partitions]
     pool = (storage_pool("write", min(4, os.cpu_count() or 1)) if location.is_local(log.uri)
             else storage_pool("upload", 8))
-    futures: list[concurrent.futures.Future] = []
+    def written(p: int) -> AddedFile:
+        return write_file(log, p, rows_of(p))
+
+    futures: list[concurrent.futures.Future[AddedFile]] = []
     try:
         for p in partitions:
-            futures.append(pool.submit(lambda p=p: write_file(log, p, rows_of(p))))
+            futures.append(pool.submit(written, p))
     except RuntimeError:  # the interpreter is exiting (an atexit hook's send): the rest in this thread
-        futures += [_done(lambda p=p: write_file(log, p, rows_of(p))) for p in partitions[len(futures):]]
+        futures += [_done(functools.partial(written, p)) for p in partitions[len(futures):]]
     concurrent.futures.wait(futures)
-    failed = [f.exception() for f in futures if f.exception() is not None]
+    failed = [error for f in futures if (error := f.exception()) is not None]
     if failed:
         discard(log, [f.result() for f in futures if f.exception() is None])
         raise failed[0]
     return [f.result() for f in futures]
 
 
-def _done(call: Callable[[], AddedFile]) -> concurrent.futures.Future:
+def _done(call: Callable[[], AddedFile]) -> concurrent.futures.Future[AddedFile]:
     """call() run in this thread, as a completed future (its result or its exception)."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
+    future: concurrent.futures.Future[AddedFile] = concurrent.futures.Future()
     try:
         future.set_result(call())
     except Exception as error:
@@ -429,7 +433,7 @@ def _link_entry(staged: str, target: str) -> bool:
 
 def entries_after(table_uri: str, version: int) -> list[Entry]:
     """The entries after version, in order, up to the latest (reads until one does not exist)."""
-    entries = []
+    entries: list[Entry] = []
     while (entry := read_entry(table_uri, version + len(entries) + 1)) is not None:
         entries.append(entry)
     return entries
@@ -491,14 +495,14 @@ def _entry_payload(added: list[AddedFile], removed: list[str], app_transactions:
     return "\n".join(json.dumps(line) for line in lines).encode()
 
 
-def _added(action: dict) -> AddedFile:
+def _added(action: dict[str, Any]) -> AddedFile:
     stats = json.loads(action["stats"]) if action.get("stats") else {}
     partition = int(action["partitionValues"][PARTITION_COLUMN])
     return AddedFile(action["path"], partition, int(action.get("size", 0)), int(stats.get("numRecords", 0)),
                      stats.get("minValues", {}), stats.get("maxValues", {}), action.get("stats") or "")
 
 
-def _statistics(data: pa.Table, columns: tuple[str, ...]) -> tuple[dict, dict, str]:
+def _statistics(data: pa.Table, columns: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any], str]:
     """Min, max and the add action's statistics JSON for the stats columns, as delta-rs writes them
     (timestamps as ISO strings at millisecond precision: the minimum rounded down, the maximum up, so
     they stay bounds)."""

@@ -25,8 +25,11 @@ import hashlib
 import os
 import posixpath
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from obstore.store import ObjectStore
 
 OBJECT_SCHEMES = ("az", "azure", "abfs", "abfss", "s3", "s3a")
 _OPTIONS: dict[str, dict[str, str]] = {}
@@ -65,7 +68,7 @@ def join(uri: str, *parts: str) -> str:
     return os.path.join(uri, *parts) if is_local(uri) else posixpath.join(uri, *parts)
 
 
-def register_options(root: str, options: Optional[dict]) -> None:
+def register_options(root: str, options: Optional[dict[str, str]]) -> None:
     """Remember storage options for every URI under root (this process); None or {} registers nothing.
     Raises TypeError unless options maps str to str."""
     if not options:
@@ -98,8 +101,9 @@ def credential_options(root: str, credential: object) -> dict[str, str]:
     signature = getattr(credential, "signature", None)
     if isinstance(signature, str):
         return {"sas_token": signature}
-    if callable(getattr(credential, "get_token", None)):
-        return {"bearer_token": credential.get_token("https://storage.azure.com/.default").token}
+    get_token = getattr(credential, "get_token", None)
+    if callable(get_token):
+        return {"bearer_token": get_token("https://storage.azure.com/.default").token}
     raise TypeError(f"credential must be an azure-core credential (TokenCredential, AzureNamedKeyCredential or "
                     f"AzureSasCredential), got {type(credential).__name__}")
 
@@ -150,12 +154,12 @@ def check_safe(uri: str) -> None:
                      "locking provider does not cover the log entries sparkbus writes itself)")
 
 
-def store_of(uri: str):
+def store_of(uri: str) -> tuple["ObjectStore", str]:
     """(obstore store, key prefix) for an object-store URI: the store at the container or bucket."""
     from obstore.store import from_url
 
     parsed = urlparse(uri)
-    options = {k.lower(): v for k, v in options_for(uri).items()}
+    options: dict[str, Any] = {k.lower(): v for k, v in options_for(uri).items()}
     return from_url(f"{parsed.scheme}://{parsed.netloc}", **options), parsed.path.strip("/")
 
 

@@ -51,7 +51,7 @@ _RACES = (CommitFailedError, DeltaError, FileNotFoundError)
 COMPACT, CHECKPOINT, CLEANUP = "compact", "checkpoint", "cleanup"
 LEASE_SECONDS = 600  # an object-store compaction lease outlives any compaction; a dead holder's expires
 _waiting: dict[str, set[str]] = {}  # table uri -> jobs due: COMPACT, CHECKPOINT and/or CLEANUP (of expired log entries)
-_tasks: dict[str, Callable[[], None]] = {}  # key -> work of the layers above (run_later)
+_tasks: dict[str, Callable[[], object]] = {}  # key -> work of the layers above (run_later)
 _changed = threading.Condition()
 _worker: Optional[threading.Thread] = None
 _busy = False
@@ -229,7 +229,7 @@ def _run() -> None:
             _changed.wait_for(lambda: _waiting or _tasks or _stopping)
             if _stopping:
                 return
-            task: Optional[Callable[[], None]] = None
+            task: Optional[Callable[[], object]] = None
             if _tasks:
                 uri, task = _tasks.popitem()
                 jobs: set[str] = set()
