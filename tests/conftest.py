@@ -177,6 +177,21 @@ def wait_until(condition: Callable[[], bool], timeout: float, every: float = 0.0
     return True
 
 
+def idle_receivers(ns_path: str, script: str, seconds: float) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of `script` run in a fresh process as `python -c script ns_path seconds`,
+    after a partitioned queue "q" and a partitioned topic "t" with subscription "s" were created in the
+    namespace (which must exist): the script waits on both receivers and prints what it measured."""
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q", enable_partitioning=True)
+    admin.create_topic("t", enable_partitioning=True)
+    admin.create_subscription("t", "s")
+    done = subprocess.run([sys.executable, "-c", script, ns_path, str(seconds)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    cpu, wall = map(float, done.stdout.split())
+    return cpu, wall
+
+
 def files_under(top: str, *, metrics: bool = True) -> dict[str, tuple]:
     """Every file (object) below a local directory or an object-store namespace, with its size and
     modification time (object: ETag), once the background maintenance of earlier commits has finished:

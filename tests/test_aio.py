@@ -20,6 +20,8 @@ from sparkbus.management import ServiceBusAdministrationClient as SyncAdmin
 from sparkbus.receiver import ServiceBusReceiver as SyncReceiver
 from sparkbus.sender import ServiceBusSender as SyncSender
 
+from conftest import idle_receivers
+
 
 def _public(cls) -> set[str]:
     return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
@@ -405,17 +407,8 @@ asyncio.run(main(sys.argv[1], float(sys.argv[2])))
 def test_waiting_receives_cost_almost_no_cpu(ns_path):
     """Two receives (a partitioned queue's and a subscription's) awaited for several idle seconds use a
     small fraction of one core: the waiting is on the event loop, with a look at the logs every 20 ms."""
-    import subprocess
-    import sys
-
     sparkbus.create_namespace(ns_path, credits_per_second=None)
-    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
-    admin.create_queue("q", enable_partitioning=True)
-    admin.create_topic("t", enable_partitioning=True)
-    admin.create_subscription("t", "s")
-    done = subprocess.run([sys.executable, "-c", IDLE, ns_path, "4"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    cpu, wall = map(float, done.stdout.split())
+    cpu, wall = idle_receivers(ns_path, IDLE, 4)
     assert wall >= 4.0
     assert cpu / wall < 0.05, f"waiting used {cpu:.3f} s of CPU in {wall:.1f} s"
 

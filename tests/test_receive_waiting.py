@@ -13,7 +13,7 @@ import time
 
 from sparkbus import ServiceBusMessage
 
-from conftest import wait_until
+from conftest import idle_receivers, wait_until
 
 SEND_LATER = textwrap.dedent("""
     import sys, time
@@ -110,12 +110,7 @@ IDLE = textwrap.dedent("""
 def test_waiting_costs_almost_no_cpu(admin, ns_path):
     """Two receivers (a partitioned queue's and a subscription's) waiting in one process for several idle
     seconds use a small fraction of one core (a loop that kept reading storage would use most of it)."""
-    admin.create_queue("q", enable_partitioning=True)
-    admin.create_topic("t", enable_partitioning=True)
-    admin.create_subscription("t", "s")
-    done = subprocess.run([sys.executable, "-c", IDLE, ns_path, "4"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    cpu, wall = map(float, done.stdout.split())
+    cpu, wall = idle_receivers(ns_path, IDLE, 4)
     assert wall >= 4.0
     assert cpu / wall < 0.05, f"waiting used {cpu:.3f} s of CPU in {wall:.1f} s"
 
