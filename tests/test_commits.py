@@ -14,6 +14,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from sparkbus import PartitionUnavailableError, storage
 from sparkbus.storage import commits
+from sparkbus.storage.reader import PartitionReader
 from sparkbus.core.schemas import LOCKS, TABLE_CONFIGURATION
 
 FILE_SCHEMA = pa.schema([f for f in LOCKS if f.name != storage.PARTITION_COLUMN])
@@ -168,11 +169,11 @@ def test_a_lock_commit_leaves_its_file_in_the_readers_as_stored(table):
         rows = _rows(numbers, kind)
         return rows.add_column(0, LOCKS.field(storage.PARTITION_COLUMN), pa.array([2] * len(numbers), pa.int32()))
 
-    mine = storage.PartitionReader(LOCKS)
+    mine = PartitionReader(LOCKS)
     view = commits.LogView(storage.open_table(table.table_uri))
     locks.commit(view, 2, state([5, 6, 7], "locked"), reader=mine)
     locks.commit(view, 2, state([6], "completed"), reader=mine)  # rewrites the first file without 6
-    stored = storage.PartitionReader(LOCKS).rows(commits.LogView(storage.open_table(table.table_uri)), 2)
+    stored = PartitionReader(LOCKS).rows(commits.LogView(storage.open_table(table.table_uri)), 2)
     held = mine.rows(view, 2)
     assert held.equals(stored) and held.schema.equals(stored.schema)
     assert sorted(zip(held["sequence_number"].to_pylist(), held["state"].to_pylist())) == \
@@ -182,4 +183,4 @@ def test_a_lock_commit_leaves_its_file_in_the_readers_as_stored(table):
         os.remove(os.path.join(directory, name))
     assert mine.rows(view, 2).equals(held)  # never read back from storage
     with pytest.raises(PartitionUnavailableError):
-        storage.PartitionReader(LOCKS).rows(commits.LogView(storage.open_table(table.table_uri)), 2)
+        PartitionReader(LOCKS).rows(commits.LogView(storage.open_table(table.table_uri)), 2)

@@ -73,3 +73,30 @@ def test_the_pure_rules_and_the_public_api_import_no_storage_library():
         found += [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}" for module, line in _imports(path)
                   if any(module == name or module.startswith(name + ".") for name in refused)]
     assert not found, "storage reached past the engine:\n" + "\n".join(found)
+
+
+def test_no_module_imports_itself_round_a_circle():
+    """No circle of imports between modules, type-only imports included (they tie the modules as much for a
+    reader): each module can be read after the ones it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in _modules():
+        here = "sparkbus." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        graph[here.removesuffix(".__init__")] = set()
+    for path in _modules():
+        here = ("sparkbus." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+        graph[here] = {module for module, _ in _imports(path) if module in graph and module != here}
+    circles, state = [], {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                circles.append(" -> ".join(trail[trail.index(imported):] + [imported]))
+            elif imported not in state:
+                visit(imported, trail + [imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "circles of imports:\n" + "\n".join(circles)

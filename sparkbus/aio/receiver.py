@@ -20,18 +20,26 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import datetime
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Optional, Union
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Optional, Protocol, Union
 
 from ..engine.delivery import apoll
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from ..receiver import ServiceBusReceiver as SyncReceiver
 from ..receiver import ServiceBusSession as SyncSession
+from ..receiver import ServiceBusSessionFilter, ServiceBusSubQueue
+from .connection import Connection
 from .runner import Lazy, on_pool
 
 if TYPE_CHECKING:
     from ..client import ServiceBusClient as SyncClient
-    from .autolock import AutoLockRenewer
-    from .client import ServiceBusClient
+
+
+class LockRenewer(Protocol):
+    """What a receiver's auto_lock_renewer is (sparkbus.aio.AutoLockRenewer): it registers what to keep
+    locked."""
+
+    def register(self, receiver: "ServiceBusReceiver",
+                 renewable: Union[ServiceBusReceivedMessage, "ServiceBusSession"]) -> None: ...
 
 
 class ServiceBusSession:
@@ -57,9 +65,9 @@ class ServiceBusSession:
 class ServiceBusReceiver:
     """Receiver of a queue or subscription (client.get_queue_receiver / get_subscription_receiver)."""
 
-    def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncReceiver], entity_path: str,
+    def __init__(self, client: Connection, make: Callable[["SyncClient"], SyncReceiver], entity_path: str,
                  receive_mode: Union[ServiceBusReceiveMode, str], max_wait_time: Optional[float], *,
-                 owns_client: bool = False, renewer: Optional["AutoLockRenewer"] = None) -> None:
+                 owns_client: bool = False, renewer: Optional[LockRenewer] = None) -> None:
         self._client = client
         self._owns_client = owns_client  # made by _from_connection_string: closed with this receiver
         self._runner = client._runner
@@ -83,19 +91,14 @@ class ServiceBusReceiver:
                                 **kwargs: object) -> "ServiceBusReceiver":
         """A receiver straight from a connection string, as the SDK's (underscored, but used by its samples),
         with a client of its own, closed with it; receiver keywords as get_queue_receiver's."""
-        from .client import ServiceBusClient
-
         retry = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("retry_")}  # the client's keywords
         if queue_name is not None and topic_name is None and subscription_name is None:
-            client = ServiceBusClient.from_connection_string(conn_str, **retry)
-            made = client.get_queue_receiver(queue_name, **kwargs)
-        elif queue_name is None and topic_name is not None and subscription_name is not None:
-            client = ServiceBusClient.from_connection_string(conn_str, **retry)
-            made = client.get_subscription_receiver(topic_name, subscription_name, **kwargs)
-        else:
-            raise TypeError("give queue_name, or topic_name and subscription_name")
-        made._owns_client = True
-        return made
+            return queue_receiver(Connection.from_connection_string(conn_str, **retry), queue_name,
+                                  owns_client=True, **kwargs)
+        if queue_name is None and topic_name is not None and subscription_name is not None:
+            return subscription_receiver(Connection.from_connection_string(conn_str, **retry), topic_name,
+                                         subscription_name, owns_client=True, **kwargs)
+        raise TypeError("give queue_name, or topic_name and subscription_name")
 
     async def _open(self) -> SyncReceiver:
         """The sync receiver, made on the pool (it looks the entity up and locks its session)."""
@@ -189,3 +192,32 @@ class ServiceBusReceiver:
     purge_messages = on_pool(SyncReceiver.purge_messages)
     receive_dataframe = on_pool(SyncReceiver.receive_dataframe)
     complete_dataframe = on_pool(SyncReceiver.complete_dataframe)
+
+
+def queue_receiver(connection: Connection, queue_name: str, *,
+                   receive_mode: Union[ServiceBusReceiveMode, str] = ServiceBusReceiveMode.PEEK_LOCK,
+                   sub_queue: Union[ServiceBusSubQueue, str, None] = None, prefetch_count: int = 0,
+                   max_wait_time: Optional[float] = None, session_id: Union[str, ServiceBusSessionFilter, None] = None,
+                   auto_lock_renewer: Optional[LockRenewer] = None, owns_client: bool = False,
+                   **kwargs: object) -> ServiceBusReceiver:
+    """A receiver of a queue on connection (ServiceBusClient.get_queue_receiver's keywords); owns_client:
+    the connection is closed with the receiver."""
+    return ServiceBusReceiver(connection, lambda client: client.get_queue_receiver(
+        queue_name, receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
+        max_wait_time=max_wait_time, session_id=session_id, **kwargs), queue_name, receive_mode, max_wait_time,
+        owns_client=owns_client, renewer=auto_lock_renewer)
+
+
+def subscription_receiver(connection: Connection, topic_name: str, subscription_name: str, *,
+                          receive_mode: Union[ServiceBusReceiveMode, str] = ServiceBusReceiveMode.PEEK_LOCK,
+                          sub_queue: Union[ServiceBusSubQueue, str, None] = None, prefetch_count: int = 0,
+                          max_wait_time: Optional[float] = None,
+                          session_id: Union[str, ServiceBusSessionFilter, None] = None,
+                          auto_lock_renewer: Optional[LockRenewer] = None, owns_client: bool = False,
+                          **kwargs: object) -> ServiceBusReceiver:
+    """A receiver of a subscription on connection (ServiceBusClient.get_subscription_receiver's keywords)."""
+    return ServiceBusReceiver(connection, lambda client: client.get_subscription_receiver(
+        topic_name, subscription_name, receive_mode=receive_mode, sub_queue=sub_queue,
+        prefetch_count=prefetch_count, max_wait_time=max_wait_time, session_id=session_id, **kwargs),
+        f"{topic_name}/Subscriptions/{subscription_name}", receive_mode, max_wait_time, owns_client=owns_client,
+        renewer=auto_lock_renewer)

@@ -7,17 +7,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..sender import ServiceBusSender as SyncSender
+from .connection import Connection
 from .runner import Lazy, on_pool
 
 if TYPE_CHECKING:
     from ..client import ServiceBusClient as SyncClient
-    from .client import ServiceBusClient
 
 
 class ServiceBusSender:
     """Sender of a queue or topic (client.get_queue_sender / get_topic_sender)."""
 
-    def __init__(self, client: "ServiceBusClient", make: Callable[["SyncClient"], SyncSender], entity_name: str,
+    def __init__(self, client: Connection, make: Callable[["SyncClient"], SyncSender], entity_name: str,
                  *, owns_client: bool = False) -> None:
         self._client = client
         self._owns_client = owns_client  # made by _from_connection_string: closed with this sender
@@ -31,11 +31,9 @@ class ServiceBusSender:
                                 topic_name: Optional[str] = None, **kwargs: object) -> "ServiceBusSender":
         """A sender straight from a connection string, as the SDK's (underscored, but used by its samples):
         it has a client of its own, closed with it."""
-        from .client import ServiceBusClient
-
         if (queue_name is None) == (topic_name is None):
             raise TypeError("give exactly one of queue_name and topic_name")
-        client = ServiceBusClient.from_connection_string(conn_str, **kwargs)
+        client = Connection.from_connection_string(conn_str, **kwargs)
         if queue_name is not None:
             return cls(client, lambda sync: sync.get_queue_sender(queue_name), queue_name, owns_client=True)
         return cls(client, lambda sync: sync.get_topic_sender(topic_name), topic_name, owns_client=True)

@@ -34,8 +34,9 @@ from ..engine.namespace import NamespaceProperties
 from ..management import ServiceBusAdministrationClient
 from ..metrics import (MINUTE, Metrics, fitting_period, format_metrics, namespace_backlog, parse_period, plot_backlog,
                        plot_metrics)
-from . import entities as cli_entities, messages as cli_messages
-from .entities import UsageError, credits_argument, pair, record, seconds, whole
+from . import entities as cli_entities, messages as cli_messages, text as cli_text
+from .entities import record
+from .text import UsageError, credits_argument, pair, seconds, whole
 
 COLUMNS = ("kind", "path", "partitions", "status", "availability", "active", "dead_letter", "scheduled",
            "total", "size_in_bytes", "awaiting_fanout")
@@ -65,7 +66,7 @@ def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
 
 def format_table(rows: list[dict], columns: Sequence[str] = COLUMNS) -> str:
     """namespace_rows as a table (None, e.g. a queue's awaiting_fanout, left blank)."""
-    return cli_messages.format_table([{k: "" if v is None else v for k, v in r.items()} for r in rows], columns)
+    return cli_text.format_table([{k: "" if v is None else v for k, v in r.items()} for r in rows], columns)
 
 
 def _out(args: argparse.Namespace, human: str, data: Any) -> None:

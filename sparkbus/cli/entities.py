@@ -3,19 +3,15 @@
 `maintain`. Tables or `key  value` lines for people, `--json` for scripts (one object; lists one object per
 line). Entity settings are given as `--set NAME=VALUE` with the administration client's keyword names.
 
-Also the argument types every command shares (whole numbers, seconds, KEY=VALUE pairs) and UsageError:
-what a command line gets wrong in itself is refused before anything is opened, with exit code 2.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import math
-import re
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..core.durations import MAX_DURATION, MAX_DURATION_TEXT, format_duration
 from ..core.filters import (
@@ -30,91 +26,7 @@ from ..core.filters import (
 from ..engine.housekeeping import sweep
 from ..engine.namespace import NamespaceProperties, create_namespace, open_catalog
 from ..management import ServiceBusAdministrationClient
-
-MAX_NUMBER = 2**31 - 1  # the largest whole number any option takes (Service Bus's counts are 32-bit)
-MAX_SECONDS = 86_400.0  # the longest time in seconds any option takes (a day)
-
-
-class UsageError(ValueError):
-    """A command line that is wrong in itself: an option that is missing, malformed, out of range or
-    combined with one it excludes. main() answers it as argparse's own errors, one line and exit code 2;
-    prog is the command (e.g. 'sparkbus peek'), when known where it is raised."""
-
-    def __init__(self, message: str, prog: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.prog = prog
-
-
-def whole(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number (ASCII digits) from minimum to MAX_NUMBER."""
-    def number(text: str) -> int:
-        if not re.fullmatch(r"[+-]?[0-9]{1,12}", text) or not minimum <= int(text) <= MAX_NUMBER:
-            raise argparse.ArgumentTypeError(f"takes a whole number from {minimum} to {MAX_NUMBER}, got {text!r}")
-        return int(text)
-    return number
-
-
-def seconds(*, zero: bool) -> Callable[[str], float]:
-    """An argparse type: a number of seconds up to MAX_SECONDS, from 0 when zero is allowed, else above 0."""
-    def number(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (0 <= value if zero else 0 < value) or not value <= MAX_SECONDS:  # nan fails both
-            low = "from 0" if zero else "above 0"
-            raise argparse.ArgumentTypeError(f"takes seconds {low} up to {MAX_SECONDS:g}, got {text!r}")
-        return value
-    return number
-
-
-def pair(text: str) -> tuple[str, str]:
-    """An argparse type: KEY=VALUE with a key, as text."""
-    key, eq, value = text.partition("=")
-    if not eq or not key:
-        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {text!r}")
-    return key, value
-
-
-def typed(value: str) -> Any:
-    """Option text as a value: true/false as booleans, whole numbers as ints, none as None, anything else
-    as text (durations as ISO 8601, e.g. PT30S)."""
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered == "none":
-        return None
-    if re.fullmatch(r"-?[0-9]+", value):
-        return int(value)
-    return value
-
-
-def setting(text: str) -> tuple[str, Any]:
-    """An argparse type: --set NAME=VALUE with a keyword name such as max_delivery_count; the value typed."""
-    name, eq, value = text.partition("=")
-    if not eq or not re.fullmatch(r"[a-z_]+", name):
-        raise argparse.ArgumentTypeError(
-            f"takes NAME=VALUE with a property name such as max_delivery_count, got {text!r}")
-    return name, typed(value)
-
-
-def correlation(text: str) -> tuple[str, Any]:
-    """An argparse type: --correlation KEY=VALUE, a filter field or any application property name; the
-    value typed."""
-    key, value = pair(text)
-    return key, typed(value)
-
-
-def credits_argument(text: str) -> Optional[int]:
-    """An argparse type: --credits-per-second, a whole number from 1, or 'off' (None)."""
-    if text == "off":
-        return None
-    try:
-        return whole(1)(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"takes a whole number or 'off', from 1 to {MAX_NUMBER}, got {text!r}") from None
-
+from .text import correlation, credits_argument, format_table, setting, whole
 
 KINDS = ("queue", "topic", "subscription", "rule")
 LIST_COLUMNS = {"queue": ("name", "status", "partition_count", "max_size_in_megabytes", "requires_session"),
@@ -175,7 +87,6 @@ def record(item: Any) -> dict:
 
 
 def print_records(items: list, kind: str, as_json: bool) -> None:
-    from .messages import format_table
 
     rows = [record(item) for item in items]
     if as_json:

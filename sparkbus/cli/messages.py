@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional
 
 from tqdm import tqdm
 
@@ -31,7 +31,7 @@ from ..exceptions import MessageSizeExceededError, ServiceBusError
 from ..message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
 from ..sender import ServiceBusSender
-from .entities import UsageError, seconds, whole
+from .text import UsageError, format_table, seconds, whole
 
 MESSAGE_FIELDS = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
                   "reply_to", "reply_to_session_id")
@@ -39,15 +39,6 @@ TIMED_FIELDS = ("time_to_live", "scheduled_enqueue_time_utc")  # JSON has no dur
 SHOWN = ("sequence_number", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count", "body")
 DEAD_LETTER_SHOWN = ("dead_letter_reason", "dead_letter_error_description")
 Numbered = tuple[str, ServiceBusMessage]  # (where the message came from, e.g. "messages.jsonl line 3", message)
-
-
-def format_table(rows: list[dict], columns: Sequence[str]) -> str:
-    """Rows as aligned text columns under a header (every command's tables)."""
-    cells = [list(columns)] + [[str(r[c]) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def reworded(error: BaseException, text: str) -> BaseException:

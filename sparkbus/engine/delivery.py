@@ -2,7 +2,7 @@
 
 One Delivery serves one receiver. It follows the entity's tables between calls (storage.commits.LogView:
 only the log entries written since are read; delta-rs tables, refreshed, serve SQL) and keeps the
-partitions' data files it read in memory (storage.PartitionReader: files never change, so only those
+partitions' data files it read in memory (storage.reader.PartitionReader: files never change, so only those
 committed since are read), runs every operation under the client's retry policy, and now and then asks
 the maintenance thread for a retention run. What to lock is chosen on Arrow (sparkbus.core.transitions).
 Concurrency: each operation is planned on one table version and committed conditionally against it
@@ -45,6 +45,7 @@ from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNo
                           MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError, SessionLockLostError)
 from ..storage import commits, maintenance
+from ..storage.reader import PartitionReader
 from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES,
                                TRANSFER_DEAD_LETTERED)
 from . import locks, retention, retry, sessions
@@ -168,8 +169,8 @@ class Delivery:
         # Choosing what to lock reads CHOOSING's narrow columns of a partition's messages; only the rows
         # chosen are then read whole (with 4 receivers on one queue, each had read every body of every
         # partition it visited, 4x the data, most of it for messages another receiver took).
-        self._readers = {"messages": storage.PartitionReader(MESSAGES), "locks": storage.PartitionReader(LOCKS),
-                         "choosing": storage.PartitionReader(MESSAGES, columns=CHOOSING)}
+        self._readers = {"messages": PartitionReader(MESSAGES), "locks": PartitionReader(LOCKS),
+                         "choosing": PartitionReader(MESSAGES, columns=CHOOSING)}
         self._guard = threading.RLock()
         self._wrote = False  # whether the operation `retrying` runs committed something
 

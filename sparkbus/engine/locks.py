@@ -20,11 +20,12 @@ from deltalake import Transaction
 
 from .. import storage
 from ..storage import commits, location, maintenance
+from ..storage.reader import PartitionReader
 from ..core.schemas import LOCKS
 
 # Files read to rewrite them, kept decoded between commits (Delta data files never change); one lock for
 # the threads of a process.
-_reader = storage.PartitionReader(LOCKS)
+_reader = PartitionReader(LOCKS)
 _reading = threading.Lock()
 
 
@@ -39,7 +40,7 @@ def lock_rows(view: commits.LogView, partition: int, sequence_numbers: list[int]
 
 def commit(view: commits.LogView, partition: int, rows: pa.Table,
            app_transactions: Optional[list[Transaction]] = None,
-           reader: Optional[storage.PartitionReader] = None) -> None:
+           reader: Optional[PartitionReader] = None) -> None:
     """Upsert state rows of one partition in one conditional commit based on the view's version (the view
     then moves to the commit's): the partition's files holding any of those sequence numbers are rewritten
     without them, plus the new rows, and the commit fails (CommitFailedError: the caller re-reads and retries) if another writer

@@ -1,0 +1,103 @@
+"""What every command of the `sparkbus` CLI shares: the argument types (whole numbers, seconds, KEY=VALUE
+pairs, typed option values), UsageError (what a command line gets wrong in itself is refused before anything
+is opened, with exit code 2) and the aligned text tables people read.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from typing import Any, Callable, Optional, Sequence
+
+MAX_NUMBER = 2**31 - 1  # the largest whole number any option takes (Service Bus's counts are 32-bit)
+MAX_SECONDS = 86_400.0  # the longest time in seconds any option takes (a day)
+
+
+class UsageError(ValueError):
+    """A command line that is wrong in itself: an option that is missing, malformed, out of range or
+    combined with one it excludes. main() answers it as argparse's own errors, one line and exit code 2;
+    prog is the command (e.g. 'sparkbus peek'), when known where it is raised."""
+
+    def __init__(self, message: str, prog: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+def whole(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number (ASCII digits) from minimum to MAX_NUMBER."""
+    def number(text: str) -> int:
+        if not re.fullmatch(r"[+-]?[0-9]{1,12}", text) or not minimum <= int(text) <= MAX_NUMBER:
+            raise argparse.ArgumentTypeError(f"takes a whole number from {minimum} to {MAX_NUMBER}, got {text!r}")
+        return int(text)
+    return number
+
+
+def seconds(*, zero: bool) -> Callable[[str], float]:
+    """An argparse type: a number of seconds up to MAX_SECONDS, from 0 when zero is allowed, else above 0."""
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (0 <= value if zero else 0 < value) or not value <= MAX_SECONDS:  # nan fails both
+            low = "from 0" if zero else "above 0"
+            raise argparse.ArgumentTypeError(f"takes seconds {low} up to {MAX_SECONDS:g}, got {text!r}")
+        return value
+    return number
+
+
+def pair(text: str) -> tuple[str, str]:
+    """An argparse type: KEY=VALUE with a key, as text."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def typed(value: str) -> Any:
+    """Option text as a value: true/false as booleans, whole numbers as ints, none as None, anything else
+    as text (durations as ISO 8601, e.g. PT30S)."""
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    if re.fullmatch(r"-?[0-9]+", value):
+        return int(value)
+    return value
+
+
+def setting(text: str) -> tuple[str, Any]:
+    """An argparse type: --set NAME=VALUE with a keyword name such as max_delivery_count; the value typed."""
+    name, eq, value = text.partition("=")
+    if not eq or not re.fullmatch(r"[a-z_]+", name):
+        raise argparse.ArgumentTypeError(
+            f"takes NAME=VALUE with a property name such as max_delivery_count, got {text!r}")
+    return name, typed(value)
+
+
+def correlation(text: str) -> tuple[str, Any]:
+    """An argparse type: --correlation KEY=VALUE, a filter field or any application property name; the
+    value typed."""
+    key, value = pair(text)
+    return key, typed(value)
+
+
+def credits_argument(text: str) -> Optional[int]:
+    """An argparse type: --credits-per-second, a whole number from 1, or 'off' (None)."""
+    if text == "off":
+        return None
+    try:
+        return whole(1)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"takes a whole number or 'off', from 1 to {MAX_NUMBER}, got {text!r}") from None
+
+
+def format_table(rows: list[dict], columns: Sequence[str]) -> str:
+    """Rows as aligned text columns under a header (every command's tables)."""
+    cells = [list(columns)] + [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""PartitionReader: the rows a partition of a table holds at a version, read from its data files and kept in
+memory (Delta data files never change once written). Reads go through pyarrow's parquet reader file by
+file, never its dataset scanner (sparkbus.storage's docstring says why)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Optional
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..exceptions import PartitionUnavailableError
+from . import PARTITION_COLUMN, location
+from .commits import LogView
+
+
+class PartitionReader:
+    """Reads the rows one partition of a table holds at the table object's version, from its data files,
+    keeping decoded files in memory: Delta data files never change once written, so a cached file is
+    never stale, and after the first read only the files committed since are read (a few small ones
+    per operation instead of a DataFusion query over all of them). Least recently used files are
+    dropped beyond max_bytes. Files are read whole, single-threaded, without pyarrow's dataset
+    scanner (see the module docstring). Given `columns`, only those (and the partition column) are read
+    and returned: choosing what to lock needs a few narrow columns, not the bodies."""
+
+    def __init__(self, schema: pa.Schema, max_bytes: int = 256 << 20,
+                 columns: Optional[tuple[str, ...]] = None) -> None:
+        if columns is not None:
+            schema = pa.schema([f for f in schema if f.name == PARTITION_COLUMN or f.name in columns])
+        self._schema = schema
+        self._file_schema = pa.schema([f for f in schema if f.name != PARTITION_COLUMN])
+        self._max_bytes = max_bytes
+        self._files: OrderedDict[str, pa.Table] = OrderedDict()
+        self._bytes = 0
+
+    def rows(self, view: "LogView", partition: int) -> pa.Table:
+        """Every row of the partition at the view's version (in the schema given, file by file)."""
+        return self.with_partition([data for _, data in self.files(view, partition)], partition)
+
+    def rows_of(self, view: "LogView", partition: int, sequence_numbers: pa.Array) -> pa.Table:
+        """The partition's rows of these sequence numbers, in their order, read only from the files whose
+        range may hold them (all must exist: KeyError naming one that does not)."""
+        if not len(sequence_numbers):
+            return self.with_partition([], partition)
+        extremes = pc.min_max(sequence_numbers)
+        parts = [data.filter(pc.is_in(data["sequence_number"], value_set=sequence_numbers))
+                 for _, data in self.files(view, partition, extremes["min"].as_py(), extremes["max"].as_py())]
+        found = self.with_partition(parts, partition)
+        order = pc.index_in(sequence_numbers, value_set=found["sequence_number"])
+        if order.null_count:
+            raise KeyError(f"sequence number {sequence_numbers.filter(pc.is_null(order))[0]} is not in partition "
+                           f"{partition} at version {view.version}")
+        return found.take(order)
+
+    def with_partition(self, parts: list[pa.Table], partition: int) -> pa.Table:
+        """File rows (without the partition column) as one table in the schema given."""
+        data = pa.concat_tables(parts) if parts else self._file_schema.empty_table()
+        column = pa.repeat(pa.scalar(partition, self._schema.field(PARTITION_COLUMN).type), data.num_rows)
+        return data.add_column(0, self._schema.field(PARTITION_COLUMN), column).select(self._schema.names)
+
+    def files(self, view: "LogView", partition: int, low: Optional[int] = None,
+              high: Optional[int] = None) -> list[tuple[str, pa.Table]]:
+        """(path as in the log, rows without the partition column) of the partition's data files at the
+        view's version, only those that may hold sequence numbers in [low, high] when given.
+        PartitionUnavailableError when one cannot be read."""
+        try:
+            return [(f.path, self._file(location.join(view.log.uri, unquote(f.path))))
+                    for f in view.files(partition, low, high)]
+        except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
+            fault = PartitionUnavailableError(f"partition {partition} of {view.log.uri} cannot be read: {error}")
+            fault.partition_id = partition
+            raise fault from error
+
+    def remember(self, path: str, data: pa.Table) -> None:
+        """Keep the rows of a data file this process just wrote (path as files() names it, data without the
+        partition column): the next read of that file costs nothing."""
+        self._keep(path, data.cast(self._file_schema))
+
+    def _file(self, path: str) -> pa.Table:
+        cached = self._files.get(path)
+        if cached is not None:
+            self._files.move_to_end(path)
+            return cached
+        source = path if location.is_local(path) else pa.BufferReader(location.get(path))
+        file = pq.ParquetFile(source)
+        present = set(file.schema_arrow.names)
+        data = file.read([n for n in self._file_schema.names if n in present], use_threads=False)
+        if data.schema != self._file_schema:  # older files lack columns added since: they read as null
+            data = pa.table([data[f.name] if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
+                             for f in self._file_schema], names=self._file_schema.names).cast(self._file_schema)
+        self._keep(path, data)
+        return data
+
+    def _keep(self, path: str, data: pa.Table) -> None:
+        """Cache a file's rows, dropping the least recently used beyond max_bytes."""
+        if path in self._files:
+            return
+        self._files[path] = data
+        self._bytes += data.nbytes
+        while self._bytes > self._max_bytes and len(self._files) > 1:
+            _, dropped = self._files.popitem(last=False)
+            self._bytes -= dropped.nbytes
