@@ -284,14 +284,18 @@ def _fanout_slowly(ns_path):
 def test_fanout_killed_mid_batch_then_restarted(topic, client, ns_path, spawn):
     _many_subscriptions(topic, client)
     path = normalize(ns_path)
+    logs = [os.path.join(topic.get_entity_tables(f"events/Subscriptions/s{i}")["messages"], "_delta_log")
+            for i in range(6)]
+    created = [len(os.listdir(log)) for log in logs]
     process = spawn.Process(target=_fanout_slowly, args=(path,))
     process.start()
     counts: list[int] = []
 
-    def mid_batch() -> bool:  # kill once some subscription is ahead of another
-        counts[:] = [stored_messages(topic, f"events/Subscriptions/s{i}").num_rows for i in range(6)]
+    def mid_batch() -> bool:  # kill once some subscription is ahead of another (commits counted: a listing
+        # per table is quick enough to catch the fan-out between two subscriptions' commits on a busy machine)
+        counts[:] = [len(os.listdir(log)) - before for log, before in zip(logs, created)]
         return counts[0] > 0 and len(set(counts)) > 1
-    wait_until(mid_batch, 120, every=0.005)
+    assert wait_until(mid_batch, 120, every=0.001), f"no subscription seen ahead of another: {counts}"
     os.kill(process.pid, signal.SIGKILL)
     process.join()
     assert process.exitcode == -signal.SIGKILL

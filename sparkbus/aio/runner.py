@@ -21,7 +21,7 @@ import asyncio
 import functools
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import AsyncIterator, Awaitable, Callable, Generic, Optional, TypeVar
 
 from ..engine import retry
@@ -61,23 +61,16 @@ class Runner:
                 resume = backoff.resume
 
     async def _once(self, call: Callable[[], T], undo: Optional[Callable[[T], None]]) -> T:
-        future = asyncio.get_running_loop().run_in_executor(self._started(), call)
+        future = self._started().submit(call)
         if undo is None:
-            return await future
+            return await asyncio.wrap_future(future)
         try:
-            return await asyncio.shield(future)
+            return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
-            future.add_done_callback(lambda done: self._undo(done, undo))
+            # on the pool's thread as soon as the call ends, whatever the loop does meanwhile (a loop blocked
+            # or closed must not keep what the call took); here at once if it had just ended
+            future.add_done_callback(functools.partial(_undo, undo))
             raise
-
-    def _undo(self, done: "asyncio.Future[T]", undo: Callable[[T], None]) -> None:
-        if done.cancelled() or done.exception() is not None:
-            return
-        with self._lock:
-            if self._pool is not None:
-                self._pool.submit(_quietly, undo, done.result())
-                return
-        _quietly(undo, done.result())  # the client closed meanwhile: undo here (the loop's thread), once
 
     async def close(self) -> None:
         """Wait for the calls under way (and their undos) to end; the next call starts a new pool."""
@@ -87,10 +80,13 @@ class Runner:
             await asyncio.to_thread(pool.shutdown, wait=True)
 
 
-def _quietly(undo: Callable[[T], None], result: T) -> None:
-    """Run undo; a failure there is logged, never raised (nobody awaits it)."""
+def _undo(undo: Callable[[T], None], done: "Future[T]") -> None:
+    """Hand what an abandoned call returned to undo (nothing when it failed); a failure there is logged,
+    never raised (nobody awaits it)."""
+    if done.cancelled() or done.exception() is not None:
+        return
     try:
-        undo(result)
+        undo(done.result())
     except Exception:  # the lock it could not give back lapses on its own
         LOG.warning("could not give back what a cancelled call took", exc_info=True)
 
