@@ -42,8 +42,11 @@ demo: $(RUNTIME)
 		--conf spark.ui.enabled=false jobs/demo.py \
 		--namespace .sparkbus/demo --definition conf/namespace.toml
 
+# Two pytest workers (pytest-xdist): tests wait on JVMs, subprocesses and the emulator for about half of a
+# serial run. The SparkSession's tests form one group, so the run starts one session.
+TEST_WORKERS ?= 2
 test: install typecheck
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # mypy over the pure rules, storage and the engine, strict (pyproject.toml, [tool.mypy]).
 typecheck: install
@@ -65,7 +68,7 @@ docs: $(DOCS_STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
 test-fast: install typecheck
-	$(BIN)/python -m pytest -m 'not slow'
+	$(BIN)/python -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist loadgroup
 
 # The crash harness's full run (`make test` runs 6 kills of it): CRASH_SEED=N replays a run.
 crash: install

@@ -29,6 +29,9 @@ from sparkbus.engine import clock as service_clock
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# the suite starts about twenty short-lived JVMs (its SparkSession, spark-submit jobs, notebooks, a Spark Connect
+# server) on two cores: the client compiler alone and the serial collector start each one about a fifth sooner
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AZURITE = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
@@ -41,6 +44,23 @@ BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_stale_handles
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "local_only: runs on a local namespace only (local files, fsync, permissions)")
+
+
+# modules whose module-scoped fixture starts servers (a Spark standalone cluster, a Spark Connect server)
+ONE_WORKER = ("test_jobs", "test_spark_connect")
+
+
+def pytest_collection_modifyitems(items):
+    """For pytest-xdist (`make test` runs two workers, --dist loadgroup): every test of the SparkSession runs
+    on one worker, so the run still starts one session, and each module of ONE_WORKER on one worker, so its
+    servers start once; the slow tests come first, so the quick ones fill the workers' last minutes."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif module in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(module))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_generate_tests(metafunc):

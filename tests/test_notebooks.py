@@ -28,7 +28,9 @@ CHECKS = {
 assert sorted(str(m) for m in received) == [f"order {i}" for i in range(5)]
 assert result.message_count == 1000 and by_partition["count"].sum() == 1000 and len(by_partition) == 4
 assert completed == 1000 and admin.get_queue_runtime_properties("orders").active_message_count == 0
-assert list(first.columns[:2]) == ["partition", "number"] and list(first["number"]) == [1, 2, 3, 4, 5]
+# the first partition's first five, in order: its numbers start at 1, or at 6 where the five orders went too
+assert list(first.columns[:2]) == ["partition", "number"] and first["partition"].nunique() == 1
+assert list(first["number"]) in ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
 """,
     "topics-and-rules.ipynb": """
 assert counts.to_dict() == {"everything": 3, "big-eu": 1, "refunds": 1}

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Callable, Generic, Iterable, Optional, TypeVar
 from urllib.parse import unquote
 
@@ -78,9 +79,10 @@ class Row:
     def updated(self, properties: dict[str, Any]) -> "Row":
         return replace(self, properties=properties, updated_at_utc=utc_now())
 
-    @property
+    @cached_property
     def options(self) -> EntityOptions:
-        """A queue's, topic's or subscription's settings, typed (options it has not stored: defaults)."""
+        """A queue's, topic's or subscription's settings, typed (options it has not stored: defaults); read
+        once per row (rows are never changed: `updated` makes a new one)."""
         return EntityOptions.from_stored(self.properties)
 
     @property
