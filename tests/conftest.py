@@ -133,6 +133,7 @@ class MovedClock:
     at once, in this process (spawned processes keep the real time)."""
 
     now = staticmethod(service_clock.now)
+    time = staticmethod(service_clock.time)
     advance = staticmethod(service_clock.advance)
 
     def past(self, moment: datetime, headroom: float = 1.0) -> None:

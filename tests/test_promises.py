@@ -14,6 +14,7 @@ from sparkbus import (NEXT_AVAILABLE_SESSION, MessageLockLostError, MessageSizeE
                       MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusMessage, ServiceBusSubQueue,
                       SessionCannotBeLockedError, set_partition_availability, storage)
 from sparkbus.core import partitioning
+from sparkbus.engine.registry import SETTINGS_REFRESH_SECONDS
 
 
 def _messages_table(admin, entity: str):
@@ -76,54 +77,46 @@ def test_a_send_messages_call_that_fails_writes_nothing(admin, client, ns_path):
 
 # "Senders re-read entity settings at most once a second, so a status change or partition fault reaches
 # existing senders within a second; new senders start from the catalog."
-def _until_refused(send, error: type, since: float) -> tuple[int, float]:
-    """Call send() until it raises error; (calls that went through, seconds from `since` to the refusal)."""
-    accepted = 0
-    while True:
-        try:
-            send()
-        except error:
-            return accepted, time.monotonic() - since
-        accepted += 1
-        assert time.monotonic() - since < 3, "an existing sender still sends 3 s after the change"
-        time.sleep(0.02)
+def _refused_a_second_later(send, error: type, clock) -> int:
+    """Send once right after a change (it may go through: the sender read its settings less than a second
+    ago), then once more after SETTINGS_REFRESH_SECONDS (1 s) of the service clock, which must raise error.
+    Returns how many sends went through (0 or 1)."""
+    try:
+        send()
+        accepted = 1
+    except error:
+        accepted = 0
+    clock.advance(SETTINGS_REFRESH_SECONDS + 0.01)
+    with pytest.raises(error):
+        send()
+    return accepted
 
 
-def test_existing_senders_see_a_status_change_within_a_second(admin, client):
+def test_existing_senders_see_a_status_change_within_a_second(admin, client, clock):
     admin.create_queue("q")
     sender = client.get_queue_sender("q")
     sender.send_messages(ServiceBusMessage("before"))  # the sender has read the settings
     admin.update_queue("q", status="SendDisabled")
-    changed = time.monotonic()
     with pytest.raises(MessagingEntityDisabledError):
         client.get_queue_sender("q").send_messages(ServiceBusMessage("new sender"))  # from the catalog: at once
-    accepted, refused_after = _until_refused(lambda: sender.send_messages(ServiceBusMessage("during")),
-                                             MessagingEntityDisabledError, changed)
-    assert refused_after <= 1.5
+    accepted = _refused_a_second_later(lambda: sender.send_messages(ServiceBusMessage("during")),
+                                       MessagingEntityDisabledError, clock)
     assert admin.get_queue_runtime_properties("q").total_message_count == 1 + accepted
 
     admin.update_queue("q", status="Active")
-    changed = time.monotonic()
-    while True:
-        try:
-            sender.send_messages(ServiceBusMessage("after"))
-            break
-        except MessagingEntityDisabledError:
-            assert time.monotonic() - changed <= 1.5, "re-enabling did not reach the existing sender"
-            time.sleep(0.02)
+    clock.advance(SETTINGS_REFRESH_SECONDS + 0.01)
+    sender.send_messages(ServiceBusMessage("after"))  # re-enabling reached the existing sender
     assert admin.get_queue_runtime_properties("q").total_message_count == 2 + accepted
 
 
-def test_existing_senders_see_a_partition_fault_within_a_second(admin, client, ns_path):
+def test_existing_senders_see_a_partition_fault_within_a_second(admin, client, ns_path, clock):
     admin.create_queue("q", enable_partitioning=True)
     key = _keys_for_every_partition(16)[5]
     sender = client.get_queue_sender("q")
     sender.send_messages(ServiceBusMessage("before", partition_key=key))
     set_partition_availability(ns_path, 5, False, entity_path="q", reason="test")
-    changed = time.monotonic()
-    accepted, refused_after = _until_refused(lambda: sender.send_messages(ServiceBusMessage("k", partition_key=key)),
-                                             PartitionUnavailableError, changed)
-    assert refused_after <= 1.5
+    accepted = _refused_a_second_later(lambda: sender.send_messages(ServiceBusMessage("k", partition_key=key)),
+                                       PartitionUnavailableError, clock)
     sender.send_messages([ServiceBusMessage(f"keyless {i}") for i in range(30)])  # round robin skips partition 5
     rows = storage.query("SELECT partition_id FROM m", m=_messages_table(admin, "q"))["partition_id"].to_pylist()
     assert rows.count(5) == 1 + accepted and len(rows) == 31 + accepted

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import run_spawned
+from conftest import run_spawned, wait_until
 
 from sparkbus import (NEXT_AVAILABLE_SESSION, AutoLockRenewer, InvalidOperationError, OperationTimeoutError,
                       ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue, SessionCannotBeLockedError,
@@ -88,13 +88,18 @@ def test_session_state_and_renewal(admin, client, ns_path, clock):
     assert other.get_queue_receiver("s", session_id="cart").session.get_state() == b"step-2"
 
 
-def test_auto_lock_renewer_keeps_a_session(admin, client):
+def test_auto_lock_renewer_keeps_a_session(admin, client, clock):
+    """The session's 5 s lock outlives 7 s of the clock, moved in two steps, each followed by the renewer's
+    renewal."""
     _session_queue(admin, lock_duration="PT5S")
     _send(client, "s", "a", 1)
     receiver = client.get_queue_receiver("s", session_id="a")
     with AutoLockRenewer(max_lock_renewal_duration=30) as renewer:
         renewer.register(receiver, receiver.session)
-        time.sleep(7)
+        for step in (3.5, 3.5):
+            before = receiver.session.locked_until_utc
+            clock.advance(step)
+            assert wait_until(lambda: receiver.session.locked_until_utc > before, 10)
         with pytest.raises(SessionCannotBeLockedError):
             client.get_queue_receiver("s", session_id="a")
         receiver.complete_message(receiver.receive_messages()[0])

@@ -8,7 +8,6 @@ every sender a typed error, leaves no file of the deleted queue, and loses no ac
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -18,7 +17,7 @@ import sparkbus
 from sparkbus import (CommitConflictError, MessageLockLostError, MessageNotFoundError, MessagingEntityNotFoundError, ServiceBusMessage,
                       ServiceBusMessageState, ServiceBusSubQueue, SessionLockLostError)
 from sparkbus.engine.registry import SETTINGS_REFRESH_SECONDS
-from conftest import files_under
+from conftest import files_under, wait_until
 
 OUTCOMES = ["recreated", "recreated-after-refresh", "deleted"]
 
@@ -283,17 +282,14 @@ def test_deleting_a_queue_while_8_threads_send_to_it(admin, ns_path, senders, re
     threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(8)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 120
     try:
-        while len(acked) < 40 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda: len(acked) >= 40, 120)
         admin.delete_queue("x")
         deleted.set()
         if recreate:
             admin.create_queue("x")
             recreated.set()
-            while sum(started_after for _, started_after in acked) < 24 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            assert wait_until(lambda: sum(started_after for _, started_after in acked) >= 24, 120)
             stop.set()
         for thread in threads:
             thread.join(timeout=120)
@@ -343,15 +339,12 @@ def test_deleting_a_queue_while_4_threads_receive_and_complete(admin, ns_path):
     threads = [threading.Thread(target=work, daemon=True) for _ in range(4)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 120
     try:
-        while len(completed) < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda: len(completed) >= 20, 120)
         admin.delete_queue("x")
         admin.create_queue("x", enable_partitioning=True)
         client.get_queue_sender("x").send_messages([ServiceBusMessage(f"new-{i}") for i in range(100)])
-        while sum(body.startswith("new") for body in completed) < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda: sum(body.startswith("new") for body in completed) >= 20, 120)
     finally:
         stop.set()
     for thread in threads:

@@ -261,37 +261,38 @@ def test_a_burst_from_two_processes_shares_one_budget(ns_path, spawn):
 
 # ---- premium: the governor ------------------------------------------------------------------------------
 
-def _admitted(receiver, seconds: float) -> int:
-    """Credits the receiver's namespace governor admits over `seconds` whole one-second credit periods to
-    requests of 1,000 credits that do nothing else (retry_total=0): the budget, not the machine's speed at
-    peeking, bounds it. Whole periods: a window of 3 s starting mid-period touches 4 periods or, after a
-    stall, 3, and the two measurements compared 16,000 against 24,000 (1.5x) twice in full runs."""
-    time.sleep(1 - time.time() % 1 + 0.01)  # the start of a period
-    admitted, end = 0, time.time() + seconds - 0.02
-    while time.time() < end:
-        try:
-            receiver._governor.call("q", lambda: None, lambda _: Usage(1000), NO_RETRY)
-            admitted += 1000
-        except ServiceBusServerBusyError:
-            time.sleep(0.01)
+def _admitted(receiver, clock, periods: int) -> int:
+    """Credits the receiver's namespace governor admits over `periods` one-second credit periods of the
+    service clock to requests of 1,000 credits that do nothing else (retry_total=0): the clock moves to the
+    start of each period, and requests go until one is refused, so the budget, not the machine's speed,
+    bounds the count."""
+    admitted = 0
+    for _ in range(periods):
+        clock.advance(1 - clock.time() % 1 + 0.001)  # the start of the next period
+        while True:
+            try:
+                receiver._governor.call("q", lambda: None, lambda _: Usage(1000), NO_RETRY)
+                admitted += 1000
+            except ServiceBusServerBusyError:
+                break
     return admitted
 
 
 @pytest.mark.slow
-def test_premium_scaling_from_1_to_2_messaging_units_raises_the_admitted_rate(ns_path):
+def test_premium_scaling_from_1_to_2_messaging_units_raises_the_admitted_rate(ns_path, clock):
     sparkbus.create_namespace(ns_path, tier="premium", messaging_units=1)
     admin = sparkbus.ServiceBusAdministrationClient(ns_path)
     admin.create_queue("q")
     with ServiceBusClient(ns_path).get_queue_sender("q") as sender:
         sender.send_messages([ServiceBusMessage(str(i)) for i in range(1000)])
     receiver = ServiceBusClient(ns_path, retry_total=0).get_queue_receiver("q")
-    time.sleep(1.1)
-    one = _admitted(receiver, 3.0)
+    one = _admitted(receiver, clock, 3)
     admin.update_namespace(messaging_units=2)  # the running receiver follows at its next operation
     assert admin.get_namespace_properties().messaging_units == 2
-    time.sleep(1.1)
-    two = _admitted(receiver, 3.0)
-    assert two > 1.5 * one, (one, two)
+    two = _admitted(receiver, clock, 3)
+    # a period admits its credits per unit (one more period's if a real second ends mid-count)
+    unit = throttling.PREMIUM_CREDITS_PER_UNIT
+    assert 3 * unit <= one < 4 * unit and two >= 3 * 2 * unit, (one, two)
     metrics = admin.get_namespace_metrics()
     assert metrics.throttled_requests > 0
     assert metrics.cpu_percent is not None and metrics.memory_percent is not None  # premium resources
