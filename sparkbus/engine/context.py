@@ -14,7 +14,7 @@ goes away: its counts dropped unwritten); at interpreter exit every context stil
 Threads of the process share a context under its lock; processes share nothing here (the ledger and the
 metrics table are how they share a budget and counts). The storage layer keeps its own process state
 (thread pools, the maintenance worker, storage options by location: sparkbus.storage), the service clock
-its offset (sparkbus.engine.clock).
+its offset (sparkbus.engine.clock); docs/architecture.md, "Process state", lists all of it with lifetimes.
 """
 from __future__ import annotations
 
