@@ -112,7 +112,8 @@ def test_waiting_costs_almost_no_cpu(admin, ns_path):
     seconds use a small fraction of one core (a loop that kept reading storage would use most of it)."""
     cpu, wall = idle_receivers(ns_path, IDLE, 4)
     assert wall >= 4.0
-    assert cpu / wall < 0.05, f"waiting used {cpu:.3f} s of CPU in {wall:.1f} s"
+    # 3-4% of a core on a quiet machine; 5.3% was seen while the other test worker started a JVM
+    assert cpu / wall < 0.10, f"waiting used {cpu:.3f} s of CPU in {wall:.1f} s"
 
 
 INTERRUPTED = textwrap.dedent("""
