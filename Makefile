@@ -48,7 +48,7 @@ TEST_WORKERS ?= 2
 test: install typecheck
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
-# mypy over the pure rules, storage and the engine, strict (pyproject.toml, [tool.mypy]).
+# mypy over the whole package, strict (pyproject.toml, [tool.mypy]).
 typecheck: install
 	$(BIN)/python -m mypy
 

@@ -10,9 +10,9 @@ x-opt-scheduled-enqueue-time. Received messages carry the broker's header (deliv
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import Field, asdict, dataclass
 from enum import Enum
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from .core import amqp
 from .core.wire import encoded
@@ -26,6 +26,8 @@ class AmqpMessageBodyType(str, Enum):
 
 class _Fields:
     """Attribute records readable as mappings too, as the SDK's (header["priority"], .get, .items)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # each subclass is a dataclass
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
@@ -92,7 +94,7 @@ def _data_sections(body: Any, encoding: str) -> list[bytes]:
     return out
 
 
-def _sequence_sections(body: Any) -> list[list]:
+def _sequence_sections(body: Any) -> list[list[Any]]:
     """A sequence body as its sections: a list of lists is one section per list, any other list one section."""
     if not isinstance(body, (list, tuple)):
         raise TypeError(f"a sequence body is a list (or a list of lists), got {type(body).__name__}")
@@ -107,10 +109,14 @@ class AmqpAnnotatedMessage:
     ValueError for one holding a value it cannot (an int beyond 64 bits, a str with a lone surrogate) or
     nested deeper than sparkbus.core.wire.MAX_DEPTH levels."""
 
-    def __init__(self, *, header: Union[AmqpMessageHeader, dict, None] = None, footer: Optional[dict] = None,
-                 properties: Union[AmqpMessageProperties, dict, None] = None,
-                 application_properties: Optional[dict] = None, annotations: Optional[dict] = None,
-                 delivery_annotations: Optional[dict] = None, encoding: str = "UTF-8", **body: Any) -> None:
+    _body_type: AmqpMessageBodyType
+    _body: Any  # data: list[bytes]; sequence: list[list[Any]]; value: the value
+
+    def __init__(self, *, header: Union[AmqpMessageHeader, dict[str, Any], None] = None,
+                 footer: Optional[dict[Any, Any]] = None,
+                 properties: Union[AmqpMessageProperties, dict[str, Any], None] = None,
+                 application_properties: Optional[dict[Any, Any]] = None, annotations: Optional[dict[Any, Any]] = None,
+                 delivery_annotations: Optional[dict[Any, Any]] = None, encoding: str = "UTF-8", **body: Any) -> None:
         unknown = sorted(set(body) - {"data_body", "sequence_body", "value_body"})
         if unknown:
             raise TypeError(f"unexpected keyword arguments {unknown}; the body is data_body, sequence_body or "

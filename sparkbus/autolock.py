@@ -18,11 +18,11 @@ TICK_SECONDS = 0.2
 
 @dataclass
 class _Registration:
-    receiver: object
-    renewable: object
+    receiver: ServiceBusReceiver
+    renewable: Renewable
     deadline: float
     renew_within: float  # seconds before the lock lapses at which it is renewed
-    on_failure: Optional[Callable[[object, Optional[Exception]], None]]
+    on_failure: Optional[FailureCallback]
 
 
 class AutoLockRenewer:
@@ -30,7 +30,7 @@ class AutoLockRenewer:
     max_lock_renewal_duration (seconds) passes, or a renewal fails (then on_lock_renew_failure is called
     with the message and the error)."""
 
-    def __init__(self, max_lock_renewal_duration: float = 300, on_lock_renew_failure: Optional[Callable] = None,
+    def __init__(self, max_lock_renewal_duration: float = 300, on_lock_renew_failure: Optional[FailureCallback] = None,
                  executor: Optional[Executor] = None, max_workers: Optional[int] = None) -> None:
         """executor and max_workers are azure-servicebus' and accepted for ported code: one thread renews
         every lock here (a renewal is one small commit), so no pool is needed."""
@@ -63,7 +63,10 @@ class AutoLockRenewer:
         if self._stop.is_set():
             raise ValueError("the AutoLockRenewer is closed")
         duration = self._default_duration if max_lock_renewal_duration is None else _check_duration(max_lock_renewal_duration)
-        remaining = (renewable.locked_until_utc - clock.now()).total_seconds()
+        locked_until = renewable.locked_until_utc
+        if locked_until is None:  # a message from_bytes made of a payload with a lock token but no x-opt-locked-until
+            raise ValueError("the message carries no locked_until_utc: its lock cannot be renewed")
+        remaining = (locked_until - clock.now()).total_seconds()
         renew_within = min(RENEW_BEFORE_SECONDS, max(remaining, 0) / 2)
         with self._guard:
             self._registered.append(_Registration(receiver, renewable, clock.monotonic() + duration, renew_within,
@@ -92,11 +95,13 @@ class AutoLockRenewer:
         message = item.renewable
         if getattr(message, "_settled", False) or clock.monotonic() >= item.deadline:
             return False
-        remaining = (message.locked_until_utc - clock.now()).total_seconds()
+        locked_until = message.locked_until_utc
+        assert locked_until is not None  # register refuses a message without one
+        remaining = (locked_until - clock.now()).total_seconds()
         if remaining > item.renew_within:
             return True
         try:
-            if _is_session(message):
+            if isinstance(message, ServiceBusSession):
                 message.renew_lock()
             else:
                 item.receiver.renew_message_lock(message)

@@ -4,7 +4,7 @@ once per subscription in a topic), next to Service Bus's published measurements.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .core.capacity import CapacityPlan, estimate_header_size, plan_capacity
 
@@ -24,7 +24,7 @@ MEASURED_QUEUE_CAPACITY = {
 }
 
 
-def plan(body_size: int, *, header_size: Optional[int] = None, application_properties: Optional[dict] = None,
+def plan(body_size: int, *, header_size: Optional[int] = None, application_properties: Optional[dict[str, Any]] = None,
          max_size_in_megabytes: int = 1024, tier: str = "standard", enable_partitioning: bool = False,
          subscriptions: int = 0, partition_count: Optional[int] = None,
          max_partition_size_in_bytes: Optional[int] = None) -> CapacityPlan:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from .core import throttling
 from .core.connection import parse_connection_string
@@ -59,7 +59,7 @@ class ServiceBusClient:
         self._entity_path: Optional[str] = None
 
     @classmethod
-    def from_connection_string(cls, conn_str: str, **kwargs: object) -> "ServiceBusClient":
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> "ServiceBusClient":
         """'Endpoint=sparkbus://<path>;...'; an EntityPath binds the client to that entity, as in the SDK."""
         info = parse_connection_string(conn_str)
         client = cls(info.fully_qualified_namespace, **kwargs)

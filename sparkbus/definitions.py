@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .core import entities
-from .core.filters import (CorrelationRuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter, check_action,
-                           check_filter)
+from .core.filters import (CorrelationRuleFilter, RuleFilter, SqlRuleAction, SqlRuleFilter, TrueRuleFilter,
+                           check_action, check_filter)
 from .core.names import DEFAULT_RULE_NAME, validate_child_name, validate_entity_name
 from .engine.namespace import create_namespace
 from .exceptions import MessagingEntityNotFoundError, ServiceBusError
@@ -119,7 +119,7 @@ class ApplyReport:
     changes: list[str] = field(default_factory=list)
 
 
-def load_definition(path: str) -> dict:
+def load_definition(path: str) -> dict[str, Any]:
     """The definition in a TOML file. OSError when it cannot be read; ValueError naming the file when it is
     not UTF-8, not TOML, nested deeper than MAX_NESTING_DEPTH or has sections other than namespace, queues
     and topics."""
@@ -130,7 +130,7 @@ def load_definition(path: str) -> dict:
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start + 1})") from None
     try:
-        data = parse_nested(text, "toml", path, tomllib.loads)
+        data: dict[str, Any] = parse_nested(text, "toml", path, tomllib.loads)
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path}: not valid TOML: {error}") from None
     check_nesting(data, path)  # dotted keys nest tables without brackets
@@ -140,21 +140,22 @@ def load_definition(path: str) -> dict:
     return data
 
 
-def _split(item: dict, where: str, children: tuple[str, ...] = ()) -> tuple[str, dict, dict]:
+def _split(item: dict[str, Any], where: str,
+           children: tuple[str, ...] = ()) -> tuple[str, dict[str, Any], dict[str, Any]]:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise ValueError(f"every entry of {where} needs a name")
     options = {k: v for k, v in item.items() if k != "name" and k not in children}
     return item["name"], options, {k: item[k] for k in children if k in item}
 
 
-def _rule(item: dict, where: str) -> tuple[str, object, Optional[SqlRuleAction]]:
+def _rule(item: dict[str, Any], where: str) -> tuple[str, RuleFilter, Optional[SqlRuleAction]]:
     name, options, _ = _split(item, where)
     unknown = sorted(set(options) - {"sql", "correlation", "action", "parameters"})
     if unknown or ("sql" in options and "correlation" in options):
         raise ValueError(f"rule {name!r} in {where}: give 'sql' or 'correlation' (plus optional 'action', "
                          f"'parameters'); got {sorted(options)}")
     if "sql" in options:
-        rule_filter = SqlRuleFilter(options["sql"], options.get("parameters"))
+        rule_filter: RuleFilter = SqlRuleFilter(options["sql"], options.get("parameters"))
     elif "correlation" in options:
         rule_filter = CorrelationRuleFilter(**options["correlation"])
     else:
@@ -166,18 +167,18 @@ def _rule(item: dict, where: str) -> tuple[str, object, Optional[SqlRuleAction]]
         raise ValueError(f"rule {name!r} in {where}: {error}") from None
 
 
-def _differs(current: object, wanted: dict) -> dict:
+def _differs(current: object, wanted: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entities.check_options_for(current, wanted).items() if getattr(current, k) != v}
 
 
-def _entries(holder: dict, name: str, where: str) -> list:
+def _entries(holder: dict[str, Any], name: str, where: str) -> list[Any]:
     entries = holder.get(name, [])
     if not isinstance(entries, list):
         raise ValueError(f"{where}{name} must be a list of tables ([[{name}]]), got {type(entries).__name__}")
     return entries
 
 
-def check_definition(definition: dict) -> None:
+def check_definition(definition: dict[str, Any]) -> None:
     """Every name, setting and rule of the definition, checked without a namespace: ValueError or TypeError
     naming the first entry that is wrong (ValueError when it nests deeper than MAX_NESTING_DEPTH)."""
     if not isinstance(definition, dict):
@@ -198,7 +199,7 @@ def check_definition(definition: dict) -> None:
                     validate_child_name(_rule(rule, f"rules of {name}/{sub_name}")[0], "rule")
 
 
-def apply_definition(definition: dict, namespace_path: str) -> ApplyReport:
+def apply_definition(definition: dict[str, Any], namespace_path: str) -> ApplyReport:
     """Create the namespace if needed, then create or update every entity and rule in the definition
     (checked whole first, see check_definition). An error part way lists what was applied before it."""
     check_definition(definition)
@@ -215,7 +216,7 @@ def apply_definition(definition: dict, namespace_path: str) -> ApplyReport:
     return report
 
 
-def _apply(definition: dict, namespace_path: str, report: ApplyReport) -> None:
+def _apply(definition: dict[str, Any], namespace_path: str, report: ApplyReport) -> None:
     try:
         admin = ServiceBusAdministrationClient(namespace_path)
     except MessagingEntityNotFoundError:
@@ -237,7 +238,8 @@ def _apply(definition: dict, namespace_path: str, report: ApplyReport) -> None:
                 _apply_subscription(admin, name, sub, report)
 
 
-def _apply_subscription(admin: ServiceBusAdministrationClient, topic: str, item: dict, report: ApplyReport) -> None:
+def _apply_subscription(admin: ServiceBusAdministrationClient, topic: str, item: dict[str, Any],
+                        report: ApplyReport) -> None:
     name, options, children = _split(item, f"subscriptions of {topic}", ("rules",))
     current = {s.name.lower(): s for s in admin.list_subscriptions(topic)}.get(name.lower())
     if current is None:

@@ -3,17 +3,24 @@ azure-servicebus' handlers do after close() (a closed receiver could otherwise k
 from __future__ import annotations
 
 import functools
-from typing import Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar, cast
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Handler(Protocol):
+    _closed: bool
+
+    @property
+    def entity_path(self) -> str: ...
 
 
 def requires_open(method: F) -> F:
     """Decorate a handler method: ValueError when the handler (with `_closed` and `entity_path`) is closed."""
     @functools.wraps(method)
-    def run(self, *args, **kwargs):
+    def run(self: _Handler, *args: Any, **kwargs: Any) -> Any:
         if self._closed:
             raise ValueError(f"this {type(self).__name__} of {self.entity_path!r} is closed; get a new one from "
                              "the ServiceBusClient")
         return method(self, *args, **kwargs)
-    return run  # type: ignore[return-value]
+    return cast(F, run)

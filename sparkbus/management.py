@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from datetime import datetime, timedelta
 from types import EllipsisType
-from typing import Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from .core import entities
 from .core.connection import parse_connection_string
@@ -28,7 +28,7 @@ from .engine.metrics import Metrics
 from .engine.namespace import NamespaceProperties, governor_of, open_namespace, update_namespace
 from .engine.retry import RetryPolicy
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _management(method: F) -> F:
@@ -61,7 +61,7 @@ class ServiceBusAdministrationClient:
         self._governor = governor_of(self._catalog)
 
     @classmethod
-    def from_connection_string(cls, conn_str: str, **kwargs: object) -> "ServiceBusAdministrationClient":
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> "ServiceBusAdministrationClient":
         """Accepts 'Endpoint=sparkbus://<namespace path or URI>;...' (EntityPath is ignored, as in the SDK)."""
         return cls(parse_connection_string(conn_str).fully_qualified_namespace, **kwargs)
 
@@ -117,35 +117,37 @@ class ServiceBusAdministrationClient:
     @_management
     def create_queue(self, queue_name: str, **kwargs: object) -> QueueProperties:
         validate_entity_name(queue_name, "queue")
-        return admin.create_entity(self._catalog, "queue", queue_name, entities.check_options("queue", kwargs))
+        return cast(QueueProperties,
+                    admin.create_entity(self._catalog, "queue", queue_name, entities.check_options("queue", kwargs)))
 
     @_management
     def create_topic(self, topic_name: str, **kwargs: object) -> TopicProperties:
         validate_entity_name(topic_name, "topic")
-        return admin.create_entity(self._catalog, "topic", topic_name, entities.check_options("topic", kwargs))
+        return cast(TopicProperties,
+                    admin.create_entity(self._catalog, "topic", topic_name, entities.check_options("topic", kwargs)))
 
     @_management
     def get_queue(self, queue_name: str) -> QueueProperties:
-        return admin.get_entity(self._catalog, "queue", _name_of(queue_name, "queue"))
+        return cast(QueueProperties, admin.get_entity(self._catalog, "queue", _name_of(queue_name, "queue")))
 
     @_management
     def get_topic(self, topic_name: str) -> TopicProperties:
-        return admin.get_entity(self._catalog, "topic", _name_of(topic_name, "topic"))
+        return cast(TopicProperties, admin.get_entity(self._catalog, "topic", _name_of(topic_name, "topic")))
 
     @_management
     def list_queues(self) -> list[QueueProperties]:
-        return admin.list_entities(self._catalog, "queue")
+        return cast(list[QueueProperties], admin.list_entities(self._catalog, "queue"))
 
     @_management
     def list_topics(self) -> list[TopicProperties]:
-        return admin.list_entities(self._catalog, "topic")
+        return cast(list[TopicProperties], admin.list_entities(self._catalog, "topic"))
 
     @_management
-    def update_queue(self, queue: Union[QueueProperties, dict], **kwargs: object) -> None:
+    def update_queue(self, queue: Union[QueueProperties, dict[str, Any]], **kwargs: object) -> None:
         self._update("queue", _name_of(queue, "queue"), entities.settable_values("queue", queue, kwargs))
 
     @_management
-    def update_topic(self, topic: Union[TopicProperties, dict], **kwargs: object) -> None:
+    def update_topic(self, topic: Union[TopicProperties, dict[str, Any]], **kwargs: object) -> None:
         self._update("topic", _name_of(topic, "topic"), entities.settable_values("topic", topic, kwargs))
 
     @_management
@@ -159,11 +161,11 @@ class ServiceBusAdministrationClient:
 
     @_management
     def get_queue_runtime_properties(self, queue_name: str) -> QueueRuntimeProperties:
-        return admin.get_runtime(self._catalog, "queue", _name_of(queue_name, "queue"))
+        return cast(QueueRuntimeProperties, admin.get_runtime(self._catalog, "queue", _name_of(queue_name, "queue")))
 
     @_management
     def get_topic_runtime_properties(self, topic_name: str) -> TopicRuntimeProperties:
-        return admin.get_runtime(self._catalog, "topic", _name_of(topic_name, "topic"))
+        return cast(TopicRuntimeProperties, admin.get_runtime(self._catalog, "topic", _name_of(topic_name, "topic")))
 
     @_management
     def get_topic_awaiting_fanout(self, topic_name: str) -> int:
@@ -173,11 +175,11 @@ class ServiceBusAdministrationClient:
 
     @_management
     def list_queues_runtime_properties(self) -> list[QueueRuntimeProperties]:
-        return admin.list_runtime(self._catalog, "queue")
+        return cast(list[QueueRuntimeProperties], admin.list_runtime(self._catalog, "queue"))
 
     @_management
     def list_topics_runtime_properties(self) -> list[TopicRuntimeProperties]:
-        return admin.list_runtime(self._catalog, "topic")
+        return cast(list[TopicRuntimeProperties], admin.list_runtime(self._catalog, "topic"))
 
     # ---- subscriptions ---------------------------------------------------------------------------------
 
@@ -196,10 +198,11 @@ class ServiceBusAdministrationClient:
 
     @_management
     def list_subscriptions(self, topic_name: str) -> list[SubscriptionProperties]:
-        return admin.list_entities(self._catalog, "subscription", _name_of(topic_name, "topic"))
+        return cast(list[SubscriptionProperties],
+                    admin.list_entities(self._catalog, "subscription", _name_of(topic_name, "topic")))
 
     @_management
-    def update_subscription(self, topic_name: str, subscription: Union[SubscriptionProperties, dict],
+    def update_subscription(self, topic_name: str, subscription: Union[SubscriptionProperties, dict[str, Any]],
                             **kwargs: object) -> None:
         path = subscription_path(_name_of(topic_name, "topic"), _name_of(subscription, "subscription"))
         self._update("subscription", path, entities.settable_values("subscription", subscription, kwargs))
@@ -217,7 +220,8 @@ class ServiceBusAdministrationClient:
 
     @_management
     def list_subscriptions_runtime_properties(self, topic_name: str) -> list[SubscriptionRuntimeProperties]:
-        return admin.list_runtime(self._catalog, "subscription", _name_of(topic_name, "topic"))
+        return cast(list[SubscriptionRuntimeProperties],
+                    admin.list_runtime(self._catalog, "subscription", _name_of(topic_name, "topic")))
 
     # ---- rules -----------------------------------------------------------------------------------------
 
@@ -243,9 +247,10 @@ class ServiceBusAdministrationClient:
                                 _name_of(subscription_name, "subscription"))
 
     @_management
-    def update_rule(self, topic_name: str, subscription_name: str, rule: Union[RuleProperties, dict, str],
+    def update_rule(self, topic_name: str, subscription_name: str, rule: Union[RuleProperties, dict[str, Any], str],
                     **kwargs: object) -> None:
         """Replace a rule's filter and/or action; what is not given keeps its stored value."""
+        given: dict[str, object]
         if isinstance(rule, RuleProperties):
             given = {"filter": rule.filter, "action": rule.action}
         elif isinstance(rule, dict):
@@ -282,7 +287,7 @@ class ServiceBusAdministrationClient:
         session ids and message ids spread the load. A partition that cannot be read is left out."""
         return admin.partition_message_counts(self._catalog, entity_path)
 
-    def _update(self, kind: str, path: str, values: dict) -> None:
+    def _update(self, kind: str, path: str, values: dict[str, Any]) -> None:
         admin.update_entity(self._catalog, kind, path, entities.check_options(kind, values))
 
 
@@ -291,8 +296,8 @@ def _name_of(entity: object, what: str) -> str:
     azure-servicebus accepts both, checked as written (names.checked_name: ValueError "invalid <what> name")."""
     if isinstance(entity, dict) and isinstance(entity.get("name"), str):
         entity = entity["name"]
-    elif not isinstance(entity, str) and isinstance(getattr(entity, "name", None), str):
-        entity = entity.name
+    elif not isinstance(entity, str) and isinstance(name := getattr(entity, "name", None), str):
+        entity = name
     if not isinstance(entity, str):
         raise TypeError(f"expected a {what} name (str) or a properties object with a name, got {type(entity).__name__}")
     return checked_name(entity, what)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 from itertools import chain
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -33,7 +33,7 @@ class MessageBody(bytes):
     `b"".join(msg.body)`, `next(msg.body)` or `for section in msg.body` both work; iterating gives the whole
     body as one section, not its byte values (`bytes(msg.body)` or `msg.body_bytes` for plain bytes)."""
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[bytes]:  # type: ignore[override]  # sections, as the SDK's body; not bytes' ints
         return iter((bytes(self),))
 
     def __next__(self) -> bytes:
@@ -73,7 +73,7 @@ def amqp_text(value: Any, name: str) -> Optional[str]:
     raise TypeError(f"AMQP property {name} must be a string, got {type(value).__name__}")
 
 
-def str_keys(props: Optional[dict], what: str = "property map") -> Optional[dict]:
+def str_keys(props: Optional[dict[Any, Any]], what: str = "property map") -> Optional[dict[str, Any]]:
     """Property keys as str: azure-servicebus hands back bytes keys, and re-sending them must work.
     ValueError for a bytes key that is not UTF-8, naming `what` holds it."""
     if not isinstance(props, dict):
@@ -137,7 +137,18 @@ class ServiceBusMessage:
     """A message to send. body is bytes or str (stored as UTF-8), or a list of them (one data section each);
     message_id defaults to a new uuid4 hex. ServiceBusMessage.from_amqp wraps an AmqpAnnotatedMessage."""
 
-    def __init__(self, body: Union[bytes, str, list, None], *, application_properties: Optional[dict] = None,
+    session_id: Optional[str]
+    message_id: Optional[str]
+    partition_key: Optional[str]
+    content_type: Optional[str]
+    correlation_id: Optional[str]
+    subject: Optional[str]
+    to: Optional[str]
+    reply_to: Optional[str]
+    reply_to_session_id: Optional[str]
+
+    def __init__(self, body: Union[bytes, str, Sequence[Union[bytes, bytearray, str]], None], *,
+                 application_properties: Optional[dict[Any, Any]] = None,
                  session_id: Optional[str] = None, message_id: Optional[str] = None,
                  partition_key: Optional[str] = None, scheduled_enqueue_time_utc: Optional[datetime] = None,
                  time_to_live: Optional[timedelta] = None, content_type: Optional[str] = None,
@@ -185,13 +196,16 @@ class ServiceBusMessage:
         annotations = str_keys(message.annotations, "annotations") or {}
         ttl = check_amqp_ttl(message.header.time_to_live if message.header is not None else None,
                              "header time_to_live")
-        scheduled = annotations.get(SCHEDULED_TIME_ANNOTATION.decode())
+        scheduled: Any = annotations.get(SCHEDULED_TIME_ANNOTATION.decode())  # any value: the constructor checks it
         if isinstance(scheduled, int) and not isinstance(scheduled, bool):
             scheduled = _from_epoch_ms(scheduled, SCHEDULED_TIME_ANNOTATION.decode())
         out = cls(None, application_properties=message.application_properties,
                   partition_key=amqp_text(annotations.get(PARTITION_KEY_ANNOTATION.decode()), "x-opt-partition-key"),
                   scheduled_enqueue_time_utc=scheduled,
-                  time_to_live=None if not ttl else timedelta(milliseconds=ttl), **fields)
+                  time_to_live=None if not ttl else timedelta(milliseconds=ttl), message_id=fields["message_id"],
+                  to=fields["to"], subject=fields["subject"], reply_to=fields["reply_to"],
+                  correlation_id=fields["correlation_id"], content_type=fields["content_type"],
+                  session_id=fields["session_id"], reply_to_session_id=fields["reply_to_session_id"])
         kind = message.body_type.value
         out._body_type, out._body = amqp.stored_body(kind, message.body if kind == amqp.VALUE else list(message.body),
                                                      f"{kind}_body")
@@ -211,7 +225,7 @@ class ServiceBusMessage:
     def raw_amqp_message(self) -> AmqpAnnotatedMessage:
         """The message as AMQP sections (built on each access; changes to it do not change the message)."""
         kind, body = amqp.loaded_body(self._body_type, self._body)
-        annotations = {}
+        annotations: dict[bytes, Union[str, datetime]] = {}
         if self.partition_key is not None:
             annotations[PARTITION_KEY_ANNOTATION] = self.partition_key
         if self.scheduled_enqueue_time_utc is not None:
@@ -246,7 +260,7 @@ def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
     value by value, which raises TypeError or ValueError naming the message and the field."""
     messages = list(messages)
     try:
-        columns: dict[str, list] = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
+        columns: dict[str, list[Any]] = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
         properties = [m.application_properties for m in messages]
         "".join(chain.from_iterable(filter(None, properties)))  # TypeError unless every key is a str
         columns["application_properties"] = [encode_properties(p) for p in properties]
@@ -294,7 +308,7 @@ def message_size(message: ServiceBusMessage) -> int:
     return _row_size(_outgoing_row(message))
 
 
-def _outgoing_row(message: ServiceBusMessage) -> tuple:
+def _outgoing_row(message: ServiceBusMessage) -> tuple[Any, ...]:
     """The message's OUTGOING values, in the schema's order, checked exactly as a send checks them
     (TypeError or ValueError naming the field)."""
     _check_each([message], [0])
@@ -307,7 +321,7 @@ def _outgoing_row(message: ServiceBusMessage) -> tuple:
 _NAMES = len(STRING_PROPERTIES)
 
 
-def _row_size(row: tuple) -> int:
+def _row_size(row: tuple[Any, ...]) -> int:
     """Body + header bytes of an _outgoing_row."""
     timed = (row[_NAMES + 3] is not None) + (row[_NAMES + 4] is not None)
     return len(row[_NAMES + 1]) + header_size(row[:_NAMES], row[_NAMES], timed)
@@ -321,7 +335,7 @@ class ServiceBusMessageBatch:
     def __init__(self, max_size_in_bytes: int) -> None:
         self.max_size_in_bytes = max_size_in_bytes
         self._messages: list[ServiceBusMessage] = []
-        self._rows: list[tuple] = []  # _outgoing_row of each message, as added
+        self._rows: list[tuple[Any, ...]] = []  # _outgoing_row of each message, as added
         self._size = 0
 
     def add_message(self, message: Union[ServiceBusMessage, AmqpAnnotatedMessage]) -> None:

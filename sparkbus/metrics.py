@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import pyarrow as pa
 
+from .core.entities import QueueRuntimeProperties, SubscriptionRuntimeProperties, TopicRuntimeProperties
 from .engine import context, metrics
 from .engine.metrics import BUCKET_SECONDS, MINUTE, Metrics
 from .engine.namespace import open_catalog
 from .management import ServiceBusAdministrationClient
 from .core.schemas import METRICS_COUNTERS
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 FINE = timedelta(seconds=BUCKET_SECONDS)
@@ -69,7 +73,7 @@ def format_metrics(report: Metrics) -> str:
         lines[0] += f"  cpu_percent={report.cpu_percent:.1f}  memory_percent={report.memory_percent:.1f}"
     fine = report.period.total_seconds() % 60 != 0
     header = ("time (UTC)" if fine else "minute (UTC)", "requests", "successful", "throttled", "in msgs", "out msgs", "credits", "cpu %", "mem %")
-    rows = [header]
+    rows: list[tuple[Union[str, int], ...]] = [header]
     for p in report.points:
         rows.append((p.time_utc.strftime("%Y-%m-%d %H:%M:%S" if fine else "%Y-%m-%d %H:%M"), p.incoming_requests, p.successful_requests,
                      p.throttled_requests, p.incoming_messages, p.outgoing_messages, p.credits_used,
@@ -93,8 +97,10 @@ def plot_metrics(report: Metrics, path: str, *, title: Optional[str] = None, nam
     top, bottom = figure.subplots(2, 1, sharex=True)
     _draw(report, top, bottom)
     for axis in (top, bottom):
-        axis.xaxis.set_major_locator(dates.AutoDateLocator(minticks=3, maxticks=10))
-        axis.xaxis.set_major_formatter(dates.DateFormatter("%H:%M" if report.period >= MINUTE else "%H:%M:%S"))
+        # matplotlib.dates has no type hints
+        axis.xaxis.set_major_locator(dates.AutoDateLocator(minticks=3, maxticks=10))  # type: ignore[no-untyped-call]
+        axis.xaxis.set_major_formatter(
+            dates.DateFormatter("%H:%M" if report.period >= MINUTE else "%H:%M:%S"))  # type: ignore[no-untyped-call]
     bottom.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     scope = report.entity or "all entities"
     where = f" in {namespace}" if namespace else ""
@@ -104,12 +110,12 @@ def plot_metrics(report: Metrics, path: str, *, title: Optional[str] = None, nam
     return path
 
 
-def _draw(report: Metrics, top, bottom) -> None:
+def _draw(report: Metrics, top: Axes, bottom: Axes) -> None:
     """The bars of plot_metrics: one group per period, zero-based axes with headroom."""
     from matplotlib import dates
 
     points, per = report.points, f"per {period_name(report.period)}"
-    starts = [dates.date2num(p.time_utc) for p in points]
+    starts = [dates.date2num(p.time_utc) for p in points]  # type: ignore[no-untyped-call]  # untyped in matplotlib
     width = report.period / timedelta(days=1) * 0.4  # in days (matplotlib's date unit): two bars side by side
     incoming = [p.incoming_messages for p in points]
     outgoing = [p.outgoing_messages for p in points]
@@ -132,10 +138,11 @@ def _draw(report: Metrics, top, bottom) -> None:
     if points:  # three quarters of a period of margin either side, so one period is a bar, not a sliver at the edge
         low, high = min(p.time_utc for p in points), max(p.time_utc for p in points)
         margin = report.period * 0.75
-        bottom.set_xlim(dates.date2num(low - margin), dates.date2num(high + margin))
+        bottom.set_xlim(dates.date2num(low - margin),  # type: ignore[no-untyped-call]  # untyped in matplotlib
+                        dates.date2num(high + margin))  # type: ignore[no-untyped-call]
 
 
-def _headroom(values: list[float], floor: float = 1) -> float:
+def _headroom(values: Sequence[float], floor: float = 1) -> float:
     """An axis top a quarter above the largest value, at least floor (all zero: 0 to floor, not -0.04..0.04)."""
     return max([floor, *(v * 1.25 for v in values)])
 
@@ -160,9 +167,11 @@ def namespace_backlog(namespace: Union[str, ServiceBusAdministrationClient]) -> 
     client), in the order `sparkbus show` lists them."""
     admin = namespace if isinstance(namespace, ServiceBusAdministrationClient) else \
         ServiceBusAdministrationClient(namespace)
-    found = []
+    found: list[Backlog] = []
 
-    def add(kind: str, path: str, runtime, awaiting: Optional[int] = None) -> None:
+    def add(kind: str, path: str,
+            runtime: Union[QueueRuntimeProperties, TopicRuntimeProperties, SubscriptionRuntimeProperties],
+            awaiting: Optional[int] = None) -> None:
         transfer = getattr(runtime, "transfer_message_count", 0) + \
             getattr(runtime, "transfer_dead_letter_message_count", 0)
         found.append(Backlog(kind, path, runtime.active_message_count, runtime.scheduled_message_count,
@@ -199,7 +208,7 @@ def plot_backlog(backlog: Sequence[Backlog], path: str, *, namespace: Optional[s
     return path
 
 
-def _draw_backlog(backlog: Sequence[Backlog], bars, grid) -> None:
+def _draw_backlog(backlog: Sequence[Backlog], bars: Axes, grid: Axes) -> None:
     """The two panels of plot_backlog."""
     import numpy as np
     from matplotlib import ticker

@@ -24,7 +24,8 @@ import threading
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol, Union
+from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Optional, Protocol, TypeVar, Union,
+                    overload)
 
 import numpy as np
 import pyarrow as pa
@@ -38,8 +39,8 @@ from .core.wire import (MAX_MESSAGE_COUNT, MAX_SEQUENCE_NUMBER, check_amqp_ttl, 
 from .core.throttling import data_cost
 from .core.values import check_properties, decode_properties, encode_properties
 from .engine.catalog import Catalog
-from .engine.delivery import (DECODE_ERRORS, NEXT_AVAILABLE, Change, Delivery, Held, SessionLock,
-                              available_partitions, policy, poll, session_lost)
+from .engine.delivery import (DECODE_ERRORS, NEXT_AVAILABLE, Change, Decode, DecodeError, Delivery, Held,
+                              SessionLock, available_partitions, policy, poll, session_lost)
 from .core.names import key, split_subscription_path, subscription_path
 from .engine.namespace import governor_of, open_connection
 from .engine import fanout
@@ -58,6 +59,7 @@ from .engine import clock
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+T = TypeVar("T")
 RECEIVER_KINDS = ("queue", "subscription")
 MAX_DELETE_COUNT = 4000  # messages one delete_messages call removes at most, as Service Bus
 
@@ -89,27 +91,34 @@ class ServiceBusMessageState(IntEnum):
     SCHEDULED = 2
 
 
-class _Stored:
+class _Stored(Generic[T]):
     """An attribute of a received message read from its stored row the first time it is asked for, then
     kept on the message. A non-data descriptor: what is kept (or set, as on any attribute) shadows it."""
 
     __slots__ = ("name", "read")
 
-    def __init__(self, read: Callable[["ServiceBusReceivedMessage"], Any]) -> None:
+    def __init__(self, read: Callable[["ServiceBusReceivedMessage"], T]) -> None:
         self.read = read
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, message: Optional["ServiceBusReceivedMessage"], owner: Optional[type] = None) -> Any:
+    @overload
+    def __get__(self, message: None, owner: Optional[type] = None) -> "_Stored[T]": ...
+
+    @overload
+    def __get__(self, message: "ServiceBusReceivedMessage", owner: Optional[type] = None) -> T: ...
+
+    def __get__(self, message: Optional["ServiceBusReceivedMessage"], owner: Optional[type] = None
+                ) -> Union[T, "_Stored[T]"]:
         if message is None:
             return self
         value = message.__dict__[self.name] = self.read(message)
         return value
 
 
-def _column(name: str) -> _Stored:
+def _column(name: str) -> _Stored[Any]:
     """An attribute that is the stored column of that name."""
     return _Stored(lambda m: m._rows.column(name)[m._index])
 
@@ -129,43 +138,60 @@ class ServiceBusReceivedMessage:
     by the messages of one receive): each attribute is read from them the first time it is asked for and
     then kept, so a receive decodes only what its caller reads. Attributes can be set, as on any object."""
 
-    _body_type = _Stored(lambda m: m._optional("body_type"))
-    _stored_body = _column("body")
+    # What a view holds from the start (_blank): its rows, its row's index in them, and its state.
+    _rows: records.Columns
+    _states: records.Columns
+    _index: int
+    state: ServiceBusMessageState
+    _settled: bool = False
+    _sections: Optional[amqp.Sections] = None  # as decoded by from_bytes
+    _source: Optional[tuple[str, str]] = None  # (namespace, entity path) of the receiver that locked it
+    _incarnation: Optional[str] = None  # of the entity it was locked in (sparkbus.engine.registry)
+
+    _body_type: _Stored[Optional[str]] = _Stored(lambda m: m._optional("body_type"))
+    _stored_body: _Stored[bytes] = _column("body")
     # The stored application properties, decoded once (str_application_properties is a copy of them).
     _properties = _Stored(lambda m: decode_properties(m._rows.column("application_properties")[m._index]))
     str_application_properties = _Stored(lambda m: dict(m._properties))
-    application_properties = _Stored(lambda m: amqp.wire_form(m._properties))
-    message_id = _column("message_id")
-    session_id = _column("session_id")
-    partition_key = _column("partition_key")
-    correlation_id = _column("correlation_id")
-    content_type = _column("content_type")
-    subject = _column("subject")
-    to = _column("to")
-    reply_to = _column("reply_to")
-    reply_to_session_id = _column("reply_to_session_id")
-    sequence_number = _column("sequence_number")
-    enqueued_time_utc = _column("enqueued_time_utc")
-    scheduled_enqueue_time_utc = _column("scheduled_enqueue_time_utc")
-    expires_at_utc = _column("expires_at_utc")
+    # keys as the wire gives them (bytes)
+    application_properties: _Stored[dict[Any, Any]] = _Stored(lambda m: amqp.wire_form(m._properties))
+    message_id: _Stored[Optional[str]] = _column("message_id")
+    session_id: _Stored[Optional[str]] = _column("session_id")
+    partition_key: _Stored[Optional[str]] = _column("partition_key")
+    correlation_id: _Stored[Optional[str]] = _column("correlation_id")
+    content_type: _Stored[Optional[str]] = _column("content_type")
+    subject: _Stored[Optional[str]] = _column("subject")
+    to: _Stored[Optional[str]] = _column("to")
+    reply_to: _Stored[Optional[str]] = _column("reply_to")
+    reply_to_session_id: _Stored[Optional[str]] = _column("reply_to_session_id")
+    sequence_number: _Stored[Optional[int]] = _column("sequence_number")  # None: from_bytes found none
+    enqueued_time_utc: _Stored[Optional[datetime]] = _column("enqueued_time_utc")
+    scheduled_enqueue_time_utc: _Stored[Optional[datetime]] = _column("scheduled_enqueue_time_utc")
+    expires_at_utc: _Stored[Optional[datetime]] = _column("expires_at_utc")
     time_to_live = _Stored(lambda m: _ttl(m._rows.column("time_to_live_ms")[m._index]))
-    delivery_count = _Stored(lambda m: m._state("delivery_count", m._optional("prior_deliveries", 0)) or 0)
-    lock_token = _Stored(lambda m: m._state("lock_token"))
-    locked_until_utc = _Stored(lambda m: m._state("locked_until_utc"))
+    delivery_count: _Stored[int] = _Stored(
+        lambda m: m._state("delivery_count", m._optional("prior_deliveries", 0)) or 0)
+    lock_token: _Stored[Optional[str]] = _Stored(lambda m: m._state("lock_token"))
+    locked_until_utc: _Stored[Optional[datetime]] = _Stored(lambda m: m._state("locked_until_utc"))
     # A message forwarded out of a dead-letter sub-queue carries them as application properties and a column.
-    dead_letter_reason = _Stored(lambda m: m._state("dead_letter_reason", m._optional("prior_reason"))
-                                 or m._properties.get(DEAD_LETTER_REASON_PROPERTY))
-    dead_letter_error_description = _Stored(
+    dead_letter_reason: _Stored[Optional[str]] = _Stored(
+        lambda m: m._state("dead_letter_reason", m._optional("prior_reason"))
+        or m._properties.get(DEAD_LETTER_REASON_PROPERTY))
+    dead_letter_error_description: _Stored[Optional[str]] = _Stored(
         lambda m: m._state("dead_letter_error_description", m._optional("prior_description"))
         or m._properties.get(DEAD_LETTER_DESCRIPTION_PROPERTY))
-    dead_letter_source = _Stored(lambda m: m._state("dead_letter_source") or m._optional("dead_letter_source_entity"))
-    _partition_id = _column("partition_id")
+    dead_letter_source: _Stored[Optional[str]] = _Stored(
+        lambda m: m._state("dead_letter_source") or m._optional("dead_letter_source_entity"))
+    _partition_id: _Stored[Optional[int]] = _column("partition_id")
     # as counted when sent (or copied to a subscription)
-    _size = _Stored(lambda m: m._rows.column("body_size")[m._index] + m._rows.column("header_size")[m._index])
+    _size: _Stored[int] = _Stored(
+        lambda m: m._rows.column("body_size")[m._index] + m._rows.column("header_size")[m._index])
     # the state row as locked, so settling reads nothing (None unless locked)
-    _state_row = _Stored(lambda m: None if m.lock_token is None else records.Row(m._states, m._index))
+    _state_row: _Stored[Optional[Mapping[str, Any]]] = _Stored(
+        lambda m: None if m.lock_token is None else records.Row(m._states, m._index))
 
-    def __init__(self, row: Mapping, state_row: Optional[Mapping], state: ServiceBusMessageState) -> None:
+    def __init__(self, row: Mapping[str, Any], state_row: Optional[Mapping[str, Any]],
+                 state: ServiceBusMessageState) -> None:
         """A message of one stored row (of the messages table, with the state columns a receive or peek
         adds) and its state row; raises what reading the row raises (DECODE_ERRORS for a row that does
         not decode)."""
@@ -211,7 +237,7 @@ class ServiceBusReceivedMessage:
         try:
             sections = amqp.decode_message(message)
             row = _row_of(sections)
-            delivery = {**sections.delivery_annotations, **sections.annotations}
+            delivery: dict[Any, Any] = {**sections.delivery_annotations, **sections.annotations}
             lock_token = delivery.get(LOCK_TOKEN_ANNOTATION)
             state_row = {"delivery_count": sections.header.get("delivery_count", 0),
                          "lock_token": None if lock_token is None else str(lock_token),
@@ -246,7 +272,7 @@ class ServiceBusReceivedMessage:
         return AmqpMessageBodyType(self._body_type or amqp.DATA)
 
     @property
-    def enqueued_sequence_number(self) -> int:
+    def enqueued_sequence_number(self) -> Optional[int]:
         """The sequence number assigned where the message was enqueued (the entity it is read from: a
         forwarded message is numbered anew by its destination, which is the number kept)."""
         return self.sequence_number
@@ -259,7 +285,7 @@ class ServiceBusReceivedMessage:
         if self._sections is not None:
             return AmqpAnnotatedMessage._from_sections(self._sections)
         kind, body = amqp.loaded_body(self._body_type, self._stored_body)
-        annotations = {SEQUENCE_NUMBER_ANNOTATION: self.sequence_number,
+        annotations: dict[Any, Any] = {SEQUENCE_NUMBER_ANNOTATION: self.sequence_number,
                        ENQUEUED_TIME_ANNOTATION: amqp.wire_form(self.enqueued_time_utc),
                        PARTITION_KEY_ANNOTATION: self.partition_key,
                        SCHEDULED_TIME_ANNOTATION: amqp.wire_form(self.scheduled_enqueue_time_utc),
@@ -281,7 +307,7 @@ class ServiceBusReceivedMessage:
                 f"delivery_count={self.delivery_count})")
 
 
-def _blank(rows: records.Columns, states: records.Columns, state: ServiceBusMessageState) -> dict:
+def _blank(rows: records.Columns, states: records.Columns, state: ServiceBusMessageState) -> dict[str, Any]:
     """What a view of these rows holds before anything is read, but its row's index (_index)."""
     return {"_rows": rows, "_states": states, "state": state, "_settled": False,
             "_sections": None,  # as decoded by from_bytes
@@ -312,9 +338,9 @@ def _time(value: Any) -> Optional[datetime]:
     return datetime.fromtimestamp(value / 1000, timezone.utc)
 
 
-def _row_of(sections: amqp.Sections) -> dict:
+def _row_of(sections: amqp.Sections) -> dict[str, Any]:
     """A messages-table row for a decoded AMQP message (what from_bytes builds its message from)."""
-    annotations = {**sections.delivery_annotations, **sections.annotations}
+    annotations: dict[Any, Any] = {**sections.delivery_annotations, **sections.annotations}
     body_type, body = amqp.stored_body(sections.body_type, sections.body)
     props = {name: amqp_text(sections.properties.get(a), a) for name, a in AMQP_PROPERTY_FIELDS.items()}
     ttl = check_amqp_ttl(sections.header.get("time_to_live"), "header time_to_live")
@@ -346,7 +372,8 @@ class ServiceBusSession:
 
     def get_state(self) -> Optional[bytes]:
         """The session state last set (bytes), or None."""
-        return self._delivery.update_session(self._lock, lambda row, info, now: None)["state"]
+        state: Optional[bytes] = self._delivery.update_session(self._lock, lambda row, info, now: None)["state"]
+        return state
 
     def set_state(self, state: Union[str, bytes, bytearray, None]) -> None:
         """Replace the session state (durable before this returns); at most the entity's max message size."""
@@ -355,7 +382,7 @@ class ServiceBusSession:
         if state is not None and not isinstance(state, (bytes, bytearray)):
             raise TypeError(f"session state must be bytes, str or None, got {type(state).__name__}")
 
-        def stored(row: dict, info: EntityInfo, now: datetime) -> dict:
+        def stored(row: dict[str, Any], info: EntityInfo, now: datetime) -> dict[str, Any]:
             if state is not None and len(state) > info.max_message_bytes:
                 raise ValueError(f"session state of {len(state)} bytes exceeds the {info.max_message_bytes}-byte "
                                  "maximum message size")
@@ -364,7 +391,7 @@ class ServiceBusSession:
 
     def renew_lock(self) -> datetime:
         """Extend the session lock (and the locks of its unsettled messages) by lock_duration from now."""
-        def renewed(row: dict, info: EntityInfo, now: datetime) -> dict:
+        def renewed(row: dict[str, Any], info: EntityInfo, now: datetime) -> dict[str, Any]:
             return {**row, "locked_until_utc": now + info.options.lock_duration}
         self._lock.locked_until_utc = self._delivery.update_session(self._lock, renewed)["locked_until_utc"]
         self._delivery.extend_locks(self._lock, dict(self._held), self._lock.locked_until_utc)
@@ -453,7 +480,7 @@ class ServiceBusReceiver:
     @classmethod
     def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
                                 topic_name: Optional[str] = None, subscription_name: Optional[str] = None,
-                                **kwargs: object) -> "ServiceBusReceiver":
+                                **kwargs: Any) -> "ServiceBusReceiver":
         """A receiver straight from a connection string, as the SDK's (underscored, but used by its
         samples); receiver keywords (receive_mode, sub_queue, max_wait_time, ...) and retry_* as the
         client's, the SDK's others ignored."""
@@ -533,7 +560,7 @@ class ServiceBusReceiver:
         """One try of a receive (no waiting); an empty subscription may log why (_hint_fanout)."""
         got = self._receive(count)
         if not got and self._topic is not None:
-            self._hint_fanout()
+            self._hint_fanout(self._topic)
         return got
 
     def _give_back(self, messages: list[ServiceBusReceivedMessage]) -> None:
@@ -545,7 +572,7 @@ class ServiceBusReceiver:
         elif messages:
             self._settle(messages, transitions.returned)
 
-    def _hint_fanout(self) -> None:
+    def _hint_fanout(self, topic_path: str) -> None:
         """Log one warning (once per receiver) when this subscription is empty while its topic holds messages
         older than FANOUT_HINT_AGE that no fan-out has taken, saying what delivers them."""
         now = clock.monotonic()
@@ -553,17 +580,17 @@ class ServiceBusReceiver:
             return
         self._fanout_checked = now
         try:
-            topic = resolve_current(self._catalog, self._topic, ("topic",))
+            topic = resolve_current(self._catalog, topic_path, ("topic",))
             waiting = fanout.awaiting(topic, older_than=FANOUT_HINT_AGE)
         except Exception as error:  # a hint never fails a receive (the topic deleted meanwhile, a storage fault)
-            LOG.debug("could not count the messages awaiting fan-out in topic %r: %s", self._topic, error)
+            LOG.debug("could not count the messages awaiting fan-out in topic %r: %s", topic_path, error)
             return
         if waiting:
             self._fanout_hinted = True
             LOG.warning("%s received nothing, but topic %r holds %d message(s) older than %d s that no fan-out has "
                         "delivered to its subscriptions: run the namespace service (`sparkbus serve`, "
                         "sparkbus.streaming.serve) or fan out (`sparkbus fanout --once`, "
-                        "sparkbus.streaming.fanout_once)", self.entity_path, self._topic, waiting,
+                        "sparkbus.streaming.fanout_once)", self.entity_path, topic_path, waiting,
                         FANOUT_HINT_AGE.total_seconds())
 
     @requires_open
@@ -585,8 +612,9 @@ class ServiceBusReceiver:
                 decode=_decoder(DEFERRED))))
         except EntityDeleted as gone:  # deleted while this ran (the cached settings still named it)
             self._reconnect(gone)  # raises unless it was created again
+            assert gone.current is not None
             raise _renumbered(gone.current) from gone
-        return self._renewed(sorted(found, key=lambda m: numbers.index(m.sequence_number)))
+        return self._renewed(sorted(found, key=lambda m: numbers.index(_number(m))))
 
     def _follow(self, info: EntityInfo) -> bool:
         """Reconnect to info's incarnation if it is not the one this receiver is connected to (the entity
@@ -665,7 +693,7 @@ class ServiceBusReceiver:
             message._source = self._source
             message._incarnation = self._incarnation  # connected to before locking (_connected, _follow)
         if self.session is not None and not self._deletes:
-            self._session_held.update((m.sequence_number, m.lock_token) for m in messages)
+            self._session_held.update(_lock(m) for m in messages)
         return messages
 
     @property
@@ -677,7 +705,7 @@ class ServiceBusReceiver:
         return None if self.session is None else self.session._lock
 
     @requires_open
-    def receive_dataframe(self, max_message_count: int = 1000, max_wait_time: Optional[float] = None):
+    def receive_dataframe(self, max_message_count: int = 1000, max_wait_time: Optional[float] = None) -> "DataFrame":
         """Locked messages as a Spark DataFrame (one row per message, lock_token included)."""
         if self._spark is None:
             raise InvalidOperationError("receive_dataframe needs a SparkSession: ServiceBusClient(path, spark=spark)")
@@ -783,6 +811,7 @@ class ServiceBusReceiver:
             raise MessageAlreadySettled(f"message {message.sequence_number} was already settled")
         if message.lock_token is None:
             raise InvalidOperationError("peeked messages carry no lock and cannot be settled")
+        assert message._source is not None  # a message with a lock token was received, which set its source
         if message._source != self._source:
             raise InvalidOperationError(
                 f"message {message.sequence_number} was received from {message._source[1]!r} of namespace "
@@ -900,7 +929,26 @@ _RECEIVER_KEYWORDS = ("receive_mode", "sub_queue", "prefetch_count", "max_wait_t
 
 
 def _held(messages: list[ServiceBusReceivedMessage]) -> dict[int, Held]:
-    return {m.sequence_number: Held(m.lock_token, m._state_row, m._incarnation) for m in messages}
+    held: dict[int, Held] = {}
+    for m in messages:
+        number, token = m.sequence_number, m.lock_token
+        assert number is not None and token is not None  # received with a lock
+        held[number] = Held(token, m._state_row, m._incarnation)
+    return held
+
+
+def _number(message: ServiceBusReceivedMessage) -> int:
+    """The sequence number of a message read from an entity (only from_bytes makes messages without one)."""
+    number = message.sequence_number
+    assert number is not None
+    return number
+
+
+def _lock(message: ServiceBusReceivedMessage) -> tuple[int, str]:
+    """(sequence number, lock token) of a message received with a lock."""
+    number, token = _number(message), message.lock_token
+    assert token is not None
+    return number, token
 
 
 def _renumbered(info: EntityInfo) -> MessageNotFoundError:
@@ -911,7 +959,7 @@ def _renumbered(info: EntityInfo) -> MessageNotFoundError:
         "nothing was received")
 
 
-def _received_schema():
+def _received_schema() -> str:
     from .spark.dataframes import RECEIVED_SPARK_SCHEMA
 
     return RECEIVED_SPARK_SCHEMA
@@ -925,7 +973,7 @@ def _check_wait(value: object) -> Optional[float]:
     return float(value)
 
 
-def _decoder(queue: str) -> Callable[[pa.Table, pa.Table], list]:
+def _decoder(queue: str) -> Decode[ServiceBusReceivedMessage]:
     """How a receive from `queue` turns the rows it locked (message rows, state rows written) into
     messages (sparkbus.engine.delivery.Decode): as received (a row that cannot be decoded gives its error,
     and the receive dead-letters it), or in the dead-letter sub-queues, where nothing can be dead-lettered
@@ -934,12 +982,12 @@ def _decoder(queue: str) -> Callable[[pa.Table, pa.Table], list]:
     kind = ServiceBusMessageState.DEFERRED if queue == DEFERRED else ServiceBusMessageState.ACTIVE
     make = _presented if queue in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED) else _received
 
-    def decode(taken: pa.Table, states: pa.Table) -> list:
+    def decode(taken: pa.Table, states: pa.Table) -> list[Union[ServiceBusReceivedMessage, DecodeError]]:
         rows, state_rows = records.Columns(taken), records.Columns(states)
         # _view, inlined: a view's attributes, with what settling reads of it, read a column at a time
         blank, new, row = _blank(rows, state_rows, kind), ServiceBusReceivedMessage.__new__, records.Row
         numbers, tokens = rows.column("sequence_number"), state_rows.column("lock_token")
-        made: list = []
+        made: list[Union[ServiceBusReceivedMessage, DecodeError]] = []
         for i, check in enumerate(_needs_check(taken).tolist()):
             if not check:
                 known = blank.copy()
@@ -995,7 +1043,9 @@ def _plain_properties(properties: pa.ChunkedArray) -> np.ndarray:
     if len(properties) <= _FEW_ROWS:
         return np.array([text is None or _PLAIN_PROPERTIES_RE.fullmatch(text) is not None
                          for text in properties.to_pylist()], dtype=bool)
-    return pc.fill_null(pc.match_substring_regex(properties, _PLAIN_PROPERTIES), True).to_numpy(zero_copy_only=False)
+    matched: np.ndarray = pc.fill_null(pc.match_substring_regex(properties, _PLAIN_PROPERTIES), True).to_numpy(
+        zero_copy_only=False)
+    return matched
 
 
 def _needs_check(rows: pa.Table) -> np.ndarray:
@@ -1066,7 +1116,7 @@ def _presented(rows: records.Columns, states: records.Columns, index: int,
         message._load()
         return message
     except DECODE_ERRORS:
-        row = dict(records.Row(rows, index))
+        row: dict[str, Any] = dict(records.Row(rows, index))
         ttl = row["time_to_live_ms"]
         shown = {**row, "application_properties": _decodable_properties(row["application_properties"]),
                  "time_to_live_ms": ttl if ttl is None or abs(ttl) < _LONGEST_TTL_MS else None,
@@ -1084,7 +1134,7 @@ def _decodable_properties(text: Optional[str]) -> Optional[str]:
         stored = json.loads(text) if text else {}
     except ValueError:
         return None
-    kept: dict = {}
+    kept: dict[str, Any] = {}
     for name, tagged in (stored.items() if isinstance(stored, dict) else ()):
         try:
             kept.update(check_properties(decode_properties(json.dumps({name: tagged})), "application_properties"))
@@ -1093,7 +1143,7 @@ def _decodable_properties(text: Optional[str]) -> Optional[str]:
     return encode_properties(kept)
 
 
-def _peeked(row: dict, now: datetime) -> Optional[ServiceBusReceivedMessage]:
+def _peeked(row: dict[str, Any], now: datetime) -> Optional[ServiceBusReceivedMessage]:
     """A peeked row as presented; None for a row that cannot even be presented (peek leaves it out)."""
     try:
         return _presented(records.Columns.of_rows([row]), records.Columns.of_rows([_peeked_state(row)]), 0,
@@ -1102,13 +1152,13 @@ def _peeked(row: dict, now: datetime) -> Optional[ServiceBusReceivedMessage]:
         return None
 
 
-def _peeked_state(row: dict) -> dict:
+def _peeked_state(row: dict[str, Any]) -> dict[str, Any]:
     return {"delivery_count": row["delivery_count"] or 0, "dead_letter_reason": row["dead_letter_reason"],
             "dead_letter_error_description": row["dead_letter_error_description"],
             "dead_letter_source": row["dead_letter_source"]}
 
 
-def _peek_state(row: dict, now: datetime) -> ServiceBusMessageState:
+def _peek_state(row: dict[str, Any], now: datetime) -> ServiceBusMessageState:
     if row["lock_state"] == DEFERRED:
         return ServiceBusMessageState.DEFERRED
     scheduled = row["scheduled_enqueue_time_utc"]

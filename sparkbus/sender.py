@@ -95,8 +95,10 @@ class ServiceBusSender:
         retry_* keywords as ServiceBusClient's, the SDK's others ignored."""
         if (queue_name is None) == (topic_name is None):
             raise TypeError("give exactly one of queue_name and topic_name")
+        name = queue_name if queue_name is not None else topic_name
+        assert name is not None  # exactly one of them is given (checked above)
         catalog, _ = open_connection(conn_str)
-        return cls(catalog, queue_name or topic_name, retry=RetryPolicy.from_keywords(kwargs))
+        return cls(catalog, name, retry=RetryPolicy.from_keywords(kwargs))
 
     def entity_info(self) -> EntityInfo:
         """The entity's settings (re-read from the catalog at most once a second)."""
@@ -190,6 +192,7 @@ class ServiceBusSender:
             self._charged(len(numbers), lambda: self._entity.confirmed(info, lambda: cancel_scheduled(
                 info, sorted(set(numbers)), self._retry, confirm=lambda: self._entity.confirm(info))), timeout)
         except EntityDeleted as gone:  # deleted while this ran and created again (the cached settings named it)
+            assert gone.current is not None  # _charged raises MessagingEntityNotFoundError when it was not
             if self._scheduled_in is not None:
                 self._scheduled_in = gone.current.incarnation
             raise _renumbered(gone.current) from gone

@@ -6,16 +6,20 @@ Each takes storage_options for a namespace on object storage, as create_namespac
 endpoints; without them, the environment's)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
     from .engine.fanout import FanoutResult
     from .engine.forwarding import ForwardResult
     from .spark.service import NamespaceService
 
 
-def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, trigger: Optional[dict] = None,
-                 storage_options: Optional[dict[str, str]] = None):
+def start_fanout(spark: SparkSession, namespace: str, topic_name: Optional[str] = None, *,
+                 trigger: Optional[dict[str, Any]] = None,
+                 storage_options: Optional[dict[str, str]] = None) -> StreamingQuery:
     """Start fanning out topic messages to subscriptions; returns the StreamingQuery.
 
     topic_name None: every topic, including topics created later. trigger: keyword arguments of
@@ -28,7 +32,7 @@ def start_fanout(spark, namespace: str, topic_name: Optional[str] = None, *, tri
                  storage_options=storage_options)
 
 
-def fanout_once(spark, namespace: str, topic_name: Optional[str] = None, *,
+def fanout_once(spark: SparkSession, namespace: str, topic_name: Optional[str] = None, *,
                 storage_options: Optional[dict[str, str]] = None) -> "FanoutResult":
     """Fan out everything pending now and return what was done (a trigger(availableNow=True) run): for batch
     jobs and tests. Over Spark Connect the batches run in the server's process: the result is empty."""
@@ -39,8 +43,8 @@ def fanout_once(spark, namespace: str, topic_name: Optional[str] = None, *,
                     storage_options=storage_options).fanout
 
 
-def start_forwarding(spark, namespace: str, *, trigger: Optional[dict] = None,
-                     storage_options: Optional[dict[str, str]] = None):
+def start_forwarding(spark: SparkSession, namespace: str, *, trigger: Optional[dict[str, Any]] = None,
+                     storage_options: Optional[dict[str, str]] = None) -> StreamingQuery:
     """Start forwarding the messages (and dead-letters) of every queue and subscription that forwards,
     including ones configured later; returns the StreamingQuery."""
     from .spark.background import start
@@ -50,7 +54,8 @@ def start_forwarding(spark, namespace: str, *, trigger: Optional[dict] = None,
                  storage_options=storage_options)
 
 
-def forward_once(spark, namespace: str, *, storage_options: Optional[dict[str, str]] = None) -> "ForwardResult":
+def forward_once(spark: SparkSession, namespace: str, *,
+                 storage_options: Optional[dict[str, str]] = None) -> "ForwardResult":
     """Forward everything forwardable now and return what was moved (empty over Spark Connect, as
     fanout_once)."""
     from .spark.background import run_once
@@ -60,7 +65,7 @@ def forward_once(spark, namespace: str, *, storage_options: Optional[dict[str, s
                     storage_options=storage_options).forwarding
 
 
-def serve(spark, namespace: str, *, trigger: Optional[dict] = None,
+def serve(spark: SparkSession, namespace: str, *, trigger: Optional[dict[str, Any]] = None,
           maintenance_interval: float = 30.0, storage_options: Optional[dict[str, str]] = None) -> "NamespaceService":
     """Run all background work of the namespace (fan-out, forwarding, scheduled messages falling due,
     maintenance every maintenance_interval seconds) until .stop() is called on the returned handle."""

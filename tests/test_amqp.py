@@ -168,6 +168,18 @@ def test_a_from_bytes_message_cannot_be_settled(admin, client):
             receiver.complete_message(m)
 
 
+def test_a_from_bytes_message_without_a_lock_end_is_not_registered_for_renewal(admin, client):
+    """A payload with a lock token but no x-opt-locked-until: the renewer has no lock end to renew before."""
+    admin.create_queue("q")
+    payload = amqp.encode_message(amqp.Sections(body_type="value", body=b"x",
+                                                delivery_annotations={b"x-opt-lock-token": uuid.uuid4()}))
+    m = ServiceBusReceivedMessage.from_bytes(payload)
+    assert m.lock_token is not None and m.locked_until_utc is None
+    with client.get_queue_receiver("q") as receiver, sparkbus.AutoLockRenewer() as renewer:
+        with pytest.raises(ValueError, match="no locked_until_utc"):
+            renewer.register(receiver, m)
+
+
 def test_service_bus_message_exposes_its_amqp_form():
     m = ServiceBusMessage("hi", subject="s", session_id="sess", partition_key="sess", application_properties={b"k": 1},
                           time_to_live=timedelta(seconds=3))

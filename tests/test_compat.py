@@ -151,6 +151,9 @@ def test_sessions_are_listed_and_clients_build_from_connection_strings(admin, cl
     admin.create_queue("plain")
     with pytest.raises(sparkbus.InvalidOperationError, match="does not require sessions"):
         client.list_queue_sessions("plain")
+    with ServiceBusSender._from_connection_string(conn_str=conn, queue_name="") as unnamed:  # a bad name, not none
+        with pytest.raises(ValueError, match="invalid queue or topic name ''"):
+            unnamed.send_messages(ServiceBusMessage("x"))
 
 
 def test_messages_are_built_as_the_sdk_builds_them():

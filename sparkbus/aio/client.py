@@ -5,7 +5,7 @@ until first use, and everything runs through the client's one Runner (sparkbus.a
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Optional, Union
+from typing import Any, AsyncIterator, Optional, Union
 
 from ..client import ServiceBusClient as SyncClient
 from ..receiver import ServiceBusReceiveMode, ServiceBusSessionFilter, ServiceBusSubQueue
@@ -39,7 +39,7 @@ class ServiceBusClient(Connection):
                            sub_queue: Union[ServiceBusSubQueue, str, None] = None, prefetch_count: int = 0,
                            max_wait_time: Optional[float] = None,
                            session_id: Union[str, ServiceBusSessionFilter, None] = None,
-                           auto_lock_renewer: Optional[AutoLockRenewer] = None, **kwargs: object) -> ServiceBusReceiver:
+                           auto_lock_renewer: Optional[AutoLockRenewer] = None, **kwargs: Any) -> ServiceBusReceiver:
         """A receiver of a queue, as the sync client's; it connects (and locks its session, waiting up to
         max_wait_time for one) at `async with` or its first operation. auto_lock_renewer: a sparkbus.aio
         AutoLockRenewer every received message, and the session, is registered with."""
@@ -53,7 +53,7 @@ class ServiceBusClient(Connection):
                                   max_wait_time: Optional[float] = None,
                                   session_id: Union[str, ServiceBusSessionFilter, None] = None,
                                   auto_lock_renewer: Optional[AutoLockRenewer] = None,
-                                  **kwargs: object) -> ServiceBusReceiver:
+                                  **kwargs: Any) -> ServiceBusReceiver:
         return subscription_receiver(self, topic_name, subscription_name, receive_mode=receive_mode,
                                      sub_queue=sub_queue, prefetch_count=prefetch_count, max_wait_time=max_wait_time,
                                      session_id=session_id, auto_lock_renewer=auto_lock_renewer, **kwargs)

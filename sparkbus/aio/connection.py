@@ -6,7 +6,7 @@ from it, touches no storage, as the SDK's connect lazily. The Runner is closed w
 """
 from __future__ import annotations
 
-from typing import Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from ..client import ServiceBusClient as SyncClient
 from ..core.connection import parse_connection_string
@@ -19,7 +19,7 @@ class Connection:
     """A namespace's address and keywords (those of sparkbus.ServiceBusClient), its Runner and, once used,
     its sync client."""
 
-    def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, **kwargs: object) -> None:
+    def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, **kwargs: Any) -> None:
         self._arguments = (fully_qualified_namespace, credential, kwargs)
         self._entity_path: Optional[str] = None
         self._runner = Runner()
@@ -37,7 +37,7 @@ class Connection:
     async def _open(self) -> SyncClient:
         """The sync client (made on the pool: opening a namespace reads storage)."""
         namespace, credential, kwargs = self._arguments
-        client = await self._runner.call(SyncClient, namespace, credential, **kwargs)
+        client: SyncClient = await self._runner.call(SyncClient, namespace, credential, **kwargs)
         client._entity_path = self._entity_path
         self.fully_qualified_namespace = client.fully_qualified_namespace
         return client

@@ -3,7 +3,7 @@ the sync administration client as a coroutine on a pool of its own, and the list
 iterables (`async for queue in admin.list_queues()`), as the SDK's AsyncItemPaged are."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ..core.connection import parse_connection_string
 from ..management import ServiceBusAdministrationClient as SyncAdmin
@@ -16,7 +16,7 @@ class ServiceBusAdministrationClient:
     """Async administration client: ServiceBusAdministrationClient(fully_qualified_namespace, credential,
     **kwargs) or from_connection_string(conn_str), as the sync one; the namespace is opened at the first call."""
 
-    def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, **kwargs: object) -> None:
+    def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, **kwargs: Any) -> None:
         self._arguments = (fully_qualified_namespace, credential, kwargs)
         self._runner = Runner()
         self._sync: Lazy[SyncAdmin] = Lazy(self._open)

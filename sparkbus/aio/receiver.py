@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import datetime
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Optional, Protocol, Union
 
 from ..engine.delivery import apoll
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
@@ -28,7 +28,7 @@ from ..receiver import ServiceBusReceiver as SyncReceiver
 from ..receiver import ServiceBusSession as SyncSession
 from ..receiver import ServiceBusSessionFilter, ServiceBusSubQueue
 from .connection import Connection
-from .runner import Lazy, on_pool
+from .runner import Lazy, Runner, on_pool
 
 if TYPE_CHECKING:
     from ..client import ServiceBusClient as SyncClient
@@ -45,7 +45,7 @@ class LockRenewer(Protocol):
 class ServiceBusSession:
     """The session a session receiver holds (receiver.session inside `async with receiver`)."""
 
-    def __init__(self, sync: SyncSession, runner) -> None:
+    def __init__(self, sync: SyncSession, runner: Runner) -> None:
         self._sync = sync
         self._runner = runner
         self.session_id: str = sync.session_id
@@ -88,7 +88,7 @@ class ServiceBusReceiver:
     @classmethod
     def _from_connection_string(cls, conn_str: str, *, queue_name: Optional[str] = None,
                                 topic_name: Optional[str] = None, subscription_name: Optional[str] = None,
-                                **kwargs: object) -> "ServiceBusReceiver":
+                                **kwargs: Any) -> "ServiceBusReceiver":
         """A receiver straight from a connection string, as the SDK's (underscored, but used by its samples),
         with a client of its own, closed with it; receiver keywords as get_queue_receiver's."""
         retry = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("retry_")}  # the client's keywords
@@ -112,7 +112,8 @@ class ServiceBusReceiver:
         receiver = await self._sync.get()
         if self._session_unregistered:  # once connected (the renewer needs the sync receiver)
             self._session_unregistered = False
-            self._renewer.register(self, self._session)
+            if self._renewer is not None and self._session is not None:  # both are, when _open set the flag
+                self._renewer.register(self, self._session)
         return receiver
 
     def _renewed(self, messages: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
@@ -199,7 +200,7 @@ def queue_receiver(connection: Connection, queue_name: str, *,
                    sub_queue: Union[ServiceBusSubQueue, str, None] = None, prefetch_count: int = 0,
                    max_wait_time: Optional[float] = None, session_id: Union[str, ServiceBusSessionFilter, None] = None,
                    auto_lock_renewer: Optional[LockRenewer] = None, owns_client: bool = False,
-                   **kwargs: object) -> ServiceBusReceiver:
+                   **kwargs: Any) -> ServiceBusReceiver:
     """A receiver of a queue on connection (ServiceBusClient.get_queue_receiver's keywords); owns_client:
     the connection is closed with the receiver."""
     return ServiceBusReceiver(connection, lambda client: client.get_queue_receiver(
@@ -214,7 +215,7 @@ def subscription_receiver(connection: Connection, topic_name: str, subscription_
                           max_wait_time: Optional[float] = None,
                           session_id: Union[str, ServiceBusSessionFilter, None] = None,
                           auto_lock_renewer: Optional[LockRenewer] = None, owns_client: bool = False,
-                          **kwargs: object) -> ServiceBusReceiver:
+                          **kwargs: Any) -> ServiceBusReceiver:
     """A receiver of a subscription on connection (ServiceBusClient.get_subscription_receiver's keywords)."""
     return ServiceBusReceiver(connection, lambda client: client.get_subscription_receiver(
         topic_name, subscription_name, receive_mode=receive_mode, sub_queue=sub_queue,

@@ -22,7 +22,7 @@ import functools
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import AsyncIterator, Awaitable, Callable, Generic, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Generic, Optional, Protocol, TypeVar
 
 from ..engine import retry
 
@@ -107,6 +107,16 @@ class Lazy(Generic[T]):
             return self.value
 
 
+class PoolBound(Protocol):
+    """What on_pool's and listed_on_pool's methods are bound to: an object with its client's Runner and its
+    sync counterpart."""
+
+    @property
+    def _runner(self) -> Runner: ...
+
+    def _handler(self) -> Awaitable[object]: ...
+
+
 def on_pool(sync_method: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     """The async form of a sync API method: awaits the method of the same name of the object's sync
     counterpart (`await self._handler()`, usually a Lazy's get) on the client's pool (`self._runner`); name, docstring and
@@ -114,9 +124,10 @@ def on_pool(sync_method: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     name = sync_method.__name__
 
     @functools.wraps(sync_method)
-    async def method(self, *args: object, **kwargs: object) -> T:
+    async def method(self: PoolBound, *args: object, **kwargs: Any) -> T:
         handler = await self._handler()
-        return await self._runner.call(getattr(handler, name), *args, **kwargs)
+        function: Callable[..., T] = getattr(handler, name)  # sync_method, bound to handler
+        return await self._runner.call(function, *args, **kwargs)
     return method
 
 
@@ -147,9 +158,10 @@ def listed_on_pool(sync_method: Callable[..., list[T]]) -> Callable[..., AsyncLi
     name = sync_method.__name__
 
     @functools.wraps(sync_method)
-    def method(self, *args: object, **kwargs: object) -> AsyncList[T]:
+    def method(self: PoolBound, *args: object, **kwargs: Any) -> AsyncList[T]:
         async def read() -> list[T]:
             admin = await self._handler()
-            return await self._runner.call(getattr(admin, name), *args, **kwargs)
+            function: Callable[..., list[T]] = getattr(admin, name)  # sync_method, bound to admin
+            return await self._runner.call(function, *args, **kwargs)
         return AsyncList(read)
     return method

@@ -22,31 +22,35 @@ import signal
 import sys
 import threading
 from datetime import timedelta
-from typing import Any, NoReturn, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, NoReturn, Optional, Sequence, Union
 
 from .. import __version__
 from ..engine.namespace import use_storage_options
 from ..capacity import format_plan, format_seed_table, plan, seed_table
 from ..core.wording import plural
 from ..definitions import apply_definition, load_definition
+from ..engine.admin import EntityProperties, RuntimeProperties
 from ..engine.availability import set_partition_availability
+from ..engine.metrics import MINUTE, Metrics
 from ..engine.namespace import NamespaceProperties
 from ..management import ServiceBusAdministrationClient
-from ..metrics import (MINUTE, Metrics, fitting_period, format_metrics, namespace_backlog, parse_period, plot_backlog,
-                       plot_metrics)
+from ..metrics import fitting_period, format_metrics, namespace_backlog, parse_period, plot_backlog, plot_metrics
 from . import entities as cli_entities, messages as cli_messages, text as cli_text
 from .entities import record
 from .text import UsageError, credits_argument, pair, seconds, whole
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
 
 COLUMNS = ("kind", "path", "partitions", "status", "availability", "active", "dead_letter", "scheduled",
            "total", "size_in_bytes", "awaiting_fanout")
 
 
-def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
+def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict[str, object]]:
     """One row per queue, topic and subscription with its settings summary and runtime counts."""
-    rows = []
+    rows: list[dict[str, object]] = []
 
-    def add(kind: str, path: str, props: object, runtime: object) -> None:
+    def add(kind: str, path: str, props: EntityProperties, runtime: RuntimeProperties) -> None:
         rows.append({"kind": kind, "path": path, "partitions": props.partition_count, "status": props.status,
                      "availability": runtime.availability_status, "active": runtime.active_message_count,
                      "dead_letter": runtime.dead_letter_message_count,
@@ -64,7 +68,7 @@ def namespace_rows(admin: ServiceBusAdministrationClient) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict], columns: Sequence[str] = COLUMNS) -> str:
+def format_table(rows: list[dict[str, object]], columns: Sequence[str] = COLUMNS) -> str:
     """namespace_rows as a table (None, e.g. a queue's awaiting_fanout, left blank)."""
     return cli_text.format_table([{k: "" if v is None else v for k, v in r.items()} for r in rows], columns)
 
@@ -240,7 +244,7 @@ def _column_list(text: str) -> list[str]:
     return columns
 
 
-def _run_until_stopped(query) -> None:
+def _run_until_stopped(query: StreamingQuery) -> None:
     from ..spark.background import stop_query
 
     try:
@@ -295,7 +299,7 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     """Every option string of parser and of the commands under it."""
-    found = []
+    found: list[str] = []
     for action in parser._actions:
         found += action.option_strings
         if isinstance(action, argparse._SubParsersAction):

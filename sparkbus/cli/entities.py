@@ -11,13 +11,14 @@ import dataclasses
 import json
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar, Union
 
 from ..core.durations import MAX_DURATION, MAX_DURATION_TEXT, format_duration
 from ..core.filters import (
     CORRELATION_FIELDS,
     CorrelationRuleFilter,
     FalseRuleFilter,
+    RuleFilter,
     RuleProperties,
     SqlRuleAction,
     SqlRuleFilter,
@@ -28,11 +29,16 @@ from ..engine.namespace import NamespaceProperties, create_namespace, open_catal
 from ..management import ServiceBusAdministrationClient
 from .text import correlation, credits_argument, format_table, setting, whole
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 KINDS = ("queue", "topic", "subscription", "rule")
 LIST_COLUMNS = {"queue": ("name", "status", "partition_count", "max_size_in_megabytes", "requires_session"),
                 "topic": ("name", "status", "partition_count", "max_size_in_megabytes"),
                 "subscription": ("name", "status", "requires_session", "max_delivery_count", "forward_to"),
                 "rule": ("name", "filter", "action")}
+ParserT = TypeVar("ParserT", bound=argparse.ArgumentParser)
+RuleOption = Union[SqlRuleFilter, CorrelationRuleFilter, SqlRuleAction]
 
 
 def plain(value: Any) -> Any:
@@ -51,7 +57,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def filter_record(rule_filter: Any) -> dict:
+def filter_record(rule_filter: RuleFilter) -> dict[str, Any]:
     """A rule filter as plain values: {"type": "sql", "sql_expression", "parameters"}, {"type": "true"} or
     "false", or {"type": "correlation", <the fields it sets>, "properties"}."""
     if isinstance(rule_filter, CorrelationRuleFilter):
@@ -62,31 +68,36 @@ def filter_record(rule_filter: Any) -> dict:
     return {"type": "sql", "sql_expression": rule_filter.sql_expression, "parameters": plain(rule_filter.parameters)}
 
 
-def filter_text(rule_filter: Any) -> str:
+def filter_text(rule_filter: RuleFilter) -> str:
     """A rule filter in one line for tables: the SQL expression (and its parameters), TRUE, FALSE, or the
     correlation filter's fields and properties as name=value."""
     shown = filter_record(rule_filter)
-    if shown["type"] in ("true", "false"):
-        return shown["type"].upper()
-    if shown["type"] == "sql":
+    kind: str = shown["type"]
+    if kind in ("true", "false"):
+        return kind.upper()
+    if kind == "sql":
         parameters = ", ".join(f"{k}={v!r}" for k, v in shown["parameters"].items())
-        return shown["sql_expression"] + (f" ({parameters})" if parameters else "")
+        expression: str = shown["sql_expression"]
+        return expression + (f" ({parameters})" if parameters else "")
     pairs = {k: v for k, v in shown.items() if k not in ("type", "properties")} | shown["properties"]
     return "correlation " + ", ".join(f"{k}={v!r}" for k, v in pairs.items())
 
 
-def record(item: Any) -> dict:
+def record(item: DataclassInstance) -> dict[str, Any]:
     """A properties object (or rule) as a flat dict of plain values."""
     if isinstance(item, RuleProperties):
         return {"name": item.name, "filter": filter_record(item.filter),
                 "action": item.action.sql_expression if item.action else None}
+    flat: dict[str, Any]  # plain makes a dict a dict
     if isinstance(item, NamespaceProperties):
         out = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "limits"}
-        return plain({**out, "name": item.name, **dataclasses.asdict(item.limits)})
-    return plain(dataclasses.asdict(item))
+        flat = plain({**out, "name": item.name, **dataclasses.asdict(item.limits)})
+    else:
+        flat = plain(dataclasses.asdict(item))
+    return flat
 
 
-def print_records(items: list, kind: str, as_json: bool) -> None:
+def print_records(items: Sequence[DataclassInstance], kind: str, as_json: bool) -> None:
 
     rows = [record(item) for item in items]
     if as_json:
@@ -101,7 +112,7 @@ def print_records(items: list, kind: str, as_json: bool) -> None:
     print(format_table([{c: "" if r.get(c) is None else r[c] for c in columns} for r in shown], columns))
 
 
-def print_record(item: Any, as_json: bool) -> None:
+def print_record(item: DataclassInstance, as_json: bool) -> None:
     row = record(item)
     if as_json:
         print(json.dumps(row, default=str))
@@ -112,7 +123,7 @@ def print_record(item: Any, as_json: bool) -> None:
         print(f"{key.ljust(width)}  {'' if value is None else value}")
 
 
-def _for_people(item: Any, row: dict) -> dict:
+def _for_people(item: DataclassInstance, row: dict[str, Any]) -> dict[str, Any]:
     """A record as text output shows it: "never" for TimeSpan.MaxValue, a rule's filter in one line."""
     shown = {k: "never" if v == MAX_DURATION_TEXT else v for k, v in row.items()}
     if isinstance(item, RuleProperties):
@@ -120,7 +131,7 @@ def _for_people(item: Any, row: dict) -> dict:
     return shown
 
 
-def _parent(args: argparse.Namespace, kind: str) -> tuple:
+def _parent(args: argparse.Namespace, kind: str) -> tuple[str, ...]:
     """The arguments naming where an entity of `kind` lives: (topic,) for subscriptions, (topic, sub) for rules."""
     if kind == "subscription":
         return (args.topic,)
@@ -129,8 +140,8 @@ def _parent(args: argparse.Namespace, kind: str) -> tuple:
     return ()
 
 
-def _rule_options(args: argparse.Namespace) -> dict:
-    options: dict = {}
+def _rule_options(args: argparse.Namespace) -> dict[str, RuleOption]:
+    options: dict[str, RuleOption] = {}
     if args.sql is not None:
         options["filter"] = SqlRuleFilter(args.sql)
     elif args.correlation:
@@ -183,10 +194,10 @@ def maintain(args: argparse.Namespace) -> None:
         print(f"maintained {result.tables} tables; {result.removed} settled messages left the tables")
 
 
-def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
     """Add namespace, queue, topic, subscription, rule and maintain; returns the parsers that take
     --namespace (every leaf command)."""
-    made = []
+    made: list[ParserT] = []
     ns = commands.add_parser("namespace", help="create a namespace or show its properties")
     ns_actions = ns.add_subparsers(dest="action", required=True)
     create = ns_actions.add_parser("create", help="create a namespace in a new or empty directory")

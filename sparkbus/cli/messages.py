@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, TypeVar, Union
 
 from tqdm import tqdm
 
@@ -39,6 +39,7 @@ TIMED_FIELDS = ("time_to_live", "scheduled_enqueue_time_utc")  # JSON has no dur
 SHOWN = ("sequence_number", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count", "body")
 DEAD_LETTER_SHOWN = ("dead_letter_reason", "dead_letter_error_description")
 Numbered = tuple[str, ServiceBusMessage]  # (where the message came from, e.g. "messages.jsonl line 3", message)
+ParserT = TypeVar("ParserT", bound=argparse.ArgumentParser)
 
 
 def reworded(error: BaseException, text: str) -> BaseException:
@@ -80,11 +81,11 @@ def message_from_json(line: str, where: str) -> ServiceBusMessage:
         raise reworded(error, f"{where}: {error}") from None
 
 
-def _timed(value: dict) -> dict:
+def _timed(value: dict[str, Any]) -> dict[str, Union[timedelta, datetime]]:
     """The time fields of a JSON message as ServiceBusMessage takes them: time_to_live from seconds (a
     number) or ISO 8601 duration text, scheduled_enqueue_time_utc from ISO 8601 date-time text (UTC when
     it names no offset). ValueError or TypeError saying what is allowed."""
-    timed: dict = {}
+    timed: dict[str, Union[timedelta, datetime]] = {}
     if "time_to_live" in value:
         ttl = value["time_to_live"]
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float, str)):
@@ -207,6 +208,7 @@ def pack(sender: ServiceBusSender, messages: Iterable[Numbered]) -> list[tuple[S
     message refused raises, naming where it came from, before anything is sent."""
     info = check_target(sender)
     batches = []
+    wheres: list[str]
     batch, wheres = sender.create_message_batch(), []
     for where, message in messages:
         if not _fits(batch, where, message):
@@ -268,7 +270,7 @@ def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
     """A new message with a dead-lettered message's body (of any kind), properties, application
     properties (as sent) and time to live; the broker's fields (numbers, counts, reasons) are not copied."""
     kind = message.body_type.value
-    body = message.body if kind == "value" else list(message.body)
+    body: Any = message.body if kind == "value" else list(message.body)  # a value body is any AMQP value
     copy = ServiceBusMessage.from_amqp(AmqpAnnotatedMessage(**{f"{kind}_body": body}))
     for name in MESSAGE_FIELDS:
         setattr(copy, name, getattr(message, name))
@@ -321,9 +323,10 @@ def _abandon(receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedMess
             pass
 
 
-def _record(message: ServiceBusReceivedMessage) -> dict:
-    record = {name: getattr(message, name) for name in SHOWN}
-    record.update(body=str(message), enqueued_time_utc=message.enqueued_time_utc.isoformat(),
+def _record(message: ServiceBusReceivedMessage) -> dict[str, object]:
+    record: dict[str, object] = {name: getattr(message, name) for name in SHOWN}
+    enqueued = message.enqueued_time_utc
+    record.update(body=str(message), enqueued_time_utc=None if enqueued is None else enqueued.isoformat(),
                   application_properties=message.str_application_properties,
                   dead_letter_reason=message.dead_letter_reason,
                   dead_letter_error_description=message.dead_letter_error_description)
@@ -347,7 +350,7 @@ def _print(messages: list[ServiceBusReceivedMessage], as_json: bool, dead_letter
     print(format_table([{k: ("" if v is None else str(v)[:40]) for k, v in r.items()} for r in rows], columns))
 
 
-def register(commands: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
     """Add send, peek, receive and dead-letter list|resubmit; returns their parsers (they take --namespace
     like the others)."""
     snd = commands.add_parser("send", help="send messages: --body TEXT ... or --file F.jsonl ('-': stdin)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 MAX_NUMBER = 2**31 - 1  # the largest whole number any option takes (Service Bus's counts are 32-bit)
 MAX_SECONDS = 86_400.0  # the longest time in seconds any option takes (a day)
@@ -94,7 +94,7 @@ def credits_argument(text: str) -> Optional[int]:
             f"takes a whole number or 'off', from 1 to {MAX_NUMBER}, got {text!r}") from None
 
 
-def format_table(rows: list[dict], columns: Sequence[str]) -> str:
+def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
     """Rows as aligned text columns under a header (every command's tables)."""
     cells = [list(columns)] + [[str(r[c]) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]

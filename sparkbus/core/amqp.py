@@ -270,11 +270,12 @@ class Sections:
     body_type: str = DATA
     body: Any = field(default_factory=list)
     header: dict[str, Any] = field(default_factory=dict[str, Any])
-    delivery_annotations: dict[str, Any] = field(default_factory=dict[str, Any])
-    annotations: dict[str, Any] = field(default_factory=dict[str, Any])
+    # the maps keep their keys as decoded: AMQP symbols and strings arrive as bytes
+    delivery_annotations: dict[Any, Any] = field(default_factory=dict[Any, Any])
+    annotations: dict[Any, Any] = field(default_factory=dict[Any, Any])
     properties: dict[str, Any] = field(default_factory=dict[str, Any])
-    application_properties: dict[str, Any] = field(default_factory=dict[str, Any])
-    footer: dict[str, Any] = field(default_factory=dict[str, Any])
+    application_properties: dict[Any, Any] = field(default_factory=dict[Any, Any])
+    footer: dict[Any, Any] = field(default_factory=dict[Any, Any])
 
 
 def _descriptor_code(descriptor: Any) -> int:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 CONF_ENV = "SPARKBUS_SPARK_CONF"
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")  # spark-defaults.conf, log4j2.properties
@@ -16,7 +19,7 @@ DEFAULT_CONF = os.path.join(CONF_DIR, "spark-defaults.conf")
 
 def read_spark_conf(path: str) -> dict[str, str]:
     """'key value' (or 'key=value') lines; '#' starts a comment."""
-    settings = {}
+    settings: dict[str, str] = {}
     with open(path, encoding="utf-8") as handle:
         for number, raw in enumerate(handle, 1):
             line = raw.split("#", 1)[0].strip()
@@ -30,7 +33,7 @@ def read_spark_conf(path: str) -> dict[str, str]:
 
 
 def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_file: Optional[str] = None,
-              settings: Optional[dict[str, str]] = None):
+              settings: Optional[dict[str, str]] = None) -> SparkSession:
     """Get or create the SparkSession; conf_file defaults to $SPARKBUS_SPARK_CONF, else the packaged
     spark-defaults.conf (CONF_DIR)."""
     from pyspark.sql import SparkSession
@@ -61,7 +64,7 @@ def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_
     return builder.getOrCreate()
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """Make .format("sparkbus") available in a session. Sessions of Spark 4 import it on their own (the
     installed module pyspark_sparkbus; spark.sql.pyspark.dataSource.staticImport.enabled): this serves
     sessions where that import is off."""

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import storage
 from ..core.wording import plural
@@ -32,8 +32,13 @@ from ..exceptions import MessagingEntityNotFoundError
 from . import register
 from .datasource import ALL_BACKGROUND, ALL_FORWARDING, ALL_TOPICS, FORMAT, STORAGE_PREFIX
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
 LOG = logging.getLogger("sparkbus.service")
 DEFAULT_TRIGGER = {"processingTime": "500 milliseconds"}
+_CHECKPOINT = "_sparkbus_checkpoint"  # the attribute of a started query naming its private checkpoint
 
 
 @dataclass
@@ -63,7 +68,8 @@ class Gate:
 
 
 def batch_function(root: str, *, fan_out: bool, forward: bool,
-                   on_batch: Optional[Callable[[BatchReport], None]] = None, gate: Optional[Gate] = None):
+                   on_batch: Optional[Callable[[BatchReport], None]] = None,
+                   gate: Optional[Gate] = None) -> Callable[[DataFrame, int], Optional[BatchReport]]:
     """foreachBatch: fan out the topics' ranges in the batch (and their due scheduled messages), then
     forward everything forwardable; on_batch gets the report. Without on_batch and gate the function
     carries only the root, two flags and the namespace's storage options, so it pickles: Spark Connect runs
@@ -73,7 +79,7 @@ def batch_function(root: str, *, fan_out: bool, forward: bool,
         return functools.partial(run_batch, root, fan_out, forward, storage.location.options_for(root))
     gate = gate or Gate()
 
-    def run(df, batch_id: int) -> None:
+    def run(df: DataFrame, batch_id: int) -> None:
         with gate.lock:
             if not gate.closed.is_set():
                 report = run_batch(root, fan_out, forward, {}, df, batch_id)
@@ -87,7 +93,7 @@ _catalogs: dict[str, Catalog] = {}  # root -> the catalog batches of this proces
 _catalogs_guard = threading.Lock()
 
 
-def run_batch(root: str, fan_out: bool, forward: bool, storage_options: dict[str, str], df,
+def run_batch(root: str, fan_out: bool, forward: bool, storage_options: dict[str, str], df: DataFrame,
               batch_id: int) -> BatchReport:
     """One micro-batch of the namespace at root: what batch_function's functions run, in whichever process
     Spark calls them (the driver's; a Spark Connect server's Python worker, which gets the namespace's
@@ -118,15 +124,16 @@ def run_batch(root: str, fan_out: bool, forward: bool, storage_options: dict[str
     return report
 
 
-def is_connect(spark) -> bool:
+def is_connect(spark: SparkSession) -> bool:
     """Whether spark is a Spark Connect session (Databricks serverless and shared compute, Databricks
     Connect, `SparkSession.builder.remote(...)`): functions handed to it run in another process."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, trigger: Optional[dict] = None,
-          available_now: bool = False, on_batch: Optional[Callable[[BatchReport], None]] = None,
-          gate: Optional[Gate] = None, storage_options: Optional[dict[str, str]] = None):
+def start(spark: SparkSession, namespace: str, *, entity: str, fan_out: bool, forward: bool,
+          trigger: Optional[dict[str, Any]] = None, available_now: bool = False,
+          on_batch: Optional[Callable[[BatchReport], None]] = None, gate: Optional[Gate] = None,
+          storage_options: Optional[dict[str, str]] = None) -> StreamingQuery:
     """Start the query over `entity` (one topic, ALL_TOPICS, ALL_FORWARDING or ALL_BACKGROUND); returns the
     StreamingQuery (run_once removes its checkpoint; a stopped query's is removed by stop_query).
     storage_options: of an object-store namespace, as create_namespace takes them."""
@@ -141,25 +148,26 @@ def start(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool, t
         given = {STORAGE_PREFIX + k: v for k, v in storage.location.options_for(root).items()}
         stream = (spark.readStream.format(FORMAT).option("namespace", root).option("entity", entity)
                   .option("content", "ranges").options(**given).load())
-        writer = (stream.writeStream.foreachBatch(batch_function(root, fan_out=fan_out, forward=forward,
-                                                                 on_batch=on_batch, gate=gate))
+        function = batch_function(root, fan_out=fan_out, forward=forward, on_batch=on_batch, gate=gate)
+        # Spark ignores what the function returns; pyspark's hint asks for one returning None
+        writer = (stream.writeStream.foreachBatch(function)  # type: ignore[arg-type]
                   .option("checkpointLocation", checkpoint))
         writer = writer.trigger(availableNow=True) if available_now else writer.trigger(**(trigger or DEFAULT_TRIGGER))
         query = writer.queryName(f"sparkbus-{os.path.basename(checkpoint)}").start()
     except BaseException:  # a start that failed leaves no checkpoint behind
         shutil.rmtree(checkpoint, ignore_errors=True)
         raise
-    query._sparkbus_checkpoint = checkpoint
+    setattr(query, _CHECKPOINT, checkpoint)
     return query
 
 
-def stop_query(query) -> None:
+def stop_query(query: StreamingQuery) -> None:
     """Stop the query and remove its private checkpoint."""
     query.stop()
-    shutil.rmtree(query._sparkbus_checkpoint, ignore_errors=True)
+    shutil.rmtree(getattr(query, _CHECKPOINT), ignore_errors=True)
 
 
-def run_once(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool,
+def run_once(spark: SparkSession, namespace: str, *, entity: str, fan_out: bool, forward: bool,
              storage_options: Optional[dict[str, str]] = None) -> BatchReport:
     """Everything pending now (availableNow), then return what its batches did together (nothing is known
     of them over Spark Connect, where they run in the server's process: an empty report)."""
@@ -175,5 +183,5 @@ def run_once(spark, namespace: str, *, entity: str, fan_out: bool, forward: bool
     try:
         query.awaitTermination()
     finally:
-        shutil.rmtree(query._sparkbus_checkpoint, ignore_errors=True)
+        shutil.rmtree(getattr(query, _CHECKPOINT), ignore_errors=True)
     return total

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,8 @@ from ..storage import location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import StructType
+    from pyspark.sql._typing import UserDefinedFunctionLike
+    from pyspark.sql.types import DataType, StructType
 
     from ..engine.enqueue import EntityWriter
 
@@ -38,26 +39,27 @@ STAGING_DIR = "_staging"  # under the namespace: executors and the driver both r
 OPTIONAL_COLUMNS = (*STRING_PROPERTIES, "application_properties", "time_to_live", "scheduled_enqueue_time_utc")
 
 
-def _property_spark_types() -> tuple:
+def _property_spark_types() -> tuple[type[DataType], ...]:
     from pyspark.sql import types as T
 
     return (T.StringType, T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType,
             T.DoubleType, T.BinaryType, T.TimestampType, T.TimestampNTZType)
 
 
-def placement_udf(requires_duplicate_detection: bool, partition_count: int):
+def placement_udf(requires_duplicate_detection: bool, partition_count: int) -> UserDefinedFunctionLike:
     """Pandas (Arrow) UDF (session_id, partition_key, message_id) -> placement code, per batch of rows."""
-    from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.pandas.functions import pandas_udf  # what pyspark.sql.functions re-exports
 
-    @pandas_udf("int")
     def place(session_ids: pd.Series, keys: pd.Series, message_ids: pd.Series) -> pd.Series:
-        def values(series: pd.Series) -> list:
+        def values(series: pd.Series) -> list[Optional[str]]:
             return [None if v is None or v != v else v for v in series.tolist()]
 
         return pd.Series(partitioning.partition_codes(values(session_ids), values(keys), values(message_ids),
                                                       requires_duplicate_detection, partition_count), dtype="int32")
 
-    return place
+    # pyspark's stub lacks pandas_udf(returnType) over a function with type hints, the form Spark documents
+    udf: UserDefinedFunctionLike = pandas_udf("int")(place)  # type: ignore[call-overload]
+    return udf
 
 
 def check_dataframe(df: object, what: str) -> None:
@@ -68,7 +70,7 @@ def check_dataframe(df: object, what: str) -> None:
         raise TypeError(f"{what} takes a Spark DataFrame, got {type(df).__name__}{hint}")
 
 
-def check_columns(schema: "StructType") -> dict[str, object]:
+def check_columns(schema: "StructType") -> dict[str, DataType]:
     """The message columns of a DataFrame schema (send_dataframe and the streaming sink); ValueError or
     TypeError names what is wrong and what is allowed."""
     from pyspark.sql import types as T
@@ -147,7 +149,7 @@ def messages_from_dataset(df: "DataFrame", body_column: "str | None" = None, *,
     return df.select(*columns)
 
 
-def _select(df: "DataFrame", fields: dict) -> "DataFrame":
+def _select(df: "DataFrame", fields: dict[str, DataType]) -> "DataFrame":
     """The message columns with Spark types that map onto OUTGOING (body as binary)."""
     from pyspark.sql import functions as F, types as T
 
@@ -191,7 +193,8 @@ def write_staged(path: str, tables: Iterable[pa.Table]) -> bool:
     """Write tables as one Arrow IPC file at path: streamed to a local file, or put whole as one object on
     an object store. False (nothing written) when there were no tables."""
     local = location.is_local(path)
-    sink, writer = (path if local else pa.BufferOutputStream()), None
+    buffer = None if local else pa.BufferOutputStream()
+    sink, writer = (path if buffer is None else buffer), None
     for table in tables:
         if writer is None:
             if local:
@@ -201,8 +204,8 @@ def write_staged(path: str, tables: Iterable[pa.Table]) -> bool:
     if writer is None:
         return False
     writer.close()
-    if not local:
-        location.put(path, sink.getvalue().to_pybytes())
+    if buffer is not None:
+        location.put(path, buffer.getvalue().to_pybytes())
     return True
 
 
@@ -223,11 +226,11 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
     """
     shipped = location.shipment(staging)
 
-    def write(batches):
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         location.install(staging, *shipped)
-        index = TaskContext.get().partitionId()
+        index = cast("TaskContext", TaskContext.get()).partitionId()  # never None: mapInArrow runs it in a task
         path = location.join(staging, f"{index:08d}-{uuid.uuid4().hex}.arrow")
         if write_staged(path, (complete_batch(b, requires_duplicate_detection, partition_count) for b in batches)):
             yield pa.RecordBatch.from_pydict({"position": [index], "path": [path]})
@@ -260,6 +263,19 @@ RECEIVED_COLUMNS = ("sequence_number", "message_id", "session_id", "partition_ke
                     "subject", "to", "reply_to", "reply_to_session_id", "body", "application_properties",
                     "enqueued_time_utc", "scheduled_enqueue_time_utc", "expires_at_utc", "delivery_count",
                     "lock_token", "locked_until_utc", "dead_letter_reason", "dead_letter_error_description")
+
+
+class _ReceivedMessage(Protocol):
+    """What messages_to_arrow reads of a received message (sparkbus.receiver.ServiceBusReceivedMessage, a
+    layer above this one): the attributes RECEIVED_COLUMNS name, read by name, and these two."""
+
+    @property
+    def body_bytes(self) -> bytes: ...
+
+    @property
+    def str_application_properties(self) -> Optional[dict[str, Any]]: ...
+
+
 RECEIVED_SPARK_SCHEMA = (
     "sequence_number long, message_id string, session_id string, partition_key string, correlation_id string, "
     "content_type string, subject string, `to` string, reply_to string, reply_to_session_id string, body binary, "
@@ -268,7 +284,7 @@ RECEIVED_SPARK_SCHEMA = (
     "dead_letter_reason string, dead_letter_error_description string")
 
 
-def messages_to_arrow(messages: list) -> pa.Table:
+def messages_to_arrow(messages: Sequence[_ReceivedMessage]) -> pa.Table:
     """Received messages as Arrow rows (body as stored, application properties as their stored typed JSON)."""
     rows = []
     for m in messages:

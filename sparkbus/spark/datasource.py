@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Mapping, Optional, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -78,14 +78,16 @@ CONTENTS = ("messages", "ranges")
 # as storage_options of create_namespace and the clients take them; options registered in the driver
 # process (by a client or create_namespace) apply too.
 STORAGE_PREFIX = "storage."
+# Offsets: entity path -> partition (or STATE) as text -> the low bits of its last sequence number read.
+Offsets = dict[str, dict[str, int]]
 
 
-def storage_options(options: dict) -> dict[str, str]:
+def storage_options(options: Mapping[str, str]) -> dict[str, str]:
     """The storage options among a source's or sink's options (their "storage." prefix removed)."""
     return {k[len(STORAGE_PREFIX):].lower(): v for k, v in options.items() if k.lower().startswith(STORAGE_PREFIX)}
 
 
-def option_root(options: dict, role: str) -> str:
+def option_root(options: Mapping[str, str], role: str) -> str:
     """The namespace location of a source's or sink's options, its storage options registered in this
     process (TypeError, ValueError as create_namespace's; ValueError when the option is missing)."""
     if "namespace" not in options or "entity" not in options:
@@ -141,7 +143,7 @@ def read_ranges(piece: Ranges) -> Iterator[pa.RecordBatch]:
 class _Entities:
     """The entities a reader covers (one, or every topic) and their partitions' high-water marks."""
 
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.root = option_root(options, "source")  # plain data: readers are pickled to workers
         self.shipped = storage.location.shipment(self.root)
         self.entity = options["entity"]
@@ -166,8 +168,8 @@ class _Entities:
             found.append(resolve(self.root, snap, self.entity, ("queue", "topic", "subscription")))
         return found
 
-    def marks(self) -> dict[str, dict[str, int]]:
-        found = {}
+    def marks(self) -> Offsets:
+        found: Offsets = {}
         for info in self.infos():
             def read(info: EntityInfo = info) -> dict[str, int]:
                 marks = storage.high_water_marks(storage.open_table(info.tables["messages"]))
@@ -183,11 +185,11 @@ class _Entities:
     def _forwarding(self, info: EntityInfo) -> bool:
         return self.entity in (ALL_FORWARDING, ALL_BACKGROUND) and info.kind != "topic"
 
-    def starts(self) -> dict[str, dict[str, int]]:
+    def starts(self) -> Offsets:
         """Where a new query starts: a topic at its fan-out cursor, anything else at its first message."""
         if self.latest_start:
             return self.marks()
-        found = {}
+        found: Offsets = {}
         for info in self.infos():
             def read(info: EntityInfo = info) -> dict[str, int]:
                 if info.kind == "topic":
@@ -201,7 +203,7 @@ class _Entities:
             self._read_into(found, info, read)
         return found
 
-    def _read_into(self, found: dict, info: EntityInfo, read: Callable[[], dict[str, int]]) -> None:
+    def _read_into(self, found: Offsets, info: EntityInfo, read: Callable[[], dict[str, int]]) -> None:
         """found[info.path] = read(); an entity whose tables are gone because it was deleted meanwhile is
         left out by a reader of a whole namespace (MessagingEntityNotFoundError for a reader of that one)."""
         try:
@@ -215,7 +217,7 @@ class _Entities:
                 raise
             raise
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         """Spark's input partitions: one per slice, or all slices in one for content "ranges"."""
         pieces = self.slices(start, end)
         if self.content == "ranges":
@@ -230,7 +232,7 @@ class _Entities:
             return read_slice(partition)
         return iter(())  # nothing to read: Spark reads one placeholder partition when partitions() has none
 
-    def slices(self, start: dict, end: dict) -> list[Slice]:
+    def slices(self, start: Offsets, end: Offsets) -> list[Slice]:
         infos = {info.path: info for info in self.infos()}
         pieces = []
         for path, partitions in end.items():
@@ -247,20 +249,20 @@ class _Entities:
 
 
 class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.entities = _Entities(options)
-        self.target: Optional[dict] = None  # trigger(availableNow=True): the offsets at the query's start
+        self.target: Optional[Offsets] = None  # trigger(availableNow=True): the offsets at the query's start
 
     def prepareForTriggerAvailableNow(self) -> None:
         """availableNow: read what is there now and nothing that arrives later (latestOffset stops here)."""
         self.target = self.entities.marks()
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offsets:
         return self.entities.starts()
 
-    def latestOffset(self, start: Optional[dict] = None, limit: object = None) -> dict:
+    def latestOffset(self, start: Optional[Offsets] = None, limit: object = None) -> Offsets:
         latest = self.entities.marks()
-        begins: dict[str, dict] = {}
+        begins: Offsets = {}
         if start:  # topics created later start at their cursor; nothing ever moves back
             fresh = self.entities.starts() if any(path not in start for path in latest) else {}
             for path, partitions in latest.items():
@@ -274,7 +276,7 @@ class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     partitions[p] = max(min(partitions[p], cap.get(p, begin.get(p, 0))), begin.get(p, 0))
         return latest
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         return self.entities.partitions(start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -284,10 +286,10 @@ class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class SparkbusReader(DataSourceReader):
     """A snapshot of the entity's messages that are not completed or cancelled."""
 
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.entities = _Entities(options)
 
-    def partitions(self) -> list[InputPartition]:
+    def partitions(self) -> Sequence[InputPartition]:
         return self.entities.partitions({}, self.entities.marks())
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -302,7 +304,7 @@ class Staged(WriterCommitMessage):
 class SparkbusStreamWriter(DataSourceStreamArrowWriter):
     """Sends each micro-batch to a queue or topic in one commit, exactly once per batch id."""
 
-    def __init__(self, options: dict, schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.root = option_root(options, "sink")
         checkpoint = options.get("checkpointLocation") or options.get("checkpointlocation")
         if not checkpoint:
@@ -323,8 +325,9 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
         rows = (dataframes.complete_batch(batch, self.dedup, self.partition_count) for batch in iterator)
         return Staged(path if dataframes.write_staged(path, rows) else None)
 
-    def commit(self, messages: list, batchId: int) -> None:
-        paths = [m.path for m in messages if m is not None and m.path]
+    def commit(self, messages: list[Optional[WriterCommitMessage]], batchId: int) -> None:
+        sent = cast("list[Optional[Staged]]", messages)  # Spark hands back what write returned, per task
+        paths = [m.path for m in sent if m is not None and m.path]
         try:
             tables = [dataframes.read_staged(p) for p in paths]
             catalog = Catalog(self.root)
@@ -343,8 +346,8 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
             for p in paths:
                 storage.location.remove(p)
 
-    def abort(self, messages: list, batchId: int) -> None:
-        for m in messages:
+    def abort(self, messages: list[Optional[WriterCommitMessage]], batchId: int) -> None:
+        for m in cast("list[Optional[Staged]]", messages):
             if m is not None and m.path:
                 storage.location.remove(m.path)
 

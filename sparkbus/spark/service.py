@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..engine import housekeeping
 from ..engine.catalog import Catalog
 from ..engine.namespace import governor_of, namespace_root
 from . import background
 from .datasource import ALL_BACKGROUND
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 LOG = logging.getLogger("sparkbus.service")
 MAINTENANCE_INTERVAL = 30.0  # seconds between sweeps
@@ -32,7 +35,7 @@ MAINTENANCE_INTERVAL = 30.0  # seconds between sweeps
 class NamespaceService:
     """A running namespace service (sparkbus.streaming.serve); stop() ends it."""
 
-    def __init__(self, spark, namespace: str, *, trigger: Optional[dict] = None,
+    def __init__(self, spark: SparkSession, namespace: str, *, trigger: Optional[dict[str, Any]] = None,
                  maintenance_interval: float = MAINTENANCE_INTERVAL,
                  storage_options: Optional[dict[str, str]] = None) -> None:
         self.root = namespace_root(namespace, storage_options)
