@@ -69,7 +69,9 @@ def cluster(tmp_path_factory):
     from conftest import _free_port, listening
 
     home, work = os.path.dirname(pyspark.__file__), tmp_path_factory.mktemp("standalone")
-    env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1"}
+    # the daemons start with the client compiler and the serial collector, as the suite's other JVMs (conftest)
+    env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_DAEMON_JAVA_OPTS": os.environ.get("SPARK_DAEMON_JAVA_OPTS", os.environ["SPARK_SUBMIT_OPTS"])}
     port, ui = _free_port(), _free_port()
     master = [os.path.join(home, "bin", "spark-class"), "org.apache.spark.deploy.master.Master", "--host",
               "127.0.0.1", "--port", str(port), "--webui-port", str(ui)]
