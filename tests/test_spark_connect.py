@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -96,9 +95,12 @@ def server(tmp_path_factory):
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def client(port: int, path: str, step: str) -> subprocess.Popen:
+def client(port: int, path: str, step: str, temp: os.PathLike[str]) -> subprocess.Popen:
+    """The Connect client running `step`, its temporary files (the queries' checkpoints among them) in temp:
+    another test's queries, on the other worker, make theirs elsewhere."""
     return subprocess.Popen([sys.executable, "-c", CLIENT, str(port), path, step], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(temp)})
 
 
 def said(process: subprocess.Popen, line: str) -> None:
@@ -116,8 +118,9 @@ def finish(process: subprocess.Popen) -> None:
     assert process.wait(60) == 0, process.stderr.read()[-3000:]
 
 
-def queries_left() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "sparkbus-query-*")))
+def queries_left(temp: os.PathLike[str]) -> set[str]:
+    """The query checkpoints left in a client's temporary directory."""
+    return set(glob.glob(os.path.join(temp, "sparkbus-query-*")))
 
 
 def received(path: str, *entity: str, count: int) -> list[str]:
@@ -148,42 +151,40 @@ def namespace(tmp_path) -> str:
     return path
 
 
-def test_fan_out_forwarding_and_the_service_run_over_spark_connect(server, namespace):
+def test_fan_out_forwarding_and_the_service_run_over_spark_connect(server, namespace, tmp_path):
     sender = ServiceBusClient(namespace).get_topic_sender("orders")
     sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(5)])
-    before = queries_left()
 
-    once = client(server, namespace, "once")
+    once = client(server, namespace, "once", tmp_path)
     said(once, "fanned out")
     assert received(namespace, "orders", "all", count=5) == [f"m{i}" for i in range(5)]
     finish(once)
     assert received(namespace, "archive", count=5) == [f"m{i}" for i in range(5)]
 
-    serving = client(server, namespace, "serve")
+    serving = client(server, namespace, "serve", tmp_path)
     said(serving, "serving")
     sender.send_messages([ServiceBusMessage(f"n{i}") for i in range(3)])
     assert received(namespace, "archive", count=3) == ["n0", "n1", "n2"]
     assert received(namespace, "orders", "all", count=3) == ["n0", "n1", "n2"]
     finish(serving)
-    assert queries_left() <= before  # each query's checkpoint went with it (others' may go meanwhile)
+    assert queries_left(tmp_path) == set()  # each query's checkpoint went with it
     admin = sparkbus.ServiceBusAdministrationClient(namespace)
     assert admin.get_queue_runtime_properties("archive").total_message_count == 0
     assert admin.get_topic_awaiting_fanout("orders") == 0
 
 
-def test_a_start_that_fails_leaves_no_checkpoint_behind(server, namespace):
-    before = queries_left()
-    failing = client(server, namespace, "bad start")
+def test_a_start_that_fails_leaves_no_checkpoint_behind(server, namespace, tmp_path):
+    failing = client(server, namespace, "bad start", tmp_path)
     said(failing, "TypeError")
     said(failing, "done")
     assert failing.wait(60) == 0
-    assert queries_left() <= before
+    assert queries_left(tmp_path) == set()
 
 
-def test_dataframes_and_the_streaming_source_and_sink_run_over_spark_connect(server, namespace):
+def test_dataframes_and_the_streaming_source_and_sink_run_over_spark_connect(server, namespace, tmp_path):
     """send_dataframe, spark.read and SQL over the messages, receive_dataframe and complete_dataframe, and a
     readStream -> writeStream query from queue to queue, all from a remote session."""
-    remote = client(server, namespace, "dataframes")
+    remote = client(server, namespace, "dataframes", tmp_path)
     for line in ("sent 4", "rows 4", "completed 2", "streamed", "done"):
         said(remote, line)
     assert remote.wait(60) == 0, remote.stderr.read()[-3000:]
