@@ -31,13 +31,14 @@ class ServiceBusSender:
                                 topic_name: Optional[str] = None, **kwargs: object) -> "ServiceBusSender":
         """A sender straight from a connection string, as the SDK's (underscored, but used by its samples):
         it has a client of its own, closed with it."""
-        if queue_name is not None and topic_name is None:
-            return cls(Connection.from_connection_string(conn_str, **kwargs),
-                       lambda sync: sync.get_queue_sender(queue_name), queue_name, owns_client=True)
-        if topic_name is not None and queue_name is None:
-            return cls(Connection.from_connection_string(conn_str, **kwargs),
-                       lambda sync: sync.get_topic_sender(topic_name), topic_name, owns_client=True)
-        raise TypeError("give exactly one of queue_name and topic_name")
+        if (queue_name is None) == (topic_name is None):
+            raise TypeError("give exactly one of queue_name and topic_name")
+        name = queue_name if queue_name is not None else topic_name
+        assert name is not None  # exactly one of them is given (checked above)
+        client = Connection.from_connection_string(conn_str, **kwargs)
+        if queue_name is not None:
+            return cls(client, lambda sync: sync.get_queue_sender(name), name, owns_client=True)
+        return cls(client, lambda sync: sync.get_topic_sender(name), name, owns_client=True)
 
     async def _open(self) -> SyncSender:
         return self._make(await self._client._handler())  # it looks the entity up at the first send
