@@ -1,10 +1,13 @@
 """The package's layers (docs/architecture.md, "Package layout"): every import of every module points down
 the list, the pure rules import no storage library, and the public API reaches storage only through the
-engine. Read from the source with ast, nothing imported."""
+engine. Read from the source with ast, nothing imported; but the data source's module, imported in a fresh
+process to see that it leaves pandas out."""
 from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import sparkbus
 
@@ -100,3 +103,13 @@ def test_no_module_imports_itself_round_a_circle():
         if module not in state:
             visit(module, [module])
     assert not circles, "circles of imports:\n" + "\n".join(circles)
+
+
+def test_the_data_source_module_loads_without_pandas():
+    """Spark starts a fresh Python process for each planning step of a query on the sparkbus data source (its
+    schema, its partitions), and each imports sparkbus.spark.datasource: pandas, about a second of each
+    process, is imported only by what needs it (placement_udf)."""
+    script = "import sys, sparkbus.spark.datasource; print('pandas' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]

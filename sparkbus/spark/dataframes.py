@@ -16,7 +16,6 @@ import uuid
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, cast
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -47,7 +46,11 @@ def _property_spark_types() -> tuple[type[DataType], ...]:
 
 
 def placement_udf(requires_duplicate_detection: bool, partition_count: int) -> UserDefinedFunctionLike:
-    """Pandas (Arrow) UDF (session_id, partition_key, message_id) -> placement code, per batch of rows."""
+    """Pandas (Arrow) UDF (session_id, partition_key, message_id) -> placement code, per batch of rows.
+
+    pandas is imported here, not with the module: Spark starts a fresh Python process for each planning step
+    of a query on the sparkbus data source, each imports this module, and pandas took about a second of each."""
+    import pandas as pd
     from pyspark.sql.pandas.functions import pandas_udf  # what pyspark.sql.functions re-exports
 
     def place(session_ids: pd.Series, keys: pd.Series, message_ids: pd.Series) -> pd.Series:
@@ -56,6 +59,10 @@ def placement_udf(requires_duplicate_detection: bool, partition_count: int) -> U
 
         return pd.Series(partitioning.partition_codes(values(session_ids), values(keys), values(message_ids),
                                                       requires_duplicate_detection, partition_count), dtype="int32")
+
+    # the hints as objects: pandas_udf reads them with typing.get_type_hints, which looks names up in the module
+    place.__annotations__ = {"session_ids": pd.Series, "keys": pd.Series, "message_ids": pd.Series,
+                             "return": pd.Series}
 
     # pyspark's stub lacks pandas_udf(returnType) over a function with type hints, the form Spark documents
     udf: UserDefinedFunctionLike = pandas_udf("int")(place)  # type: ignore[call-overload]
