@@ -96,14 +96,38 @@ def listening(port: int, server: subprocess.Popen, timeout: float) -> bool:
             time.sleep(0.2)
 
 
+# the emulator's container while it runs (the azurite fixture), emptied after each test (_emulator_emptied)
+_emulator: list = []
+
+
+def _forget_emulator_namespaces() -> None:
+    """Drop what this process counted for the namespaces on the emulator: their data is going away, and a
+    flush at interpreter exit would retry the stopped emulator for minutes."""
+    from sparkbus.engine import context
+
+    for root in [root for root in context.roots() if root.startswith("az://")]:
+        context.discard(root)
+
+
+@pytest.fixture(autouse=True)
+def _emulator_emptied():
+    """After each test that left blobs on the emulator: a fresh, empty container. Azurite holds its blobs in
+    one in-memory collection that it scans per request: at 20,000 blobs, in any container, a request costs
+    about five times what it does on an empty emulator, and a run leaves tens of thousands."""
+    yield
+    if _emulator and next(iter(_emulator[0].list_blobs(results_per_page=1)), None) is not None:
+        _forget_emulator_namespaces()
+        _emulator[0].delete_container()
+        _emulator[0].create_container()
+
+
 @pytest.fixture(scope="session")
 def azurite():
     """An Azurite blob service on loopback for the run, its container created; yields the az:// base."""
     if not os.path.exists(AZURITE):
         pytest.fail(f"Azurite is not installed at {AZURITE}: run `make install` (npm install azurite)")
     port = _free_port()
-    # in memory: blobs and their metadata are never written to disk (a run's data is small), which keeps the
-    # emulator's requests fast as the run's data grows
+    # in memory: blobs and their metadata are never written to disk (each test's are removed after it)
     server = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                                "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -115,16 +139,12 @@ def azurite():
                       AZURE_STORAGE_ACCOUNT_KEY=EMULATOR_KEY, AZURITE_BLOB_STORAGE_URL=endpoint)
     from azure.storage.blob import BlobServiceClient
 
-    BlobServiceClient.from_connection_string(
+    _emulator.append(BlobServiceClient.from_connection_string(
         f"DefaultEndpointsProtocol=http;AccountName={EMULATOR_ACCOUNT};AccountKey={EMULATOR_KEY};"
-        f"BlobEndpoint={endpoint}/{EMULATOR_ACCOUNT};").create_container(CONTAINER)
+        f"BlobEndpoint={endpoint}/{EMULATOR_ACCOUNT};").create_container(CONTAINER))
     yield f"az://{CONTAINER}"
-    # the namespaces on the emulator go with it: drop what they counted, or at interpreter exit their flush
-    # would retry the stopped emulator for minutes (persisting it first took half a minute of appends)
-    from sparkbus.engine import context
-
-    for root in [root for root in context.roots() if root.startswith("az://")]:
-        context.discard(root)
+    _emulator.clear()
+    _forget_emulator_namespaces()
     server.terminate()
     server.wait(30)
 
@@ -179,9 +199,14 @@ def spark(azurite):
 
 
 @pytest.fixture(scope="session")
-def spawn():
-    """A 'spawn' multiprocessing context: forking after deltalake started its runtime hangs."""
-    return multiprocessing.get_context("spawn")
+def spawn(azurite):
+    """The multiprocessing context of the races: a fork server that imported sparkbus once forks a fresh
+    process per racer (a spawned one imports it again, about a second of CPU, and a run starts about a
+    hundred). The server only imports: a process that forks after deltalake started its runtime hangs, and
+    none runs in the server. It starts with the environment of its first use, so after Azurite's variables."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["sparkbus", "conftest"])
+    return context
 
 
 # per-process state sparkbus keeps beside a local namespace's tables: not namespace data
