@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+from obstore.exceptions import PermissionDeniedError
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
 import sparkbus
@@ -76,6 +77,23 @@ def test_a_namespace_on_azurite_through_every_way_in(azurite):
     assert all(location.is_empty(uri) for uri in tables.values())  # nothing of it is left in the container
     with pytest.raises(sparkbus.MessagingEntityNotFoundError):
         sparkbus.ServiceBusClient(f"{azurite}/{uuid.uuid4().hex[:12]}/none")
+
+
+def test_a_store_is_made_once_per_settings_and_again_when_they_change(azurite, monkeypatch):
+    root = f"{azurite}/{uuid.uuid4().hex[:12]}"
+    location.put(f"{root}/a", b"one")
+    first, key = location.store_of(f"{root}/a")
+    assert location.store_of(f"{root}/b")[0] is first and key == root.split("/", 3)[3] + "/a"
+    location.register_options(f"{root}/wrong", {"account_key": "d3Jvbmc="})  # another key: another store
+    assert location.store_of(f"{root}/wrong/x")[0] is not first
+    with pytest.raises(PermissionDeniedError, match="403 Forbidden"):
+        location.get(f"{root}/wrong/x")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "d3Jvbmc=")  # the variables object_store reads changed
+    assert location.store_of(f"{root}/a")[0] is not first
+    with pytest.raises(PermissionDeniedError, match="403 Forbidden"):
+        location.get(f"{root}/a")
+    monkeypatch.undo()
+    assert location.store_of(f"{root}/a")[0] is first and location.get(f"{root}/a") == b"one"
 
 
 def test_the_compaction_lease_admits_one_holder_and_is_taken_over_when_expired(azurite):
