@@ -159,11 +159,10 @@ def check_safe(uri: str) -> None:
 
 def store_of(uri: str) -> tuple["ObjectStore", str]:
     """(obstore store, key prefix) for an object-store URI: the store at the container or bucket, made once
-    per process for the same options and credential variables (building one costs about 7 ms of CPU, its
-    HTTP client and configuration, against about 0.4 ms for a request it
-    then sends; a log
-    entry read or written goes through here). A store is safe to share between threads; other options, or
-    a change of the variables object_store reads, make another."""
+    per process for the same options and credential variables (building one, its HTTP client and
+    configuration, costs about 7 ms of CPU, a request it then sends about 0.4 ms; every log entry read or
+    written goes through here). A store is safe to share between threads; other options, or a change of
+    the variables object_store reads, make another."""
     parsed = urlparse(uri)
     options: dict[str, Any] = {k.lower(): v for k, v in options_for(uri).items()}
     base = f"{parsed.scheme}://{parsed.netloc}"
