@@ -102,8 +102,10 @@ bench-throttle: install
 bench-aio: install
 	$(BIN)/python benchmarks/bench_aio.py --wakes 100 --coroutines 1000
 
+# Local disk, Azurite and S3 (SeaweedFS), each object store behind a proxy adding LATENCY_MS to every request
+# (0 too): every operation's p50/p99, requests and sequential round trips, and 1/2/4-process throughput.
 bench-store: install
-	benchmarks/azurite.sh $(BIN)/python benchmarks/bench_store.py --object-root az://sparkbus/bench --single 200 --batched 20000
+	$(BIN)/python benchmarks/bench_store.py --latency-ms 0,$${LATENCY_MS:-20} $(BENCH_STORE_ARGS)
 
 # sparkbus beside PostgreSQL and RabbitMQ (Debian packages, installed if missing; their Debian services are not
 # used: the benchmark starts its own instances on loopback, data under .bench-servers/, and stops them).

@@ -1,24 +1,41 @@
-"""Local disk against an object store (Azurite, the Azure Storage emulator, by default): single send and
-receive+complete latency, and batched send (200 a call) and receive (1,000 a call) throughput, of 1 KiB messages.
+"""Every operation on local disk, Azurite and S3 (SeaweedFS), each object store reached through a proxy that adds
+--latency-ms to every request (benchmarks/latency_proxy.py): a store one region away.
 
-    make bench-store            # starts Azurite on loopback; or, with AZURE_STORAGE_* (or AZURITE_BLOB_STORAGE_URL)
-                                # set: python benchmarks/bench_store.py --object-root az://container/prefix
-Prints one row per store with the command that ran.
+    make bench-store                                  # starts Azurite and SeaweedFS on loopback, stops them after
+    python benchmarks/bench_store.py --latency-ms 0,20 --single 40 --processes 1,2,4
+
+For each store and latency, each operation's p50 and p99 (ms) and the storage requests it makes (counted by
+the proxy); from the p50s at 0 and at L ms, the number of requests it waits for one after another:
+(p50 at L - p50 at 0) / L. Then processes sharing one 16-partition queue at the highest latency: batches of
+200 sent, receives of 1,000 completed, every message exactly once. JSON under benchmarks/results/
+(store-<time>.json and store-latest.json) and a plot (store-latest.png).
+
+Each (store, latency) runs in a process of its own, so that its store clients are made for its endpoint.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Optional
 
-import sparkbus
-from sparkbus import ServiceBusClient, ServiceBusMessage
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [HERE, os.path.join(REPO, "tests")]
 
-
+BODY = b"x" * 1024
 SEND_BATCH = 200  # 1 KiB messages: about 211 KB, under the 256 KB batch limit
+RECEIVE_BATCH = 1000
+EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -26,53 +43,332 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(path: str, singles: int, batched: int) -> dict:
-    sparkbus.create_namespace(path, credits_per_second=None)
-    sparkbus.ServiceBusAdministrationClient(path).create_queue("q", enable_partitioning=True)
-    body = b"x" * 1024
-    out = {}
-    with ServiceBusClient(path) as client, client.get_queue_sender("q") as sender, \
-            client.get_queue_receiver("q", max_wait_time=5) as receiver:
-        sends = []
-        for _ in range(singles):
-            start = time.perf_counter()
-            sender.send_messages(ServiceBusMessage(body))
-            sends.append((time.perf_counter() - start) * 1000)
-        takes = []
-        for _ in range(singles):
-            start = time.perf_counter()
-            [message] = receiver.receive_messages(1)
-            receiver.complete_message(message)
-            takes.append((time.perf_counter() - start) * 1000)
+# ---- one (store, latency), in its own process ---------------------------------------------------------------
+
+def _timed(samples: int, prepare: Optional[Callable[[], Any]], run: Callable[[Any], Any],
+           requests: Callable[[], int]) -> dict[str, float]:
+    """p50/p99 of run(prepare()) over samples, and the requests per run (prepare's not counted)."""
+    times, counted = [], 0
+    for _ in range(samples):
+        given = prepare() if prepare else None
+        before = requests()
         start = time.perf_counter()
-        for _ in range(batched // SEND_BATCH):
-            sender.send_messages([ServiceBusMessage(body) for _ in range(SEND_BATCH)])
-        out["send_batches_per_s"] = batched / (time.perf_counter() - start)
-        start, done = time.perf_counter(), 0
-        while done < batched:
-            got = receiver.receive_messages(1000)
-            receiver.complete_messages(got)
-            done += len(got)
-        out["receive_batches_per_s"] = batched / (time.perf_counter() - start)
-    out.update(send_p50=statistics.median(sends), send_p99=percentile(sends, 0.99),
-               take_p50=statistics.median(takes), take_p99=percentile(takes, 0.99))
+        run(given)
+        times.append((time.perf_counter() - start) * 1000)
+        counted += requests() - before
+    return {"p50": statistics.median(times), "p99": percentile(times, 0.99), "requests": counted / samples}
+
+
+def measure(root: str, samples: int, requests: Callable[[], int]) -> dict[str, dict[str, float]]:
+    import sparkbus
+    from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
+
+    sparkbus.create_namespace(root, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(root)
+    admin.create_queue("q", enable_partitioning=True)
+    admin.create_queue("s", enable_partitioning=True, requires_session=True)
+    admin.create_topic("t", enable_partitioning=True)
+    admin.create_subscription("t", "sub")
+    for i in range(50):
+        admin.create_queue(f"many-{i:02d}")
+    out: dict[str, dict[str, float]] = {}
+    with ServiceBusClient(root) as client, client.get_queue_sender("q") as sender, \
+            client.get_queue_receiver("q", max_wait_time=5) as receiver, \
+            client.get_queue_sender("s") as session_sender:
+        def one() -> list[Any]:
+            return receiver.receive_messages(1, max_wait_time=5)
+
+        def fill(n: int) -> Callable[[], None]:
+            return lambda: sender.send_messages([ServiceBusMessage(BODY) for _ in range(n)])
+
+        # warm: the first call of each kind opens tables
+        sender.send_messages(ServiceBusMessage(BODY))
+        receiver.complete_message(one()[0])
+        out["send 1"] = _timed(samples, None, lambda _: sender.send_messages(ServiceBusMessage(BODY)), requests)
+        out["send 200"] = _timed(samples, None, lambda _: sender.send_messages(
+            [ServiceBusMessage(BODY) for _ in range(SEND_BATCH)]), requests)
+        out["peek 10"] = _timed(samples, None, lambda _: receiver.peek_messages(10), requests)
+        out["receive 1 + complete"] = _timed(samples, None, lambda _: receiver.complete_message(one()[0]), requests)
+
+        def take(n: int) -> Callable[[Any], None]:
+            def run(_: Any) -> None:
+                got: list[Any] = []
+                while len(got) < n:
+                    got += receiver.receive_messages(n - len(got), max_wait_time=5)
+                receiver.complete_messages(got)
+            return run
+        drain_count = max(1, samples // 4)
+        out["receive 200 + complete"] = _timed(drain_count, fill(200), take(200), requests)
+        out["receive 1000 + complete"] = _timed(drain_count, lambda: [fill(SEND_BATCH)() for _ in range(5)],
+                                                take(1000), requests)
+        out["abandon"] = _timed(samples, one, lambda m: receiver.abandon_message(m[0]), requests)
+        out["renew lock"] = _timed(samples, one, lambda m: receiver.renew_message_lock(m[0]), requests)
+        for m in receiver.receive_messages(50, max_wait_time=2):
+            receiver.complete_message(m)
+        out["dead-letter"] = _timed(samples, lambda: (fill(1)(), one())[1],
+                                    lambda m: receiver.dead_letter_message(m[0], reason="bench"), requests)
+        deferred: list[int] = []
+
+        def defer(m: list[Any]) -> None:
+            receiver.defer_message(m[0])
+            deferred.append(m[0].sequence_number)
+        out["defer"] = _timed(samples, lambda: (fill(1)(), one())[1], defer, requests)
+        out["receive deferred + complete"] = _timed(samples, deferred.pop, lambda seq: [
+            receiver.complete_message(m) for m in receiver.receive_deferred_messages([seq])], requests)
+        later = datetime.now(timezone.utc) + timedelta(hours=1)
+        out["schedule"] = _timed(samples, None, lambda _: sender.schedule_messages(ServiceBusMessage(BODY), later),
+                                 requests)
+        out["schedule + cancel"] = _timed(samples, None, lambda _: sender.cancel_scheduled_messages(
+            sender.schedule_messages(ServiceBusMessage(BODY), later)), requests)
+        out["queue runtime properties"] = _timed(samples, None, lambda _: admin.get_queue_runtime_properties("q"),
+                                                 requests)
+        out["50 queues with runtime properties"] = _timed(max(1, samples // 8), None,
+                                                          lambda _: list(admin.list_queues_runtime_properties()),
+                                                          requests)
+        out["get queue"] = _timed(samples, None, lambda _: admin.get_queue("q"), requests)
+        names = iter(range(1 << 20))
+        out["create + delete queue"] = _timed(max(1, samples // 4), lambda: f"tmp-{next(names)}",
+                                              lambda name: (admin.create_queue(name), admin.delete_queue(name)),
+                                              requests)
+        out["create + delete rule"] = _timed(max(1, samples // 4), lambda: f"r{next(names)}", lambda name: (
+            admin.create_rule("t", "sub", name, filter=sparkbus.SqlRuleFilter("color = 'red'")),
+            admin.delete_rule("t", "sub", name)), requests)
+
+        def session_round(_: Any) -> None:
+            with client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5) as session:
+                for m in session.receive_messages(1, max_wait_time=5):
+                    session.complete_message(m)
+        out["session accept + receive + complete"] = _timed(
+            samples, lambda: session_sender.send_messages(ServiceBusMessage(BODY, session_id=uuid.uuid4().hex)),
+            session_round, requests)
+        with client.get_topic_sender("t") as topic_sender:
+            out["topic send 1"] = _timed(samples, None, lambda _: topic_sender.send_messages(ServiceBusMessage(BODY)),
+                                         requests)
     return out
 
 
+def _worker(root: str, role: str, count: int, start: "multiprocessing.synchronize.Event",
+            results: "multiprocessing.Queue[tuple[str, float, list[int]]]") -> None:
+    from sparkbus import ServiceBusClient, ServiceBusMessage
+
+    with ServiceBusClient(root) as client:
+        start.wait()
+        began = time.perf_counter()
+        seen: list[int] = []
+        if role == "send":
+            with client.get_queue_sender("tp") as sender:
+                for _ in range(count // SEND_BATCH):
+                    sender.send_messages([ServiceBusMessage(BODY) for _ in range(SEND_BATCH)])
+        else:
+            with client.get_queue_receiver("tp", max_wait_time=3) as receiver:
+                while len(seen) < count:
+                    got = receiver.receive_messages(RECEIVE_BATCH, max_wait_time=3)
+                    if not got:
+                        break
+                    receiver.complete_messages(got)
+                    seen += [m.sequence_number for m in got]
+        results.put((role, time.perf_counter() - began, seen))
+
+
+def throughput(root: str, processes: int, messages: int) -> dict[str, float]:
+    """msg/s of `processes` senders sharing the queue, then of `processes` receivers draining it; checks every
+    message was received exactly once."""
+    import sparkbus
+
+    sparkbus.ServiceBusAdministrationClient(root).create_queue("tp", enable_partitioning=True)
+    context = multiprocessing.get_context("spawn")
+    out: dict[str, float] = {}
+    received: list[int] = []
+    per = messages // processes // SEND_BATCH * SEND_BATCH
+    for role in ("send", "receive"):
+        start, results = context.Event(), context.Queue()
+        workers = [context.Process(target=_worker, args=(root, role, per if role == "send" else per * processes,
+                                                          start, results)) for _ in range(processes)]
+        for w in workers:
+            w.start()
+        time.sleep(3)  # imports and the client's first look at the namespace
+        began = time.perf_counter()
+        start.set()
+        got = [results.get(timeout=600) for _ in workers]
+        elapsed = time.perf_counter() - began
+        for w in workers:
+            w.join(60)
+        if role == "receive":
+            received = [seq for _, _, seen in got for seq in seen]
+        out[f"{role} msg/s"] = per * processes / elapsed
+    assert len(received) == len(set(received)) == per * processes, \
+        f"{len(received)} received, {len(set(received))} distinct, {per * processes} sent"
+    sparkbus.ServiceBusAdministrationClient(root).delete_queue("tp")
+    return out
+
+
+def child(store: str, latency: float, samples: int, processes: list[int], messages: int) -> None:
+    """Runs in the process made for one (store, latency): prints its results as one JSON line."""
+    from latency_proxy import Proxy
+
+    proxy: Optional[Proxy] = None
+    if store == "azurite":
+        proxy = Proxy(os.environ["AZURITE_BLOB_STORAGE_URL"].removeprefix("http://"), latency)
+        os.environ["AZURITE_BLOB_STORAGE_URL"] = f"http://127.0.0.1:{proxy.start()}"
+        root = f"az://sparkbus/{uuid.uuid4().hex[:12]}/ns"
+    elif store == "s3":
+        proxy = Proxy(os.environ["AWS_ENDPOINT_URL"].removeprefix("http://"), latency)
+        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.start()}"
+        root = f"s3://sparkbus/{uuid.uuid4().hex[:12]}/ns"
+    else:
+        root = tempfile.mkdtemp(prefix="sparkbus-bench-") + "/ns"
+    requests = proxy.requests if proxy else (lambda: 0)
+    try:
+        result: dict[str, Any] = {"store": store, "latency_ms": latency, "operations": measure(root, samples, requests)}
+        result["throughput"] = {n: throughput(root, n, messages) for n in processes}
+    finally:
+        if proxy:
+            proxy.stop()
+        if store == "local":
+            shutil.rmtree(os.path.dirname(root), ignore_errors=True)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---- the whole run ------------------------------------------------------------------------------------------
+
+def _servers(stores: list[str]) -> tuple[dict[str, str], list[Callable[[], None]]]:
+    """Start Azurite and SeaweedFS as the stores need: (their environment, how to stop them)."""
+    environment: dict[str, str] = {}
+    stops: list[Callable[[], None]] = []
+    if "azurite" in stores:
+        from servers import free_port
+
+        azurite = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
+        data = tempfile.mkdtemp(prefix="sparkbus-azurite-")
+        port = free_port()
+        server = subprocess.Popen([azurite, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", data,
+                                   "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def stop_azurite() -> None:
+            server.terminate()
+            server.wait(30)
+            shutil.rmtree(data, ignore_errors=True)
+        stops.append(stop_azurite)
+        endpoint = f"http://127.0.0.1:{port}"
+        environment.update(AZURE_STORAGE_USE_EMULATOR="true", AZURE_STORAGE_ACCOUNT_NAME="devstoreaccount1",
+                           AZURE_STORAGE_ACCOUNT_KEY=EMULATOR_KEY, AZURITE_BLOB_STORAGE_URL=endpoint)
+        from azure.storage.blob import BlobServiceClient
+
+        for _ in range(150):
+            try:
+                BlobServiceClient.from_connection_string(
+                    f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={EMULATOR_KEY};"
+                    f"BlobEndpoint={endpoint}/devstoreaccount1;").create_container("sparkbus")
+                break
+            except Exception:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError("Azurite did not start")
+    if "s3" in stores:
+        from s3server import S3Server
+
+        s3 = S3Server("sparkbus")
+        stops.append(s3.stop)
+        environment.update(s3.environment())
+    return environment, stops
+
+
+def plot(results: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = max(r["latency_ms"] for r in results)
+    chosen = [r for r in results if r["latency_ms"] == top and r["store"] != "local"] or results
+    operations = list(chosen[0]["operations"])
+    fig, ax = plt.subplots(figsize=(11, 6))
+    width = 0.8 / len(chosen)
+    for i, r in enumerate(chosen):
+        ax.barh([j + i * width for j in range(len(operations))],
+                [r["operations"].get(op, {}).get("p50", 0) for op in operations], height=width,
+                label=f"{r['store']}, {r['latency_ms']:g} ms per request")
+    ax.set_yticks([j + width * (len(chosen) - 1) / 2 for j in range(len(operations))], operations)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 (ms, log scale)")
+    ax.legend(loc="lower right")
+    ax.set_title("sparkbus operations on object stores (make bench-store)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    by = {(r["store"], r["latency_ms"]): r for r in results}
+    latencies = sorted({r["latency_ms"] for r in results})
+    top = latencies[-1]
+    for store in dict.fromkeys(r["store"] for r in results):
+        print(f"\n{store}")
+        header = f"{'operation':38}" + "".join(f" {f'p50/p99 ms @{l:g}':>20}" for l in latencies if (store, l) in by)
+        print(header + f" {'requests':>9} {'sequential':>11}")
+        base, high = by.get((store, 0.0)) or by.get((store, 0)), by.get((store, top))
+        for op in (base or high)["operations"]:
+            cells = "".join(f" {by[(store, l)]['operations'][op]['p50']:9.1f}/{by[(store, l)]['operations'][op]['p99']:<10.1f}"
+                            for l in latencies if (store, l) in by and op in by[(store, l)]["operations"])
+            requests = (high or base)["operations"][op]["requests"]
+            sequential = ""
+            if base and high and high is not base and op in base["operations"] and op in high["operations"]:
+                sequential = f"{(high['operations'][op]['p50'] - base['operations'][op]['p50']) / top:11.1f}"
+            print(f"{op:38}{cells} {requests:9.1f} {sequential:>11}")
+        for latency in latencies:
+            if (store, latency) in by and by[(store, latency)].get("throughput"):
+                for n, t in by[(store, latency)]["throughput"].items():
+                    print(f"  {n} process(es) @{latency:g} ms: send {t['send msg/s']:,.0f} msg/s, receive + complete "
+                          f"{t['receive msg/s']:,.0f} msg/s")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--object-root", required=True, help="e.g. az://sparkbus/bench")
-    parser.add_argument("--single", type=int, default=200)
-    parser.add_argument("--batched", type=int, default=20000)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stores", default="local,azurite,s3")
+    parser.add_argument("--latency-ms", default="0,20", help="comma-separated; object stores only (local: 0)")
+    parser.add_argument("--single", type=int, default=40, help="samples per operation")
+    parser.add_argument("--processes", default="1,2,4", help="throughput at the highest latency; '' for none")
+    parser.add_argument("--messages", type=int, default=20000, help="messages per throughput run")
+    parser.add_argument("--child", nargs=2, metavar=("STORE", "LATENCY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print("command:", " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]))
-    rows = [("local disk", measure(tempfile.mkdtemp(prefix="sparkbus-bench-") + "/ns", args.single, args.batched)),
-            (args.object_root, measure(f"{args.object_root}/{uuid.uuid4().hex[:12]}/ns", args.single, args.batched))]
-    print(f"{'store':28} {'send p50/p99 ms':>16} {'receive+complete p50/p99 ms':>28} {'send msg/s':>11} {'receive msg/s':>14}"
-          " (send batches of 200, receives of 1,000)")
-    for name, r in rows:
-        print(f"{name:28} {r['send_p50']:7.1f}/{r['send_p99']:<8.1f} {r['take_p50']:14.1f}/{r['take_p99']:<13.1f} "
-              f"{r['send_batches_per_s']:11,.0f} {r['receive_batches_per_s']:14,.0f}")
+    processes = [int(p) for p in args.processes.split(",") if p]
+    latencies = [float(x) for x in args.latency_ms.split(",")]
+    if args.child:
+        store, latency = args.child[0], float(args.child[1])
+        child(store, latency, args.single, processes if store == "local" or latency == max(latencies) else [],
+              args.messages)
+        return
+    print("command:", " ".join([os.path.basename(sys.executable), *sys.argv]))
+    stores = args.stores.split(",")
+    environment, stops = _servers(stores)
+    results = []
+    try:
+        for store in stores:
+            for latency in ([0.0] if store == "local" else latencies):
+                command = [sys.executable, __file__, "--child", store, str(latency), "--single", str(args.single),
+                           "--latency-ms", args.latency_ms, "--messages", str(args.messages),
+                           "--processes", args.processes]
+                print(f"running {store} at {latency:g} ms ...", flush=True)
+                done = subprocess.run(command, env={**os.environ, **environment}, capture_output=True, text=True)
+                lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+                if done.returncode or not lines:
+                    print(done.stdout[-3000:], done.stderr[-3000:])
+                    raise SystemExit(f"{store} at {latency} ms failed")
+                results.append(json.loads(lines[-1][len("RESULT "):]))
+    finally:
+        for stop in stops:
+            stop()
+    report(results)
+    out = os.path.join(HERE, "results")
+    os.makedirs(out, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    document = {"command": " ".join(sys.argv), "machine": f"{os.cpu_count()} cores", "time": stamp, "results": results}
+    for name in (f"store-{stamp}.json", "store-latest.json"):
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(document, f, indent=1)
+    plot(results, os.path.join(out, "store-latest.png"))
+    print(f"\nwrote benchmarks/results/store-{stamp}.json, store-latest.json and store-latest.png")
 
 
 if __name__ == "__main__":

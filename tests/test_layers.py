@@ -1,7 +1,7 @@
 """The package's layers (docs/architecture.md, "Package layout"): every import of every module points down
-the list, the pure rules import no storage library, and the public API reaches storage only through the
-engine. Read from the source with ast, nothing imported; but the data source's module, imported in a fresh
-process to see that it leaves pandas out."""
+the list, the pure rules import no storage library, the public API reaches storage only through the
+engine, and only sparkbus.storage imports a store's client. Read from the source with ast, nothing
+imported; but the data source's module, imported in a fresh process to see that it leaves pandas out."""
 from __future__ import annotations
 
 import ast
@@ -15,7 +15,8 @@ PACKAGE = pathlib.Path(sparkbus.__file__).parent
 # lower number: lower layer; a module imports its own layer and the ones below
 LAYERS = {"exceptions": 0, "core": 1, "storage": 2, "engine": 3, "spark": 4}
 API = 5  # every other module: the public API, its async form and the command line
-STORAGE_LIBRARIES = ("deltalake", "pyspark")
+STORAGE_LIBRARIES = ("deltalake", "obstore", "pyspark")
+STORE_CLIENTS = ("deltalake", "obstore")  # imported by sparkbus/storage alone
 
 
 
@@ -70,12 +71,25 @@ def test_the_pure_rules_and_the_public_api_import_no_storage_library():
         if _layer(here) == LAYERS["core"]:
             refused = STORAGE_LIBRARIES + ("sparkbus.storage", "sparkbus.engine", "sparkbus.spark")
         elif _layer(here) == API:
-            refused = ("deltalake", "sparkbus.storage")
+            refused = ("deltalake", "obstore", "sparkbus.storage")
         else:
             continue
         found += [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}" for module, line in _imports(path)
                   if any(module == name or module.startswith(name + ".") for name in refused)]
     assert not found, "storage reached past the engine:\n" + "\n".join(found)
+
+
+def test_only_the_storage_layer_imports_a_store_client():
+    """delta-rs and obstore are imported by sparkbus/storage alone: every call that reaches a store goes
+    through its functions, which raise a store's refusal as the SDK's error (sparkbus.storage.errors)."""
+    found = []
+    for path in _modules():
+        here = "sparkbus." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        if _layer(here) == LAYERS["storage"]:
+            continue
+        found += [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}" for module, line in _imports(path)
+                  if any(module == name or module.startswith(name + ".") for name in STORE_CLIENTS)]
+    assert not found, "store clients imported outside sparkbus/storage:\n" + "\n".join(found)
 
 
 def test_no_module_imports_itself_round_a_circle():

@@ -1,6 +1,6 @@
-"""Namespaces on object storage: locations, credentials and options, refusing unsafe stores, and what only
-an object store needs (deleting by prefix, the cross-machine compaction lease). Tests taking ns_path run on
-a local directory and on Azurite (see conftest)."""
+"""Namespaces on object storage: locations, credentials and options, refusing unsafe stores, a store's refusals
+as the SDK's errors, and what only an object store needs (deleting by prefix, the cross-machine compaction
+lease). Tests taking ns_path run on a local directory, on Azurite and on S3 (see conftest)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,6 @@ import time
 import uuid
 
 import pytest
-from obstore.exceptions import PermissionDeniedError
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
 import sparkbus
@@ -34,16 +33,99 @@ def test_locations_are_normalized_or_refused_with_what_is_allowed():
         sparkbus.create_namespace("")
 
 
-def test_s3_without_an_atomic_put_if_absent_is_refused(monkeypatch):
-    for name in ("AWS_S3_CONDITIONAL_PUT", "AWS_S3_LOCKING_PROVIDER", "conditional_put", "aws_s3_locking_provider"):
+def test_s3_commits_with_conditional_writes_by_default_and_turning_them_off_is_refused(monkeypatch):
+    for name in ("AWS_CONDITIONAL_PUT", "CONDITIONAL_PUT"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ValueError, match="S3 needs an atomic put-if-absent"):
+    location.check_safe("s3://bucket/ns-default/entities/x")  # nothing configured: object_store's etag default
+    location.register_options("s3://bucket/ns-etag", {"conditional_put": "etag"})
+    location.check_safe("s3://bucket/ns-etag/entities/x")
+    location.register_options("s3://bucket/ns-off", {"aws_conditional_put": "disabled"})
+    with pytest.raises(ValueError, match="conditional_put is 'disabled'.*remove the setting"):
+        location.check_safe("s3://bucket/ns-off/entities/x")
+    monkeypatch.setenv("AWS_CONDITIONAL_PUT", "disabled")
+    with pytest.raises(ValueError, match="concurrent commits can be lost"):
         sparkbus.create_namespace("s3://bucket/ns-unsafe")
-    location.register_options("s3://bucket/ns-locked", {"aws_s3_locking_provider": "dynamodb"})
-    with pytest.raises(ValueError, match="locking provider does not cover"):  # direct commits bypass its lock
-        location.check_safe("s3://bucket/ns-locked/entities/x")
-    location.register_options("s3://bucket/ns-safe", {"conditional_put": "etag"})
-    location.check_safe("s3://bucket/ns-safe/entities/x")  # configured: accepted
+
+
+def test_a_namespace_on_s3_through_the_environment_options_and_a_connection_string(s3, monkeypatch):
+    """The standard AWS variables (the fixture's), or storage_options alone with every AWS variable unset
+    (allow_http included: an http endpoint), or a connection string: no conditional-put setting needed."""
+    from s3server import ACCESS_KEY, REGION, SECRET_KEY
+
+    ns = f"{s3}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    sparkbus.ServiceBusAdministrationClient(ns).create_queue("q", enable_partitioning=True)
+    conn = f"Endpoint=sparkbus+{ns};SharedAccessKeyName=k;SharedAccessKey=v"
+    with sparkbus.ServiceBusClient.from_connection_string(conn) as client:
+        client.get_queue_sender("q").send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    options = {"endpoint": endpoint, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY, "region": REGION,
+               "allow_http": "true", "timeout": "30s"}
+    other = f"{s3}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(other, credits_per_second=None, storage_options=options)
+    with sparkbus.ServiceBusClient(ns, storage_options=options) as client:
+        with client.get_queue_receiver("q", max_wait_time=2) as receiver:
+            got = receiver.receive_messages(5)
+            assert sorted(str(m) for m in got) == ["a", "b"]
+            receiver.complete_messages(got)
+    admin = sparkbus.ServiceBusAdministrationClient(ns, storage_options=options)
+    assert admin.get_queue_runtime_properties("q").total_message_count == 0
+    tables = admin.get_entity_tables("q")
+    admin.delete_queue("q")
+    assert all(location.is_empty(uri) for uri in tables.values())
+
+
+@pytest.mark.parametrize("server", ["s3", "azurite"])
+def test_a_wrong_credential_is_an_authentication_error_and_writes_nothing(server, request, monkeypatch):
+    base = request.getfixturevalue(server)
+    ns = f"{base}/{uuid.uuid4().hex[:12]}/ns"
+    wrong = ({"AWS_SECRET_ACCESS_KEY": "not-the-secret"} if server == "s3" else
+             {"AZURE_STORAGE_ACCOUNT_KEY": "d3Jvbmc="})
+    refused = sparkbus.ServiceBusAuthenticationError
+    with monkeypatch.context() as changed:
+        for name, value in wrong.items():
+            changed.setenv(name, value)
+        with pytest.raises(refused, match="did not accept the credential.*check"):
+            sparkbus.create_namespace(ns)
+        with pytest.raises(refused):
+            sparkbus.ServiceBusClient(ns)
+    assert location.is_empty(ns)  # nothing was written
+    sparkbus.create_namespace(ns, credits_per_second=None)  # the right one: the same location is usable
+    sparkbus.ServiceBusAdministrationClient(ns).create_queue("q")
+    with monkeypatch.context() as changed:
+        for name, value in wrong.items():
+            changed.setenv(name, value)
+        with pytest.raises(refused):
+            sparkbus.ServiceBusAdministrationClient(ns).create_queue("q2")
+    assert [q.name for q in sparkbus.ServiceBusAdministrationClient(ns).list_queues()] == ["q"]
+
+
+def test_a_credential_without_write_permission_is_an_authorization_error(s3, monkeypatch):
+    from s3server import READER_KEY, READER_SECRET
+
+    ns = f"{s3}/{uuid.uuid4().hex[:12]}/ns"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", READER_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", READER_SECRET)
+    with pytest.raises(sparkbus.ServiceBusAuthorizationError, match="not allowed.*permissions"):
+        sparkbus.create_namespace(ns)
+    monkeypatch.undo()
+    assert location.is_empty(ns)
+
+
+def test_store_settings_that_cannot_be_used_are_value_errors_and_a_panic_never_reaches_the_user(s3):
+    prefix = f"{s3}/{uuid.uuid4().hex[:12]}"
+    with pytest.raises(ValueError, match=r'storage option cannot be used \(failed to parse "maybe" as boolean\)'):
+        sparkbus.create_namespace(f"{prefix}/ns", storage_options={"allow_http": "maybe"})
+    assert location.is_empty(prefix)  # (the options given stay registered for the namespace's own location)
+    from obstore.store import from_url
+
+    from sparkbus.storage import errors
+
+    # obstore panics when a client setting is given as a store setting (what storage_options once did)
+    with pytest.raises(sparkbus.StorageError, match="could not handle the request.*storage_options"):
+        errors.guarded(from_url)("s3://bucket", allow_http="true")
 
 
 def test_credentials_become_storage_options():
@@ -86,11 +168,11 @@ def test_a_store_is_made_once_per_settings_and_again_when_they_change(azurite, m
     assert location.store_of(f"{root}/b")[0] is first and key == root.split("/", 3)[3] + "/a"
     location.register_options(f"{root}/wrong", {"account_key": "d3Jvbmc="})  # another key: another store
     assert location.store_of(f"{root}/wrong/x")[0] is not first
-    with pytest.raises(PermissionDeniedError, match="403 Forbidden"):
+    with pytest.raises(sparkbus.ServiceBusAuthenticationError, match="403 Forbidden"):
         location.get(f"{root}/wrong/x")
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "d3Jvbmc=")  # the variables object_store reads changed
     assert location.store_of(f"{root}/a")[0] is not first
-    with pytest.raises(PermissionDeniedError, match="403 Forbidden"):
+    with pytest.raises(sparkbus.ServiceBusAuthenticationError, match="403 Forbidden"):
         location.get(f"{root}/a")
     monkeypatch.undo()
     assert location.store_of(f"{root}/a")[0] is first and location.get(f"{root}/a") == b"one"
@@ -199,7 +281,7 @@ def test_source_and_sink_options_carry_storage_options(tmp_path):
     assert root == ns and location.options_for(root) == {"account_key": "k1"}
     with pytest.raises(ValueError, match="needs .option\\('namespace'"):
         option_root({"entity": "q"}, "sink")
-    with pytest.raises(ValueError, match="S3 needs an atomic put-if-absent"):
-        option_root({"namespace": "s3://bucket/ns", "entity": "q"}, "source")
+    with pytest.raises(ValueError, match="need its conditional writes"):
+        option_root({"namespace": "s3://bucket/ns", "entity": "q", "storage.conditional_put": "disabled"}, "source")
     assert location.options_for(option_root({"namespace": "s3://bucket/ok", "entity": "q",
                                              "storage.conditional_put": "etag"}, "sink")) == {"conditional_put": "etag"}

@@ -20,8 +20,6 @@ import uuid
 from collections.abc import Collection
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from deltalake.exceptions import DeltaError
-
 from .. import storage
 from ..core import entities, forwarding, throttling, tiers
 from ..core.entities import (DEFAULTS, EntityOptions, QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
@@ -54,7 +52,7 @@ def managed(catalog: Catalog, retry: RetryPolicy, what: str, operation: Callable
     storage refused (not a conflict: those are retried)."""
     try:
         return governor_of(catalog).call(metrics.NAMESPACE, operation, lambda _: MANAGED, retry)
-    except (OSError, DeltaError) as error:
+    except (OSError, storage.DeltaError) as error:
         raise StorageError(f"{what}: the namespace's storage failed: {error}") from error
 
 

@@ -23,10 +23,8 @@ from typing import Any, Callable, Generic, Iterable, Optional, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
 
-from ..storage import location
+from ..storage import CommitFailedError, DeltaTable, location
 from .. import storage
 from ..storage import commits, maintenance
 from ..core.entities import EntityOptions
@@ -171,8 +169,8 @@ class Catalog:
         """
         log_dir = location.join(self.uri, "_delta_log")
         with tempfile.TemporaryDirectory(prefix="sparkbus-catalog-") as staging:
-            write_deltalake(staging, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]),
-                            configuration=CONFIGURATION)
+            storage.write(staging, _to_arrow([namespace_row], "upsert").drop_columns(["_op"]),
+                          configuration=CONFIGURATION)
             with open(os.path.join(staging, "_delta_log", f"{0:020d}.json"), "rb") as staged:
                 entry = staged.read()
             actions = [json.loads(line) for line in entry.splitlines() if line.strip()]
@@ -231,12 +229,10 @@ class Catalog:
             table = self._table
             if table is None or table.version() != snap.version:
                 raise _StaleSnapshot("catalog changed since the snapshot was read")
-            (table.merge(source, "t.key = s.key", source_alias="s", target_alias="t",
-                         post_commithook_properties=storage.NO_HOOKS)
-                .when_matched_update(assignments, predicate="s._op = 'upsert'")
+            storage.merge(table, source, "t.key = s.key", lambda merger: (
+                merger.when_matched_update(assignments, predicate="s._op = 'upsert'")
                 .when_matched_delete(predicate="s._op = 'delete'")
-                .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")
-                .execute())
+                .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")))
             maintenance.after_commit(table)
 
 

@@ -35,7 +35,6 @@ from typing import Any, Awaitable, Callable, Iterable, NamedTuple, Optional, Typ
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from .. import storage
 from ..core import records
@@ -44,7 +43,7 @@ from ..core.transitions import Policy
 from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNotFoundError,
                           MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError, SessionLockLostError)
-from ..storage import commits, maintenance
+from ..storage import DeltaTable, commits, maintenance
 from ..storage.reader import PartitionReader
 from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES,
                                TRANSFER_DEAD_LETTERED)

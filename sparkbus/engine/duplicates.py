@@ -14,10 +14,10 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from .. import storage
 from ..core import records
+from ..storage import DeltaTable
 
 
 def first_occurrences(message_ids: list[Optional[str]]) -> np.ndarray:

@@ -33,7 +33,6 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from .. import storage
 from ..core import records
@@ -43,7 +42,7 @@ from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
                           MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
                           ServiceBusQuotaExceededError)
-from ..storage import commits, maintenance
+from ..storage import DeltaTable, commits, maintenance
 from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, retry
 from .registry import EntityDeleted, EntityInfo
@@ -298,7 +297,7 @@ class EntityWriter:
         def attempt() -> EnqueueResult:
             table = self._view(info, reads=dedup or app_transaction is not None)
             if app_transaction is not None:
-                done = table.transaction_version(app_transaction[0])
+                done = storage.transaction_version(table, app_transaction[0])
                 if done is not None and done >= app_transaction[1]:
                     return EnqueueResult()
             return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers,
@@ -518,8 +517,7 @@ def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy =
             raise MessageNotFoundError(
                 f"message(s) {sorted(taken['sequence_number'].to_pylist())[:10]} were already delivered, settled "
                 "or cancelled")
-        (locks.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=storage.NO_HOOKS)
-            .when_not_matched_insert_all().execute())
+        storage.merge(locks, source, predicate, lambda merger: merger.when_not_matched_insert_all())
         maintenance.after_commit(locks)
 
     retry.run(merge, policy, what=f"cancelling scheduled messages of {info.path!r}", on_transient=confirm)

@@ -54,7 +54,6 @@ from typing import Callable, Iterator, Optional, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from .. import storage
 from ..exceptions import CommitConflictError
@@ -67,7 +66,7 @@ from ..core.language import CompiledRule, Copies, MessageView, compile_correlati
 from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
-from ..storage import commits, maintenance
+from ..storage import CommitProperties, DeltaTable, Transaction, commits, maintenance
 from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
@@ -160,7 +159,7 @@ def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
 
 def topic_cursors(topic_messages: DeltaTable, partitions: int) -> dict[int, int]:
     """Per topic partition, the n up to which every message has been fanned out."""
-    return {p: topic_messages.transaction_version(partition_app_id(p)) or 0 for p in range(partitions)}
+    return {p: storage.transaction_version(topic_messages, partition_app_id(p)) or 0 for p in range(partitions)}
 
 
 # ---- one batch ------------------------------------------------------------------------------------------
@@ -358,7 +357,7 @@ Plan = Callable[[DeltaTable, _Built], Optional[tuple[np.ndarray, list[int], list
 def _batch_plan(ends: dict[int, int]) -> Plan:
     """A batch: copies above the subscription's version of each topic partition; new versions = the ends."""
     def plan(table: DeltaTable, built: _Built) -> Optional[tuple[np.ndarray, list[int], list[Transaction]]]:
-        done = {p: table.transaction_version(partition_app_id(p)) or 0 for p in ends}
+        done = {p: storage.transaction_version(table, partition_app_id(p)) or 0 for p in ends}
         moving = {p: e for p, e in ends.items() if e > done[p]}
         if not moving:
             return None
@@ -372,7 +371,7 @@ def _batch_plan(ends: dict[int, int]) -> Plan:
 def _scheduled_plan(numbers: list[int]) -> Plan:
     """Due scheduled messages: each topic message is its own app id (they come out of sequence order)."""
     def plan(table: DeltaTable, built: _Built) -> Optional[tuple[np.ndarray, list[int], list[Transaction]]]:
-        missing = {n for n in numbers if table.transaction_version(scheduled_app_id(n)) is None}
+        missing = {n for n in numbers if storage.transaction_version(table, scheduled_app_id(n)) is None}
         if not missing:
             return None
         partitions = built.rows["partition_id"].to_pylist()
@@ -397,9 +396,9 @@ def _commit(target: Target, built: _Built, plan: Plan) -> Optional[tuple[np.ndar
     data = built.rows.take(pa.array(positions))
     data = data.set_column(data.schema.get_field_index("sequence_number"), "sequence_number",
                            pa.array(numbers, pa.int64()))
-    write_deltalake(table, data, mode="overwrite", predicate=sequencing.commit_predicate(marks, touched),
-                    commit_properties=CommitProperties(app_transactions=versions),
-                    post_commithook_properties=storage.NO_HOOKS)
+    storage.write(table, data, mode="overwrite", predicate=sequencing.commit_predicate(marks, touched),
+                  commit_properties=CommitProperties(app_transactions=versions),
+                  post_commithook_properties=storage.NO_HOOKS)
     maintenance.after_commit(table)
     return positions, numbers
 
@@ -471,10 +470,10 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
         versions = [Transaction(partition_app_id(p), e) for p, e in sorted(moving.items())]
         # An overwrite with no rows deletes what the predicate names and, unlike delete(), commits (and so
         # records the versions) even when nothing matches.
-        write_deltalake(table, MESSAGES.empty_table(), mode="overwrite",
-                        predicate=f"({spans}) AND scheduled_enqueue_time_utc IS NULL",
-                        commit_properties=CommitProperties(app_transactions=versions),
-                        post_commithook_properties=storage.NO_HOOKS)
+        storage.write(table, MESSAGES.empty_table(), mode="overwrite",
+                      predicate=f"({spans}) AND scheduled_enqueue_time_utc IS NULL",
+                      commit_properties=CommitProperties(app_transactions=versions),
+                      post_commithook_properties=storage.NO_HOOKS)
         maintenance.after_commit(table)
 
     try:

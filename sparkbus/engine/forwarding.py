@@ -36,7 +36,6 @@ from typing import Optional, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import Transaction
 
 from .. import storage
 from ..core import records
@@ -47,7 +46,7 @@ from ..core.throttling import data_cost
 from ..core.values import decode_properties, encode_properties
 from ..exceptions import (CommitConflictError, InvalidOperationError, MessagingEntityDisabledError,
                           PartitionUnavailableError, ServiceBusError)
-from ..storage import commits
+from ..storage import Transaction, commits
 from ..core.schemas import ACTIVE, DEAD_LETTERED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import locks, retention, retry
 from .catalog import Catalog, Snapshot
@@ -186,7 +185,7 @@ def _claim(root: str, snap: Snapshot, info: EntityInfo, partition: int, kind: st
                                 dead_letter_on_expiry=info.options.dead_lettering_on_message_expiration)
     planned, deliver = transitions.plan(found, policy, now, queue, False, limit)
     taken = found.take(pa.array(deliver, pa.int64()))
-    batch = (state.transaction_version(rules.claim_app_id(partition)) or 0) + 1
+    batch = (storage.transaction_version(state, rules.claim_app_id(partition)) or 0) + 1
     refused = _refusals(root, snap, info, kind, taken)
     rows = []
     for i, row in enumerate(records.as_rows(planned)):
@@ -247,7 +246,7 @@ def _finish(catalog: Catalog, info: EntityInfo, partition: int, kind: str, batch
         app_id = rules.transfer_app_id(_storage_id(info), partition)
         # Has it already (a forwarder stopped before releasing)? Asked before the destination's checks:
         # one that became disabled since must not send a copy it holds to the transfer dead-letters.
-        if (storage.open_table(destination.tables["messages"]).transaction_version(app_id) or 0) < batch:
+        if (storage.transaction_version(storage.open_table(destination.tables["messages"]), app_id) or 0) < batch:
             copies = _copies(info, partition, kind, claimed)
             governor_of(catalog).call(  # charged as a send into the destination; waits for credits
                 destination.path, lambda: EntityWriter(lambda: destination).append(

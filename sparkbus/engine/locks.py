@@ -16,10 +16,9 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import Transaction
 
 from .. import storage
-from ..storage import commits, location, maintenance
+from ..storage import Transaction, commits, location, maintenance
 from ..storage.reader import PartitionReader
 from ..core.schemas import LOCKS
 

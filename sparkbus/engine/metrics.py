@@ -26,10 +26,8 @@ from typing import Optional, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import write_deltalake
-from deltalake.exceptions import DeltaError
 
-from ..storage import location
+from ..storage import DeltaError, location
 from .. import storage
 from ..storage import maintenance
 from ..core import records
@@ -183,7 +181,7 @@ def _append(uri: str, rows: pa.Table) -> None:
             if not storage.table_exists(uri):  # not another process's creation: a real failure
                 raise
     table = storage.open_table(uri)
-    write_deltalake(table, rows, mode="append", post_commithook_properties=storage.NO_HOOKS)
+    storage.write(table, rows, mode="append", post_commithook_properties=storage.NO_HOOKS)
     maintenance.after_commit(table)
 
 

@@ -21,11 +21,9 @@ from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
-from ..storage import maintenance
+from ..storage import CommitFailedError, DeltaError, DeltaTable, maintenance
 from ..core import records
 from ..core.schemas import GONE_SQL
 from .registry import EntityInfo
@@ -74,7 +72,7 @@ def _remove_messages(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, 
     if removable == 0 or removable < max(minimum, rows.num_rows // 4):
         return 0
     ranges = runs(rows["sequence_number"].to_pylist(), rows["removable"].to_pylist())[:MAX_RANGES]
-    messages.delete(_ranges_predicate(partition, ranges), post_commithook_properties=storage.NO_HOOKS)
+    storage.delete_rows(messages, _ranges_predicate(partition, ranges))
     maintenance.after_commit(messages)
     return removable
 
@@ -88,8 +86,7 @@ def _remove_states(messages: DeltaTable, locks: DeltaTable, partition: int) -> N
         ORDER BY l.sequence_number""", messages=messages, locks=locks)
     ranges = runs(rows["sequence_number"].to_pylist(), rows["removable"].to_pylist())[:MAX_RANGES]
     if ranges:
-        locks.delete(f"{_ranges_predicate(partition, ranges)} AND state IN ({GONE_SQL})",
-                     post_commithook_properties=storage.NO_HOOKS)
+        storage.delete_rows(locks, f"{_ranges_predicate(partition, ranges)} AND state IN ({GONE_SQL})")
         maintenance.after_commit(locks)
 
 

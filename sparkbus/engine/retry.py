@@ -15,6 +15,10 @@ retry that would start after the deadline raises OperationTimeoutError instead. 
 never cut short, and one that succeeds after the deadline is reported as the success it is: answering
 "timed out" for a written message would make the caller send it twice.
 
+A store that throttles a request or does not answer in time (after its HTTP client's own retries) is
+transient too, but re-planning at once would only add load: each try waits the policy's backoff, and the
+last one's error is raised (ServiceBusServerBusyError, OperationTimeoutError).
+
 Pauses handed over (sparkbus.aio): a call run through `handing_over` does not sleep where a request was
 refused before it did anything (a throttled request, sparkbus.engine.throttle); it raises Backoff, and its
 caller waits on its event loop, holding no thread, and calls again with Backoff.resume, which carries the
@@ -29,10 +33,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, TypeVar
 
-from deltalake.exceptions import CommitFailedError, DeltaError
-
 from .. import storage
+from ..storage import CommitFailedError, DeltaError
 from ..exceptions import CommitConflictError, OperationTimeoutError
+from ..storage.errors import StoreBusy, StoreTimeout
 
 T = TypeVar("T")
 REPLANS = 20          # immediate re-plans in one round
@@ -161,24 +165,31 @@ def is_transient(error: BaseException) -> bool:
 def run(operation: Callable[[], T], policy: RetryPolicy = DEFAULT, *, what: str = "the operation",
         on_transient: Optional[Callable[[], None]] = None) -> T:
     """Run operation (which re-reads what it decides on) under the policy; on_transient runs after each
-    transient failure (to refresh cached tables). Raises CommitConflictError when the policy is exhausted,
-    and any other error at once."""
+    transient failure (to refresh cached tables). A store that throttled or timed out (storage.errors'
+    StoreBusy, StoreTimeout) is waited for as the policy says, then its error raised (a
+    ServiceBusServerBusyError / OperationTimeoutError). Raises CommitConflictError when the policy is
+    exhausted by conflicts, and any other error at once."""
     retry = 0
     while True:
-        for replan in range(REPLANS):
-            try:
-                return operation()
-            except (CommitFailedError, DeltaError, FileNotFoundError) as error:
-                if not is_transient(error):
-                    raise
-                last = error
-                if on_transient is not None:
-                    on_transient()
-                if replan < REPLANS - 1:
-                    time.sleep(random.uniform(0, REPLAN_DELAY * 2 ** min(replan, 3)))
-        if retry >= policy.total:
-            raise CommitConflictError(
-                f"{what} lost to other writers' commits {REPLANS * (retry + 1)} times in a row "
-                f"(retry_total={policy.total}); try again later or allow more retries") from last
+        try:
+            for replan in range(REPLANS):
+                try:
+                    return operation()
+                except (CommitFailedError, DeltaError, FileNotFoundError) as error:
+                    if not is_transient(error):
+                        raise
+                    last = error
+                    if on_transient is not None:
+                        on_transient()
+                    if replan < REPLANS - 1:
+                        time.sleep(random.uniform(0, REPLAN_DELAY * 2 ** min(replan, 3)))
+        except (StoreBusy, StoreTimeout):
+            if retry >= policy.total:
+                raise
+        else:
+            if retry >= policy.total:
+                raise CommitConflictError(
+                    f"{what} lost to other writers' commits {REPLANS * (retry + 1)} times in a row "
+                    f"(retry_total={policy.total}); try again later or allow more retries") from last
         retry += 1
         policy.pause(policy.backoff(retry), what)

@@ -6,12 +6,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable, Optional
 
-from deltalake import DeltaTable
-
 from .. import storage
 from ..core import records
 from ..core import sequencing
-from ..storage import commits
+from ..storage import DeltaTable, commits
 from ..core.schemas import DEAD_LETTERED, GONE_SQL, TRANSFER_DEAD_LETTERED
 from . import clock
 

@@ -12,13 +12,12 @@ from datetime import datetime, timedelta
 from typing import Any, Optional, cast
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
 
 from .. import storage
 from ..core import records
 from ..core import transitions
 from ..exceptions import SessionCannotBeLockedError, SessionLockLostError
-from ..storage import maintenance
+from ..storage import DeltaTable, maintenance
 from ..core.schemas import ACTIVE, GONE_SQL, SESSIONS
 
 
@@ -31,9 +30,9 @@ def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[
 
 def write(table: DeltaTable, row: dict[str, Any]) -> None:
     """Upsert one session row, rejected if another writer changed that session since the table's version."""
-    write_deltalake(table, pa.Table.from_pylist([row], schema=SESSIONS), mode="overwrite",
-                    predicate=f"partition_id = {row['partition_id']} AND session_id = {storage.quoted(row['session_id'])}",
-                    post_commithook_properties=storage.NO_HOOKS)
+    storage.write(table, pa.Table.from_pylist([row], schema=SESSIONS), mode="overwrite",
+                  predicate=f"partition_id = {row['partition_id']} AND session_id = {storage.quoted(row['session_id'])}",
+                  post_commithook_properties=storage.NO_HOOKS)
     maintenance.after_commit(table)
 
 

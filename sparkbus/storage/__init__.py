@@ -1,4 +1,9 @@
-"""Thin helpers over delta-rs: table creation, reads, and making commits durable.
+"""Thin helpers over delta-rs: table creation, reads, writes, and making commits durable.
+
+The only layer that talks to a store: the engine opens, reads and commits to tables through the functions
+here and names delta-rs' types (DeltaTable, Transaction, CommitProperties, CommitFailedError, DeltaError)
+as this package re-exports them, so every call that reaches a store is `guarded` (sparkbus.storage.errors:
+a store's refusal raised as the SDK's error) and no layer above imports deltalake or obstore.
 
 Every read goes through delta-rs' own DataFusion engine (QueryBuilder), never through pyarrow's
 dataset scanner: scanner threads still alive at interpreter exit made about 1 process in 12 abort
@@ -23,16 +28,24 @@ import math
 import os
 import threading
 import time
-from typing import Iterable, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-from deltalake import DeltaTable, PostCommitHookProperties, QueryBuilder
-from deltalake.exceptions import DeltaError
+from deltalake import CommitProperties as CommitProperties
+from deltalake import DeltaTable as DeltaTable
+from deltalake import PostCommitHookProperties, QueryBuilder
+from deltalake import Transaction as Transaction
+from deltalake import write_deltalake
+from deltalake.exceptions import CommitFailedError as CommitFailedError
+from deltalake.exceptions import DeltaError as DeltaError
 from deltalake.schema import Field
+from deltalake.table import TableMerger
 
 from ..core import sequencing
 from . import location
+from .errors import guarded
 
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
 # the log separately. A hook that failed after a successful commit (another process's log cleanup won
@@ -42,12 +55,14 @@ PARTITION_COLUMN = "partition_id"
 _READ_AT = "_sparkbus_read_at"  # attribute of the DeltaTable objects opened or refreshed here (read_at)
 
 
+@guarded
 def table_exists(uri: str) -> bool:
     if location.is_local(uri) and not os.path.isdir(os.path.join(uri, "_delta_log")):
         return False
     return DeltaTable.is_deltatable(uri, storage_options=location.options_for(uri) or None)
 
 
+@guarded
 def open_table(uri: str) -> DeltaTable:
     """The table at uri, with the storage options registered for its namespace (storage.location); a
     listing of its log that lost a race (is_expired_version) is tried again."""
@@ -83,6 +98,7 @@ def is_expired_version(error: BaseException) -> bool:
                                               or "Expected contiguous commit files" in str(error))
 
 
+@guarded
 def refresh(table: DeltaTable) -> DeltaTable:
     """The table at its latest version: updated in place, or reopened when its version's log expired."""
     for attempt in range(10):
@@ -99,6 +115,7 @@ def refresh(table: DeltaTable) -> DeltaTable:
     raise RuntimeError(f"could not open {table.table_uri}: its log kept changing underneath")
 
 
+@guarded
 def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PARTITION_COLUMN,),
                  configuration: dict[str, str] | None = None) -> DeltaTable:
     """Create an empty Delta table (durable on return); fails if one exists."""
@@ -113,6 +130,7 @@ def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PAR
     return table
 
 
+@guarded
 def add_missing_columns(uri: str, schema: pa.Schema) -> list[str]:
     """Add the schema's columns the table lacks (nullable; rows written before read them as null), in one
     commit made durable; returns their names. A concurrent upgrade that added them first is fine."""
@@ -130,6 +148,37 @@ def add_missing_columns(uri: str, schema: pa.Schema) -> list[str]:
         return []
     sync_version(table)
     return [field.name for field in missing]
+
+
+@guarded
+def write(table_or_uri: str | Path | DeltaTable, data: Any, **options: Any) -> None:
+    """delta-rs' write_deltalake, with the same arguments: one commit, to which a table object given moves;
+    CommitFailedError when a conflicting commit came first."""
+    write_deltalake(table_or_uri, data, **options)
+
+
+@guarded
+def merge(table: DeltaTable, source: pa.Table, predicate: str,
+          clauses: Callable[[TableMerger], TableMerger]) -> dict[str, Any]:
+    """MERGE source (alias s) into table (alias t) on predicate, with the clauses `clauses` adds to delta-rs'
+    merger and without post-commit hooks (NO_HOOKS): one commit, to which the table object moves; returns
+    delta-rs' metrics. CommitFailedError when a conflicting commit came first."""
+    merger = table.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=NO_HOOKS)
+    return clauses(merger).execute()
+
+
+@guarded
+def delete_rows(table: DeltaTable, predicate: str) -> dict[str, Any]:
+    """Delete the rows matching predicate, without post-commit hooks (NO_HOOKS): one commit when any matched,
+    to which the table object moves; returns delta-rs' metrics."""
+    return table.delete(predicate, post_commithook_properties=NO_HOOKS)
+
+
+@guarded
+def transaction_version(table: DeltaTable, app_id: str) -> Optional[int]:
+    """The version of application transaction app_id at the table object's version (None when never set):
+    delta-rs reads it from the log."""
+    return table.transaction_version(app_id)
 
 
 def durable() -> bool:
@@ -247,6 +296,7 @@ def fsync_file(path: str) -> None:
         os.close(descriptor)
 
 
+@guarded
 def query(sql: str, **tables: DeltaTable) -> pa.Table:
     """Run SQL over the given tables (registered under their keyword names) with delta-rs' engine."""
     builder = QueryBuilder()
@@ -271,6 +321,7 @@ def quoted(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+@guarded
 def remove_tree(uri: str) -> None:
     """Delete a directory tree, or everything under an object-store prefix; missing is fine."""
     location.remove_tree(uri)
@@ -289,6 +340,7 @@ def high_water_marks(table: DeltaTable) -> dict[int, int]:
     return marks
 
 
+@guarded
 def last_commit_time_ms(table: DeltaTable) -> int | None:
     """Timestamp of the table's latest commit, from the log (no data read)."""
     history = table.history(1)

@@ -65,6 +65,7 @@ from deltalake.exceptions import CommitFailedError
 from ..core.records import EPOCH
 from . import (PARTITION_COLUMN, fsync_file, fsync_together, durable, pool as storage_pool, local_root,
                location, open_table, read_at)
+from .errors import guarded
 
 ENGINE = "sparkbus"
 _DEFAULT_RETENTION = timedelta(days=30)  # Delta's default delta.logRetentionDuration
@@ -439,6 +440,7 @@ def entries_after(table_uri: str, version: int) -> list[Entry]:
     return entries
 
 
+@guarded
 def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
     """The actions of one version of a table (its log or uri), or None when its entry does not exist (yet,
     or any more)."""
@@ -462,6 +464,7 @@ def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
     return entry
 
 
+@guarded
 def create_entry(target: str, payload: bytes) -> bool:
     """Create the log entry at target (<table>/_delta_log/<version>.json, the directory existing) unless it
     exists, durable on return: whether this call created it."""

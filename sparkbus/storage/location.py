@@ -10,11 +10,16 @@ its root in this process (register_options), so code that opens a table by URI n
 
 Correctness on an object store rests on one property: a Delta commit writes log entry N+1 with an atomic
 put-if-absent, so of two writers racing for a version exactly one wins and the other retries on the new
-version. Azure Blob Storage has it natively. S3 has it with conditional writes (options
-{"conditional_put": "etag"}, or AWS_S3_CONDITIONAL_PUT=etag); without them two writers can both "win" and
-one commit is lost, so check_safe refuses such a namespace instead. delta-rs' DynamoDB locking provider is
-not enough: sparkbus writes the log entries of sends and settlements itself (sparkbus.storage.commits)
-with a conditional PUT, outside that lock.
+version. Azure Blob Storage has it natively. S3 has it with conditional writes (If-None-Match), which
+object_store and delta-rs use by default; a setting that turns them off (conditional_put "disabled", as an
+option or AWS_CONDITIONAL_PUT) would let two writers both "win" and lose a commit, so check_safe refuses
+such a namespace instead. delta-rs' DynamoDB locking provider is not enough: sparkbus writes the log
+entries of sends and settlements itself (sparkbus.storage.commits) with a conditional PUT, outside that
+lock.
+
+Options are given as object_store names them, with or without the store's prefix (endpoint or
+aws_endpoint, account_key or azure_storage_account_key). delta-rs takes every one; obstore wants HTTP
+client settings (allow_http, timeouts, proxies) apart from the store's: store_options splits them.
 
 What stays local to a machine (the throttling ledger and the compaction lock, which rely on file locks)
 lives for an object-store namespace in state_dir(root), a directory under ~/.cache/sparkbus.
@@ -25,11 +30,13 @@ import hashlib
 import os
 import posixpath
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 from urllib.parse import urlparse
 
+from .errors import guarded
+
 if TYPE_CHECKING:
-    from obstore.store import ObjectStore
+    from obstore.store import ClientConfig, ObjectStore
 
 OBJECT_SCHEMES = ("az", "azure", "abfs", "abfss", "s3", "s3a")
 _OPTIONS: dict[str, dict[str, str]] = {}
@@ -145,18 +152,51 @@ def _setting(options: dict[str, str], *names: str) -> Optional[str]:
 
 
 def check_safe(uri: str) -> None:
-    """Refuse a location whose store cannot commit atomically (S3 without conditional writes), with what to
-    configure; ValueError."""
+    """Refuse a location whose store would not commit atomically: S3 with its conditional writes turned off
+    (conditional_put set to anything but "etag", the default), with what to change; ValueError."""
     if urlparse(uri).scheme not in ("s3", "s3a"):
         return
-    conditional = _setting(options_for(uri), "conditional_put", "aws_conditional_put", "AWS_S3_CONDITIONAL_PUT")
-    if (conditional or "").lower() == "etag":
+    conditional = _setting(options_for(uri), "conditional_put", "aws_conditional_put")
+    if conditional is None or conditional.lower() == "etag":
         return
-    raise ValueError(f"{uri}: S3 needs an atomic put-if-absent for Delta commits, or concurrent commits can be "
-                     "lost; set storage_options {'conditional_put': 'etag'} (S3 conditional writes; a DynamoDB "
-                     "locking provider does not cover the log entries sparkbus writes itself)")
+    raise ValueError(f"{uri}: conditional_put is {conditional!r}, but Delta commits on S3 need its conditional "
+                     "writes (an atomic put-if-absent), or concurrent commits can be lost; remove the setting "
+                     "(storage option conditional_put or AWS_CONDITIONAL_PUT: 'etag' is the default). A DynamoDB "
+                     "locking provider does not cover the log entries sparkbus writes itself")
 
 
+# object_store's HTTP client settings (ClientConfigKey): obstore takes them apart from the store's own.
+CLIENT_OPTIONS = frozenset((
+    "allow_http", "allow_invalid_certificates", "connect_timeout", "default_content_type", "http1_only",
+    "http2_keep_alive_interval", "http2_keep_alive_timeout", "http2_keep_alive_while_idle", "http2_max_frame_size",
+    "http2_only", "pool_idle_timeout", "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate",
+    "proxy_excludes", "randomize_addresses", "timeout", "user_agent"))
+_STORE_PREFIXES = ("aws_", "azure_", "google_")
+
+
+def client_option(name: str) -> Optional[str]:
+    """The client setting an option names (allow_http for AWS_ALLOW_HTTP or allow_http), or None."""
+    name = name.lower()
+    for prefix in _STORE_PREFIXES:
+        if name.startswith(prefix) and name[len(prefix):] in CLIENT_OPTIONS:
+            return name[len(prefix):]
+    return name if name in CLIENT_OPTIONS else None
+
+
+def store_options(options: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the store's settings, the HTTP client's settings) of storage options, as obstore takes them."""
+    store: dict[str, str] = {}
+    client: dict[str, str] = {}
+    for name, value in options.items():
+        setting = client_option(name)
+        if setting is None:
+            store[name.lower()] = value
+        else:
+            client[setting] = value
+    return store, client
+
+
+@guarded
 def store_of(uri: str) -> tuple["ObjectStore", str]:
     """(obstore store, key prefix) for an object-store URI: the store at the container or bucket, made once
     per process for the same options and credential variables (building one, its HTTP client and
@@ -164,7 +204,7 @@ def store_of(uri: str) -> tuple["ObjectStore", str]:
     written goes through here). A store is safe to share between threads; other options, or a change of
     the variables object_store reads, make another."""
     parsed = urlparse(uri)
-    options: dict[str, Any] = {k.lower(): v for k, v in options_for(uri).items()}
+    options = options_for(uri)
     base = f"{parsed.scheme}://{parsed.netloc}"
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(_STORE_ENVIRONMENT))
     key = (base, tuple(sorted(options.items())), tuple(environment))
@@ -172,7 +212,9 @@ def store_of(uri: str) -> tuple["ObjectStore", str]:
     if store is None:
         from obstore.store import from_url
 
-        store = from_url(base, **options)
+        config, client = store_options(options)
+        settings: dict[str, Any] = dict(config)
+        store = from_url(base, client_options=cast("ClientConfig", client) if client else None, **settings)
         with _LOCK:
             if len(_STORES) >= _STORES_KEPT:  # options that change (fresh bearer tokens) must not pile up
                 _STORES.clear()
@@ -194,6 +236,7 @@ def check_creatable(uri: str) -> None:
         raise ValueError(f"{uri}: {existing} is not writable by this user")
 
 
+@guarded
 def is_empty(uri: str) -> bool:
     """Nothing is stored at or under uri (a missing local directory is empty; a local file is not)."""
     if is_local(uri):
@@ -205,6 +248,7 @@ def is_empty(uri: str) -> bool:
     return True
 
 
+@guarded
 def remove_tree(uri: str) -> None:
     """Delete everything at or under uri; missing is fine (delete is idempotent)."""
     if is_local(uri):
@@ -226,6 +270,7 @@ def remove_tree(uri: str) -> None:
                         pass
 
 
+@guarded
 def listing(uri: str) -> list[str]:
     """The files (objects) directly or indirectly under uri, as URIs; [] when there are none."""
     if is_local(uri):
@@ -236,6 +281,7 @@ def listing(uri: str) -> list[str]:
             for batch in store.list(prefix + "/") for entry in batch]
 
 
+@guarded
 def put(uri: str, data: bytes) -> None:
     """Write one file (object), replacing it; a local file's directory is created."""
     if is_local(uri):
@@ -247,6 +293,7 @@ def put(uri: str, data: bytes) -> None:
     store.put(key, data)
 
 
+@guarded
 def remove(uri: str) -> None:
     """Delete one file (object); missing is fine."""
     if is_local(uri):
@@ -262,6 +309,7 @@ def remove(uri: str) -> None:
         pass
 
 
+@guarded
 def get(uri: str) -> bytes:
     """Read one file (object); FileNotFoundError when missing."""
     if is_local(uri):

@@ -36,6 +36,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
 from . import location
+from .errors import guarded
 
 CHECKPOINT_EVERY = 10
 COMPACT_EVERY = 20
@@ -59,6 +60,7 @@ _stopping = False
 failures: list[tuple[str, Exception]] = []  # the last jobs that failed other than by losing a race
 
 
+@guarded
 def after_commit(table: DeltaTable) -> None:
     """Call after committing to `table` (the object is at the new version): makes the commit durable,
     writes the checkpoint this version is due, and asks the background thread for the log cleanup and
@@ -121,6 +123,7 @@ def wait_idle(timeout: Optional[float] = None) -> bool:
         return _changed.wait_for(lambda: not _waiting and not _tasks and not _busy, timeout)
 
 
+@guarded
 def compact(uri: str) -> bool:
     """Compact the small files of the table at uri now, on its latest version, retrying lost races.
     Skipped (False) while another process or thread compacts the same table: see _compaction_lock."""
@@ -201,6 +204,7 @@ def _lease(uri: str) -> Iterator[bool]:
             pass
 
 
+@guarded
 def checkpoint(uri: str) -> None:
     """Write a checkpoint of the table's latest version (durable), then clean up the log it replaces."""
     try:
@@ -212,6 +216,7 @@ def checkpoint(uri: str) -> None:
     cleanup(uri)
 
 
+@guarded
 def cleanup(uri: str) -> None:
     """Remove the table's log entries older than its log retention that a checkpoint made redundant."""
     try:
