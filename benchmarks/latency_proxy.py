@@ -20,13 +20,13 @@ import os
 import signal
 import socket
 import time
-from typing import Optional
+from typing import Any, Optional
 
 METHODS = (b"GET ", b"PUT ", b"POST ", b"HEAD ", b"DELETE ", b"PATCH ", b"OPTIONS ")
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
-                counter: Optional[list[int]], answered: Optional[asyncio.Event]) -> None:
+                counter: Optional[list[int]], answered: Optional[asyncio.Event], log: Optional[Any] = None) -> None:
     """Copy reader to writer, each chunk `delay` seconds after it arrived (order kept)."""
     loop = asyncio.get_running_loop()
     line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
@@ -50,6 +50,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             if counter is not None and answered is not None and data.startswith(METHODS) and answered.is_set():
                 counter[0] += 1
                 answered.clear()
+                if log is not None:
+                    log.write(f"{time.monotonic():.4f} {data.split(b' HTTP/', 1)[0].decode(errors='replace')}\n")
+                    log.flush()
             if answered is not None and counter is None and data:
                 answered.set()
             await line.put((loop.time() + delay, data))
@@ -62,8 +65,10 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 async def _serve(target: tuple[str, int], latency_ms: float, ready: "multiprocessing.synchronize.Event | None",
                  port_value: "multiprocessing.sharedctypes.Synchronized[int] | None",
-                 count_value: "multiprocessing.sharedctypes.Synchronized[int] | None", port: int = 0) -> None:
+                 count_value: "multiprocessing.sharedctypes.Synchronized[int] | None", port: int = 0,
+                 log_path: Optional[str] = None) -> None:
     counter = [0]
+    log = open(log_path, "a") if log_path else None
 
     async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         try:
@@ -73,7 +78,7 @@ async def _serve(target: tuple[str, int], latency_ms: float, ready: "multiproces
             return
         answered = asyncio.Event()
         answered.set()
-        await asyncio.gather(_pipe(client_reader, server_writer, latency_ms / 1000, counter, answered),
+        await asyncio.gather(_pipe(client_reader, server_writer, latency_ms / 1000, counter, answered, log),
                              _pipe(server_reader, client_writer, 0.0, None, answered), return_exceptions=True)
 
     server = await asyncio.start_server(handle, "127.0.0.1", port)
@@ -90,15 +95,16 @@ async def _serve(target: tuple[str, int], latency_ms: float, ready: "multiproces
 
 def _run(target: tuple[str, int], latency_ms: float, ready: "multiprocessing.synchronize.Event",
          port_value: "multiprocessing.sharedctypes.Synchronized[int]",
-         count_value: "multiprocessing.sharedctypes.Synchronized[int]") -> None:
+         count_value: "multiprocessing.sharedctypes.Synchronized[int]", log_path: Optional[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    asyncio.run(_serve(target, latency_ms, ready, port_value, count_value))
+    asyncio.run(_serve(target, latency_ms, ready, port_value, count_value, 0, log_path))
 
 
 class Proxy:
-    """The proxy in a spawned process: start() returns its loopback port; requests() how many it forwarded."""
+    """The proxy in a spawned process: start() returns its loopback port; requests() how many it forwarded;
+    with log_path, each request's arrival time, method and path are appended to that file."""
 
-    def __init__(self, target: str, latency_ms: float) -> None:
+    def __init__(self, target: str, latency_ms: float, log_path: Optional[str] = None) -> None:
         host, _, port = target.rpartition(":")
         self.target = (host or "127.0.0.1", int(port))
         self.latency_ms = latency_ms
@@ -107,7 +113,7 @@ class Proxy:
         self._port = context.Value("i", 0)
         self._count = context.Value("q", 0)
         self._process = context.Process(target=_run, args=(self.target, latency_ms, self._ready, self._port,
-                                                            self._count), daemon=True)
+                                                            self._count, log_path), daemon=True)
 
     def start(self) -> int:
         self._process.start()

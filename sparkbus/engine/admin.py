@@ -15,12 +15,14 @@ entity and everything under it), then the data (sparkbus.engine.registry.remove_
 """
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Collection
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from .. import storage
+from ..storage import followed
 from ..core import entities, forwarding, throttling, tiers
 from ..core.entities import (DEFAULTS, EntityOptions, QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                              SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
@@ -42,6 +44,7 @@ T = TypeVar("T")
 ENTITIES_DIR = "entities"
 TOP_LEVEL = ("queue", "topic")
 MANAGED = Usage(throttling.MANAGEMENT_COST)
+ENTITY_POOL = "entities"  # the storage pool listings read their entities on, side by side
 EntityProperties = Union[QueueProperties, TopicProperties, SubscriptionProperties]
 RuntimeProperties = Union[QueueRuntimeProperties, TopicRuntimeProperties, SubscriptionRuntimeProperties]
 
@@ -118,7 +121,8 @@ def get_subscription(catalog: Catalog, topic_name: str, subscription_name: str) 
 def list_entities(catalog: Catalog, kind: str, topic_name: Optional[str] = None) -> list[EntityProperties]:
     """Every queue or topic (kind), or every subscription of topic_name."""
     snap = catalog.snapshot()
-    return [properties(catalog, snap, row) for row in _listed(catalog, snap, kind, topic_name)]
+    return followed.together([functools.partial(properties, catalog, snap, row)
+                              for row in _listed(catalog, snap, kind, topic_name)], ENTITY_POOL)
 
 
 def get_runtime(catalog: Catalog, kind: str, path: str) -> RuntimeProperties:
@@ -135,9 +139,11 @@ def get_subscription_runtime(catalog: Catalog, topic_name: str,
 
 
 def list_runtime(catalog: Catalog, kind: str, topic_name: Optional[str] = None) -> list[RuntimeProperties]:
-    """The runtime properties of every queue or topic (kind), or every subscription of topic_name."""
+    """The runtime properties of every queue or topic (kind), or every subscription of topic_name, read
+    concurrently (a listing of many costs the storage round trips of one)."""
     snap = catalog.snapshot()
-    return [runtime(catalog, snap, row) for row in _listed(catalog, snap, kind, topic_name)]
+    return followed.together([functools.partial(runtime, catalog, snap, row)
+                              for row in _listed(catalog, snap, kind, topic_name)], ENTITY_POOL)
 
 
 def _listed(catalog: Catalog, snap: Snapshot, kind: str, topic_name: Optional[str]) -> list[Row]:
@@ -220,11 +226,11 @@ def _counts(catalog: Catalog, snap: Snapshot, row: Row) -> tuple[Counts, set[int
     subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
     cursors = None
     if row.kind == "topic":  # rows already fanned out to the subscriptions are not the topic's any more
-        cursors = fanout.topic_cursors(storage.open_table(uris["messages"]), row.partition_count)
+        cursors = {p: fanout.partition_app_id(p) for p in range(row.partition_count)}
     skipped = set(detected_faults(catalog.root, row.path))
     while True:  # a partition whose files cannot be read is left out of the counts, and reported
         try:
-            counts = entity_counts(uris["messages"], uris["locks"], fanned_out=cursors, skipped=skipped,
+            counts = entity_counts(uris["messages"], uris["locks"], cursors=cursors, skipped=skipped,
                                    header_copies=len(subscriptions) if row.kind == "topic" else 1)
             break
         except Exception as error:  # DataFusion's errors are plain Exceptions naming the file

@@ -198,7 +198,7 @@ class Catalog:
             if self._table is None:
                 self._table = storage.open_table(self.uri)
             else:
-                self._table = storage.refresh(self._table)
+                self._table = commits.refresh_if_moved(self._table)
             version = self._table.version()
             if self._snapshot is None or self._snapshot.version != version:
                 rows = _from_arrow(storage.query("SELECT * FROM catalog", catalog=self._table))

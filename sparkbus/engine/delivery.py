@@ -25,6 +25,7 @@ their lock's error, and the receiver follows to the new incarnation where it may
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -43,7 +44,7 @@ from ..core.transitions import Policy
 from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNotFoundError,
                           MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError, SessionLockLostError)
-from ..storage import DeltaTable, commits, maintenance
+from ..storage import DeltaTable, commits, followed, maintenance
 from ..storage.reader import PartitionReader
 from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES,
                                TRANSFER_DEAD_LETTERED)
@@ -57,9 +58,16 @@ T = TypeVar("T")
 M = TypeVar("M")  # what a receive's decode makes of a message (sparkbus.receiver: a received message)
 POLL_START, POLL_MAX = 0.01, 0.5  # seconds between tries on an empty entity, doubling (poll)
 WATCH_EVERY = 0.02  # seconds between looks at a local entity's log directories while a receive waits
+TRUSTED_VIEW = 1.0  # seconds a locks view moved for a receive serves settling its fresh locks unmoved
+OPTIMISTIC_FOR = 2.0  # seconds after views were read that a receive on an object store first tries them as held
+OPTIMISTIC_PAUSE = 5.0  # seconds without such tries after one lost to another receiver
 # The message columns choosing and planning a lock read (transitions.candidates and plan).
 CHOOSING = ("sequence_number", "session_id", "enqueued_time_utc", "scheduled_enqueue_time_utc", "expires_at_utc",
             *BORN_DEAD_LETTER_COLUMNS)
+# the state columns a peeked message carries (as named there: the locks table's column)
+PEEKED_STATE = {"lock_state": "state", "delivery_count": "delivery_count", "dead_letter_reason": "dead_letter_reason",
+                "dead_letter_error_description": "dead_letter_error_description",
+                "dead_letter_source": "dead_letter_source"}
 NEXT_AVAILABLE = None  # lock_session(requested=NEXT_AVAILABLE): any session with available messages
 # What a receiver's decode of a stored row written by an older version or another tool can raise: such a
 # message is dead-lettered instead of delivered (decoded).
@@ -177,6 +185,8 @@ class Delivery:
                          "choosing": PartitionReader(MESSAGES, columns=CHOOSING)}
         self._guard = threading.RLock()
         self._wrote = False  # whether the operation `retrying` runs committed something
+        self._operation = threading.local()  # .moved: the views this thread's receive has moved (snapshot)
+        self._lost_optimistic = -math.inf  # when a receive planned on unmoved views last lost its commit
 
     # ---- tables and retries ----------------------------------------------------------------------------
 
@@ -186,7 +196,7 @@ class Delivery:
         table = self._tables.get(uri)
         if table is None:
             _keep_only(self._tables, info)
-        self._tables[uri] = storage.open_table(uri) if table is None else storage.refresh(table)
+        self._tables[uri] = storage.open_table(uri) if table is None else commits.refresh_if_moved(table)
         return self._tables[uri]
 
     def watch(self) -> Callable[[], bool]:
@@ -208,21 +218,39 @@ class Delivery:
             return moved
         return changed
 
-    def view(self, info: EntityInfo, role: str) -> commits.LogView:
-        """The entity table's files at its latest version, followed from its log (kept between calls)."""
+    def view(self, info: EntityInfo, role: str, *, advance: bool = True) -> commits.LogView:
+        """The entity table's files at its latest version, followed from its log (kept between calls); not
+        moved when advance is False, or when this thread's receive already moved it (see snapshot)."""
         uri = info.tables[role]
         view = self._views.get(uri)
+        moved = getattr(self._operation, "moved", None)
         if view is None:
             _keep_only(self._views, info)
             view = self._views[uri] = commits.LogView(storage.open_table(uri))
-        return view.advance()
+        elif advance and (moved is None or uri not in moved):
+            view.advance()
+        if moved is not None:
+            moved.add(uri)
+        return view
 
-    def snapshot(self, info: EntityInfo) -> tuple[commits.LogView, commits.LogView]:
-        """(messages, locks) views at their latest versions, locks read first: retention removes a
-        message's row from messages before its state row from locks, so this order never shows a
-        completed message without its state row (which would make it look active again)."""
-        state = self.view(info, "locks")
-        return self.view(info, "messages"), state
+    def snapshot(self, info: EntityInfo, *, again: bool = False) -> tuple[commits.LogView, commits.LogView]:
+        """(messages, locks) views at their latest versions, moved together (one round of requests on an
+        object store) in an order that never shows a completed message without its state row (retention
+        removes the message's row first: storage.followed.advance_pair). A receive visiting several
+        partitions (lock_any) moves them once, at its first partition: a message committed meanwhile is
+        found by the next receive, and every commit is conditional on the version it was planned on, so
+        nothing is decided on a stale view. again: a retry after a lost commit, which must read anew."""
+        uris = (info.tables["locks"], info.tables["messages"])
+        moved = getattr(self._operation, "moved", None)
+        if any(uri not in self._views for uri in uris):  # first use: opened in order, locks first
+            state = self.view(info, "locks")
+            return self.view(info, "messages"), state
+        state, messages = self._views[uris[0]], self._views[uris[1]]
+        if again or moved is None or not set(uris) <= moved:
+            followed.advance_pair(state, messages)
+        if moved is not None:
+            moved.update(uris)
+        return messages, state
 
     def tables(self, info: EntityInfo) -> tuple[DeltaTable, DeltaTable]:
         """(messages, locks) as delta-rs tables at their latest versions (for SQL), locks read first."""
@@ -256,8 +284,12 @@ class Delivery:
 
     def _commit(self, state: commits.LogView, partition: int, rows: pa.Table) -> None:
         """locks.commit, noted for `retrying` to confirm the incarnation afterwards."""
-        locks.commit(state, partition, rows, reader=self._readers["locks"])
-        self._wrote = self._wrote or rows.num_rows > 0
+        self._commit_many(state, {partition: rows})
+
+    def _commit_many(self, state: commits.LogView, rows: dict[int, pa.Table]) -> None:
+        """locks.commit_partitions (one commit), noted for `retrying` to confirm the incarnation afterwards."""
+        locks.commit_partitions(state, rows, reader=self._readers["locks"])
+        self._wrote = self._wrote or any(part.num_rows for part in rows.values())
 
     def _whole(self, messages: commits.LogView, partition: int, chosen: pa.Table) -> pa.Table:
         """The chosen candidates (CHOOSING columns and the state columns candidates() adds) as whole message
@@ -282,38 +314,69 @@ class Delivery:
         """Lock (delete: remove) up to count deliverable messages of one partition's `queue` (ACTIVE,
         DEFERRED or DEAD_LETTERED), oldest first; returns what decode makes of them. A message decode
         fails for is not delivered (see decoded)."""
+        return self.lock_many(info, [partition], queue, count, delete=delete, decode=decode,
+                              sequence_numbers=sequence_numbers, session=session, skip_faults=False)
+
+    def lock_many(self, info: EntityInfo, partitions: list[int], queue: str, count: int, *, delete: bool,
+                  decode: Decode[M], sequence_numbers: Optional[list[int]] = None,
+                  session: Optional[SessionLock] = None, skip_faults: bool = True) -> list[M]:
+        """Lock (delete: remove) up to count deliverable messages of `queue` (ACTIVE, DEFERRED or
+        DEAD_LETTERED), oldest first in each partition, from the partitions in order, in ONE commit (their
+        files read side by side first: on an object store a receive across sixteen partitions waits for
+        as many requests as one in a single partition). Returns what decode makes of them; a message
+        decode fails for is not delivered (see decoded). skip_faults: a partition whose files cannot be
+        read is left out (and reported), as an unavailable one."""
         rules = policy(info)
         moved = [0]  # undecodable messages the last attempt dead-lettered
         delivered: list[M] = []
+        faulty: set[int] = set()
+        touched: set[int] = set()
 
-        def attempt(_: int) -> list[M]:
-            wanted = count - len(delivered)
-            messages, state = self.snapshot(info)
+        def attempt(try_number: int) -> list[M]:
+            left = count - len(delivered)
+            if try_number > 0 and getattr(self._operation, "moved", None):
+                self._lost_optimistic = time.monotonic()  # a commit planned on unmoved views lost
+            messages, state = self.snapshot(info, again=try_number > 0)
             now = clock.now()
             taking = rules
             if session is not None:  # message locks end with the session lock, so a takeover finds them free
                 self.check_session(info, session, now)
                 taking = replace(rules, lock_duration=session.locked_until_utc - now)
-            if not messages.files(partition):  # the partition holds no message (none sent, or all removed)
-                moved[0] = 0
-                return []
-            found = transitions.candidates(
-                self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
-                queue, now, wanted + 16, sequence_numbers, session.session_id if session else None)
-            if not found.num_rows:  # nothing to deliver or expire here: nothing to plan or commit
-                moved[0] = 0
-                return []
-            rows, deliver = transitions.plan(found, taking, now, queue, delete, wanted)
-            got, rows, moved[0] = decoded(self._whole(messages, partition, _rows_at(found, deliver)), rows, decode,
-                                          queue, now)
-            self._commit(state, partition, rows)
+            visited = [p for p in partitions if p not in faulty and messages.files(p)]  # others hold nothing
+            self._readers["choosing"].prefetch(messages, visited)
+            self._readers["locks"].prefetch(state, visited)
+            got: list[M] = []
+            written: dict[int, pa.Table] = {}
+            moved[0] = 0
+            for partition in visited:
+                if left - len(got) <= 0:
+                    break
+                try:
+                    found = transitions.candidates(
+                        self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
+                        queue, now, left - len(got) + 16, sequence_numbers, session.session_id if session else None)
+                    if not found.num_rows:  # nothing to deliver or expire here: nothing to plan or commit
+                        continue
+                    rows, deliver = transitions.plan(found, taking, now, queue, delete, left - len(got))
+                    whole = self._whole(messages, partition, _rows_at(found, deliver))
+                except PartitionUnavailableError as fault:  # its files cannot be read: serve the others
+                    if not skip_faults or info.fault_in(fault) != partition or session is not None:
+                        raise
+                    faulty.add(partition)
+                    continue
+                taken, written[partition], dead = decoded(whole, rows, decode, queue, now)
+                got += taken
+                moved[0] += dead
+            self._commit_many(state, written)
+            touched.update(written)
             return got
 
         while True:  # again, for others in the place of undecodable messages it dead-lettered
             delivered += self.retrying(info, attempt)
             if not moved[0] or len(delivered) >= count or sequence_numbers is not None:
                 break
-        self.retain(info, partition)
+        for partition in sorted(touched):
+            self.retain(info, partition)
         return delivered
 
     def lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
@@ -399,20 +462,38 @@ class Delivery:
         if not available:
             return []
         start %= len(available)
+        order = available[start:] + available[:start]
         got: list[M] = []
-        for partition in available[start:] + available[:start]:
-            try:
-                got += self.lock(info, partition, queue, count - len(got), delete=delete, session=session,
-                                 decode=decode)
-            except PartitionUnavailableError as fault:  # its files cannot be read: serve the others
-                if info.fault_in(fault) != partition or session is not None:
-                    raise
-                continue
-            if len(got) >= count:
-                break
+        if self._optimistic(info):  # first from what the views hold, without a look at the logs
+            got = self._visit(info, order, queue, count, delete, decode, session,
+                              moved={info.tables["locks"], info.tables["messages"]})
+        if not got:
+            got = self._visit(info, order, queue, count, delete, decode, session, moved=set())
         if not got:  # nothing read failed and nothing was written: still the entity's incarnation?
             self.entity.confirm(info)
         return got
+
+    def _visit(self, info: EntityInfo, partitions: list[int], queue: str, count: int, delete: bool,
+               decode: Decode[M], session: Optional[SessionLock], moved: set[str]) -> list[M]:
+        """Lock up to count messages from the partitions in order (lock_many), the views moved at most once
+        (moved: the tables' uris already counted as moved: snapshot)."""
+        self._operation.moved = moved
+        try:
+            return self.lock_many(info, partitions, queue, count, delete=delete, session=session, decode=decode)
+        finally:
+            self._operation.moved = None
+
+    def _optimistic(self, info: EntityInfo) -> bool:
+        """Whether a receive may first try the messages its views already hold, without reading the logs:
+        on an object store (where that read is a round trip), with views read lately and no such try lost
+        to another receiver lately. Nothing is decided on a stale view: its commit is conditional, and a
+        lost one retries on the logs read anew."""
+        views = [self._views.get(info.tables[role]) for role in ("locks", "messages")]
+        if any(view is None for view in views) or storage.location.is_local(info.tables["locks"]):
+            return False
+        now = time.monotonic()
+        return all(now - view.position.known_at < OPTIMISTIC_FOR for view in views if view is not None) and \
+            now - self._lost_optimistic > OPTIMISTIC_PAUSE
 
     # ---- settling ----------------------------------------------------------------------------------------
 
@@ -443,13 +524,11 @@ class Delivery:
                 if lost:
                     raise MessageLockLostError(
                         f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
-            written = []
-            for partition, mine in by_partition.items():
-                def settle_partition(attempt: int, p: int = partition, m: dict[int, Held] = mine) -> pa.Table:
-                    return self._settle_partition(info, p, m, change, session, attempt)
-                written.append(self.retrying(info, settle_partition))
+            written = self.retrying(info, lambda attempt: self._settle_partitions(
+                info, by_partition, change, session, attempt))
+            for partition in by_partition:
                 self.retain(info, partition)
-            return pa.concat_tables(written) if written else LOCKS.empty_table()
+            return written
         except EntityDeleted as gone:
             if session is not None:
                 raise session_lost(session, str(gone)) from gone
@@ -470,32 +549,40 @@ class Delivery:
             raise session_lost(session, f"{info.kind} {info.path!r} was deleted and created again")
         return info
 
-    def _settle_partition(self, info: EntityInfo, partition: int, held: dict[int, Held], change: Change,
-                          session: Optional[SessionLock], attempt: int) -> pa.Table:
-        """Settle held locks of one partition in one commit; the state rows written. A settlement with a
-        table form (transitions.TABLE_FORMS) changes the rows as Arrow columns, others row by row."""
-        state, now = self.view(info, "locks"), clock.now()
+    def _settle_partitions(self, info: EntityInfo, by_partition: dict[int, dict[int, Held]], change: Change,
+                           session: Optional[SessionLock], attempt: int) -> pa.Table:
+        """Settle held locks (partition -> seq -> lock) in one commit; the state rows written. A settlement
+        with a table form (transitions.TABLE_FORMS) changes the rows as Arrow columns, others row by row."""
+        now = clock.now()
+        whole = transitions.TABLE_FORMS.get(change)
+        grouped = _grouped(lock for held in by_partition.values() for lock in held.values()) if attempt == 0 else None
+        trusted = grouped is not None and _fresh(*grouped, now)
+        known = self._views.get(info.tables["locks"])
+        # Settling fresh locks decides nothing on what the view holds: a view moved a moment ago is committed
+        # on as it is (a commit walks past newer versions itself, checking each against its claim)
+        state = self.view(info, "locks", advance=not (trusted and known is not None and
+                                                      time.monotonic() - known.position.known_at < TRUSTED_VIEW))
         if session is not None:
             self.check_session(info, session, now, read=attempt > 0)
-        whole = transitions.TABLE_FORMS.get(change)
-        grouped = _grouped(held.values()) if attempt == 0 else None
-        if grouped is not None and _fresh(*grouped, now):
-            rows: Union[pa.Table, list[Mapping[str, Any]]] = _locked_table(*grouped) if whole else [
-                lock.row for lock in held.values()]
-        else:
-            rows = locks.lock_rows(state, partition, list(held))
-            lost = transitions.not_held(rows, _tokens(held), now)
-            if lost:
-                raise MessageLockLostError(
-                    f"the locks of messages {lost[:10]} in partition {partition} expired or were taken by another "
-                    "receiver; they will be redelivered")
-        if whole is not None:
-            written = whole(rows, now)
-        else:
-            written = records.from_rows([change(row, now) for row in (
-                records.as_rows(rows) if isinstance(rows, pa.Table) else rows)], LOCKS)
-        self._commit(state, partition, written)
-        return written
+        written: dict[int, pa.Table] = {}
+        for partition, held in by_partition.items():
+            rows: Union[pa.Table, list[Mapping[str, Any]]]
+            if trusted:
+                rows = _locked_table(*_grouped(held.values())) if whole else [lock.row for lock in held.values()]
+            else:
+                rows = locks.lock_rows(state, partition, list(held))
+                lost = transitions.not_held(rows, _tokens(held), now)
+                if lost:
+                    raise MessageLockLostError(
+                        f"the locks of messages {lost[:10]} in partition {partition} expired or were taken by "
+                        "another receiver; they will be redelivered")
+            if whole is not None:
+                written[partition] = whole(rows, now)
+            else:
+                written[partition] = records.from_rows([change(row, now) for row in (
+                    records.as_rows(rows) if isinstance(rows, pa.Table) else rows)], LOCKS)
+        self._commit_many(state, written)
+        return pa.concat_tables(list(written.values())) if written else LOCKS.empty_table()
 
     @staticmethod
     def _all_fresh(held: dict[int, Held], now: datetime) -> bool:
@@ -532,32 +619,47 @@ class Delivery:
 
     def _peek(self, info: EntityInfo, cursor: int, count: int, sub_queue: Optional[str],
               session_id: Optional[str]) -> tuple[list[dict[str, Any]], int]:
-        messages, state = self.tables(info)
-        queue = f"l.state = {storage.quoted(sub_queue)}" if sub_queue else (
-            f"(l.state IS NULL OR l.state IN ('{ACTIVE}', '{DEFERRED}'))")
+        with self._guard:
+            messages, state = self.snapshot(info)
+            partition = sequencing.partition_of_sequence(cursor)
+            while partition < info.partition_count:
+                low = max(cursor, sequencing.compose(partition, 0))
+                try:
+                    found = self._peek_partition(messages, state, partition, low, count, sub_queue, session_id)
+                except PartitionUnavailableError as error:
+                    self.entity.confirm(info, error)  # a deleted table's files are no fault
+                    if info.fault_in(error) != partition:
+                        raise
+                    found = []  # a partition whose files cannot be read is skipped, as an unavailable one
+                if found:
+                    return found, found[-1]["sequence_number"] + 1
+                partition += 1
+                cursor = sequencing.compose(partition, 0)
+            return [], sequencing.compose(info.partition_count, 0)
+
+    def _peek_partition(self, messages: commits.LogView, state: commits.LogView, partition: int, low: int,
+                        count: int, sub_queue: Optional[str], session_id: Optional[str]) -> list[dict[str, Any]]:
+        """Up to count of the partition's messages from sequence number low on, in order, in the sub-queue
+        (its state) or the active and deferred ones, whole, with their state columns (PEEKED_STATE)."""
+        narrow = self._readers["choosing"].rows(messages, partition)
+        states = self._readers["locks"].rows(state, partition)
+        lock_state = states["state"].take(pc.index_in(narrow["sequence_number"], value_set=states["sequence_number"]))
+        keep = pc.greater_equal(narrow["sequence_number"], low)
+        if sub_queue:
+            keep = pc.and_(keep, pc.fill_null(pc.equal(lock_state, sub_queue), False))
+        else:
+            keep = pc.and_(keep, pc.or_(pc.is_null(lock_state), pc.is_in(lock_state, value_set=pa.array([ACTIVE, DEFERRED]))))
         if session_id is not None:
-            queue += f" AND m.session_id = {storage.quoted(session_id)}"
-        partition = sequencing.partition_of_sequence(cursor)
-        while partition < info.partition_count:
-            low = max(cursor, sequencing.compose(partition, 0))
-            try:
-                found = records.as_rows(storage.query(f"""
-                    SELECT m.*, l.state AS lock_state, l.delivery_count, l.dead_letter_reason,
-                           l.dead_letter_error_description, l.dead_letter_source
-                    FROM messages m LEFT JOIN locks l
-                      ON m.partition_id = l.partition_id AND m.sequence_number = l.sequence_number
-                    WHERE m.partition_id = {partition} AND m.sequence_number >= {low} AND {queue}
-                    ORDER BY m.sequence_number LIMIT {count}""", messages=messages, locks=state))
-            except Exception as error:  # DataFusion's errors are plain Exceptions naming the file
-                self.entity.confirm(info, error)  # a deleted table's files are no fault
-                if info.fault_in(error) != partition:
-                    raise
-                found = []  # a partition whose files cannot be read is skipped, as an unavailable one
-            if found:
-                return found, found[-1]["sequence_number"] + 1
-            partition += 1
-            cursor = sequencing.compose(partition, 0)
-        return [], sequencing.compose(info.partition_count, 0)
+            keep = pc.and_(keep, pc.fill_null(pc.equal(narrow["session_id"], session_id), False))
+        numbers = pc.sort_indices(narrow["sequence_number"].filter(keep))
+        chosen = narrow["sequence_number"].filter(keep).take(numbers[:count]).combine_chunks()
+        if not len(chosen):
+            return []
+        whole = self._readers["messages"].rows_of(messages, partition, chosen)
+        at = pc.index_in(chosen, value_set=states["sequence_number"])
+        for name, column in PEEKED_STATE.items():
+            whole = whole.append_column(name, states[column].take(at))
+        return records.as_rows(whole)
 
     # ---- sessions ----------------------------------------------------------------------------------------
 

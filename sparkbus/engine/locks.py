@@ -47,36 +47,54 @@ def commit(view: commits.LogView, partition: int, rows: pa.Table,
     app_transactions are recorded with the commit (two concurrent commits setting one conflict). The
     file written is remembered by this module's reader and `reader` (the caller's), which would otherwise
     read it back from storage on their next read of the partition."""
-    if not rows.num_rows:
+    commit_partitions(view, {partition: rows}, app_transactions, reader)
+
+
+def commit_partitions(view: commits.LogView, rows: dict[int, pa.Table],
+                      app_transactions: Optional[list[Transaction]] = None,
+                      reader: Optional[PartitionReader] = None) -> None:
+    """commit for the state rows of several partitions (partition -> rows) in ONE commit: each partition's
+    file is written (side by side on an object store), then one log entry names them all, claiming every
+    partition's range. A settlement of messages in sixteen partitions waits for two requests, not
+    thirty-two."""
+    plans: dict[int, tuple[pa.Table, list[str], tuple[int, int]]] = {}
+    for partition, part in rows.items():
+        if not part.num_rows:
+            continue
+        part = part.select(LOCKS.names).cast(LOCKS)
+        numbers = pa.array(sorted(set(part["sequence_number"].to_pylist())), pa.int64())
+        low, high = numbers[0].as_py(), numbers[-1].as_py()
+        with _reading:
+            overlapping = _reader.files(view, partition, low, high)
+        removed, kept = [], []
+        for path, data in overlapping:
+            hit = pc.is_in(data["sequence_number"], value_set=numbers)
+            if pc.any(hit).as_py():
+                removed.append(path)
+                kept.append(data.filter(pc.invert(hit)))
+        plans[partition] = (pa.concat_tables([*kept, part.drop_columns([storage.PARTITION_COLUMN])]), removed,
+                            (low, high))
+    if not plans:
         return
-    rows = rows.select(LOCKS.names).cast(LOCKS)
-    numbers = pa.array(sorted(set(rows["sequence_number"].to_pylist())), pa.int64())
-    low, high = numbers[0].as_py(), numbers[-1].as_py()
-    with _reading:
-        overlapping = _reader.files(view, partition, low, high)
-    removed, kept = [], []
-    for path, data in overlapping:
-        hit = pc.is_in(data["sequence_number"], value_set=numbers)
-        if pc.any(hit).as_py():
-            removed.append(path)
-            kept.append(data.filter(pc.invert(hit)))
-    written = pa.concat_tables([*kept, rows.drop_columns([storage.PARTITION_COLUMN])])
-    claim = commits.Claim({partition: (low, high)}, frozenset(removed),
+    partitions = list(plans)
+    removed_all = [path for _, removed, _ in plans.values() for path in removed]
+    claim = commits.Claim({p: plans[p][2] for p in partitions}, frozenset(removed_all),
                           frozenset(t.app_id for t in app_transactions or ()))
     files: list[commits.AddedFile] = []
     try:
-        files.append(commits.write_file(view.log, partition, written))
-        done = commits.commit(view.log, view.position, files, removed, claim,
+        files = commits.write_files(view.log, partitions, lambda p: plans[p][0])
+        done = commits.commit(view.log, view.position, files, removed_all, claim,
                               {t.app_id: t.version for t in app_transactions or ()}, operation="MERGE")
     except BaseException:
         commits.discard(view.log, files)
         raise
-    view.committed(done, files, removed)
-    path = location.join(view.log.uri, unquote(files[0].path))
-    with _reading:
-        _reader.remember(path, written)
-    if reader is not None:
-        reader.remember(path, written)
+    view.committed(done, files, removed_all)
+    for partition, added in zip(partitions, files):
+        path = location.join(view.log.uri, unquote(added.path))
+        with _reading:
+            _reader.remember(path, plans[partition][0])
+        if reader is not None:
+            reader.remember(path, plans[partition][0])
     maintenance.after_direct_commit(view.log.uri, done.version)
 
 

@@ -32,7 +32,7 @@ from .. import storage
 from ..storage import maintenance
 from ..core import records
 from ..core.schemas import METRICS, METRICS_COUNTERS
-from . import clock
+from . import clock, retry
 
 METRICS_DIR = "_metrics"
 BUCKET_SECONDS = 10  # the grain rows are counted and persisted at
@@ -174,15 +174,20 @@ class Recorder:
 
 
 def _append(uri: str, rows: pa.Table) -> None:
-    if not storage.table_exists(uri):
-        try:
-            storage.create_table(uri, METRICS, partition_by=())
-        except DeltaError:
-            if not storage.table_exists(uri):  # not another process's creation: a real failure
-                raise
-    table = storage.open_table(uri)
-    storage.write(table, rows, mode="append", post_commithook_properties=storage.NO_HOOKS)
-    maintenance.after_commit(table)
+    """Append rows to the metrics table (created by the first writer), under the one retry policy: an append
+    that lost a race (another process's creation, checkpoint or compaction changed the table's metadata)
+    is made again on the table read anew, like any commit, never reported as a failure of its own."""
+    def attempt() -> None:
+        if not storage.table_exists(uri):
+            try:
+                storage.create_table(uri, METRICS, partition_by=())
+            except DeltaError:
+                if not storage.table_exists(uri):  # not another process's creation: a real failure
+                    raise
+        table = storage.open_table(uri)
+        storage.write(table, rows, mode="append", post_commithook_properties=storage.NO_HOOKS)
+        maintenance.after_commit(table)
+    retry.run(attempt, what="recording the namespace's metrics")
 
 
 def _cpu_seconds() -> float:

@@ -6,12 +6,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable, Optional
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from .. import storage
 from ..core import records
 from ..core import sequencing
-from ..storage import DeltaTable, commits
-from ..core.schemas import DEAD_LETTERED, GONE_SQL, TRANSFER_DEAD_LETTERED
+from ..storage import DeltaTable, commits, followed
+from ..core.schemas import DEAD_LETTERED, GONE_SQL, GONE_STATES, LOCKS, MESSAGES, TRANSFER_DEAD_LETTERED
 from . import clock
+
+
+# what counting reads of each table (narrow: the bodies are never parsed)
+COUNTED_MESSAGE = ("sequence_number", "scheduled_enqueue_time_utc", "body_size", "header_size")
+COUNTED_STATE = ("sequence_number", "state")
 
 
 @dataclass(frozen=True)
@@ -43,41 +51,43 @@ def open_live(messages_uri: str, locks_uri: str) -> tuple[DeltaTable, DeltaTable
 
 
 def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
-                  now: Optional[datetime] = None, fanned_out: Optional[dict[int, int]] = None,
+                  now: Optional[datetime] = None, cursors: Optional[dict[int, str]] = None,
                   skipped: Iterable[int] = ()) -> Counts:
     """Counts over every partition but the skipped ones (unreadable), by state and by partition. header_copies: a topic
-    stores headers once per subscription; fanned_out: a topic's cursors (partition -> n), below which
-    unscheduled rows are already copied out."""
+    stores headers once per subscription; cursors: a topic's fan-out cursors (partition -> the application
+    transaction whose version is the n below which unscheduled rows are already copied out). Read from the process's followed tables (storage.followed):
+    one round of requests when nothing changed, one more for the files written since."""
     now_us = records.micros(now or clock.now())
-    messages, locks = open_live(messages_uri, locks_uri)
-    conditions = [f"m.partition_id NOT IN ({', '.join(map(str, sorted(skipped)))})"] if skipped else []
-    conditions += [f"NOT (m.partition_id = {p} AND m.sequence_number <= {sequencing.compose(p, n)} "
-                   "AND m.scheduled_enqueue_time_utc IS NULL)" for p, n in (fanned_out or {}).items() if n]
-    where = " AND ".join(conditions) or "TRUE"
-    sql = f"""
-        SELECT
-          partition_id,
-          COUNT(*) AS total,
-          COALESCE(SUM(CASE WHEN state = '{DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS dead_letter,
-          COALESCE(SUM(CASE WHEN state = '{TRANSFER_DEAD_LETTERED}' THEN 1 ELSE 0 END), 0) AS transfer_dead_letter,
-          COALESCE(SUM(CASE WHEN state IS NULL AND scheduled_enqueue_time_utc IS NOT NULL
-                            AND CAST(scheduled_enqueue_time_utc AS BIGINT) > {now_us} THEN 1 ELSE 0 END), 0)
-            AS scheduled,
-          COALESCE(SUM(stored_size), 0) AS size_in_bytes
-        {_live_messages(header_copies, where)}
-        GROUP BY partition_id
-    """
-    rows = storage.query(sql, messages=messages, locks=locks).to_pylist()
-    row = {name: sum(int(r[name]) for r in rows) for name in
-           ("total", "dead_letter", "transfer_dead_letter", "scheduled", "size_in_bytes")}
-    commits = [t for t in (storage.last_commit_time_ms(messages), storage.last_commit_time_ms(locks)) if t]
-    accessed = datetime.fromtimestamp(max(commits) / 1000, timezone.utc) if commits else None
-    total, dead, scheduled = int(row["total"]), int(row["dead_letter"]), int(row["scheduled"])
-    transfer_dead = int(row["transfer_dead_letter"])
-    return Counts(active=total - dead - transfer_dead - scheduled, dead_letter=dead,
-                  transfer_dead_letter=transfer_dead, scheduled=scheduled, total=total,
-                  size_in_bytes=int(row["size_in_bytes"]), accessed_at_utc=accessed,
-                  by_partition={int(r["partition_id"]): int(r["total"]) for r in rows})
+    locks, messages = followed.entity_rows(locks_uri, LOCKS, COUNTED_STATE, messages_uri, MESSAGES, COUNTED_MESSAGE,
+                                           skipped, (cursors or {}).values())
+    fanned_out = {p: messages.app_versions[app] or 0 for p, app in (cursors or {}).items()}
+    m, state_rows = messages.rows, locks.rows
+    position = pc.index_in(m["sequence_number"], value_set=state_rows["sequence_number"])
+    state = state_rows["state"].take(position)
+    scheduled_at = m["scheduled_enqueue_time_utc"].cast(pa.int64())
+    keep = pc.invert(pc.fill_null(pc.is_in(state, value_set=pa.array(GONE_STATES)), False))
+    for p, n in fanned_out.items():
+        if n:  # copied out to the subscriptions: no longer the topic's
+            copied = pc.and_(pc.and_(pc.equal(m["partition_id"], p),
+                                     pc.less_equal(m["sequence_number"], sequencing.compose(p, n))),
+                             pc.is_null(scheduled_at))
+            keep = pc.and_(keep, pc.invert(copied))
+    live = pa.table({"partition_id": m["partition_id"], "state": state, "scheduled": scheduled_at,
+                     "size": pc.add(m["body_size"].cast(pa.int64()),
+                                    pc.multiply(m["header_size"].cast(pa.int64()), int(header_copies)))}).filter(keep)
+    by_state = {value: pc.sum(pc.fill_null(pc.equal(live["state"], value), False).cast(pa.int64())).as_py() or 0
+                for value in (DEAD_LETTERED, TRANSFER_DEAD_LETTERED)}
+    scheduled = pc.sum(pc.fill_null(pc.and_(pc.is_null(live["state"]), pc.greater(live["scheduled"], now_us)),
+                                    False).cast(pa.int64())).as_py() or 0
+    total = live.num_rows
+    partitions = live["partition_id"].value_counts().to_pylist() if total else []
+    stamps = [t for t in (messages.last_commit_ms, locks.last_commit_ms) if t]
+    dead, transfer_dead = int(by_state[DEAD_LETTERED]), int(by_state[TRANSFER_DEAD_LETTERED])
+    return Counts(active=total - dead - transfer_dead - int(scheduled), dead_letter=dead,
+                  transfer_dead_letter=transfer_dead, scheduled=int(scheduled), total=total,
+                  size_in_bytes=int(pc.sum(live["size"]).as_py() or 0),
+                  accessed_at_utc=datetime.fromtimestamp(max(stamps) / 1000, timezone.utc) if stamps else None,
+                  by_partition={int(v["values"]): int(v["counts"]) for v in partitions})
 
 
 @dataclass

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, TypeVar
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -44,7 +44,7 @@ from deltalake.schema import Field
 from deltalake.table import TableMerger
 
 from ..core import sequencing
-from . import location
+from . import location, requests
 from .errors import guarded
 
 # Every sparkbus commit runs without delta-rs' post-commit hooks; maintenance checkpoints and cleans
@@ -52,11 +52,13 @@ from .errors import guarded
 # a race) looked like a failed commit, and re-running the operation locked or settled twice.
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 PARTITION_COLUMN = "partition_id"
+T = TypeVar("T")
 _READ_AT = "_sparkbus_read_at"  # attribute of the DeltaTable objects opened or refreshed here (read_at)
 
 
 @guarded
 def table_exists(uri: str) -> bool:
+    requests.note("delta-rs")
     if location.is_local(uri) and not os.path.isdir(os.path.join(uri, "_delta_log")):
         return False
     return DeltaTable.is_deltatable(uri, storage_options=location.options_for(uri) or None)
@@ -66,6 +68,7 @@ def table_exists(uri: str) -> bool:
 def open_table(uri: str) -> DeltaTable:
     """The table at uri, with the storage options registered for its namespace (storage.location); a
     listing of its log that lost a race (is_expired_version) is tried again."""
+    requests.note("delta-rs")
     attempt = 0
     while True:
         started = time.monotonic()
@@ -87,6 +90,11 @@ def read_at(table: DeltaTable) -> float:
     return getattr(table, _READ_AT, -math.inf)
 
 
+def set_read_at(table: DeltaTable, started: float) -> None:
+    """Record that the table object's version was the latest at monotonic time started (or later)."""
+    setattr(table, _READ_AT, started)
+
+
 def is_expired_version(error: BaseException) -> bool:
     """Reading the log lost a race: entries a table object needs were cleaned up (older than the log
     retention, or removed by another process's checkpoint while being read), or the listing missed entries
@@ -105,6 +113,7 @@ def refresh(table: DeltaTable) -> DeltaTable:
         try:
             if attempt == 0:
                 started = time.monotonic()
+                requests.note("delta-rs")
                 table.update_incremental()
                 setattr(table, _READ_AT, started)
                 return table
@@ -119,6 +128,7 @@ def refresh(table: DeltaTable) -> DeltaTable:
 def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PARTITION_COLUMN,),
                  configuration: dict[str, str] | None = None) -> DeltaTable:
     """Create an empty Delta table (durable on return); fails if one exists."""
+    requests.note("delta-rs")
     started = time.monotonic()
     table = DeltaTable.create(uri, schema=schema, partition_by=list(partition_by) or None, mode="error",
                               configuration=configuration, storage_options=location.options_for(uri) or None)
@@ -134,6 +144,7 @@ def create_table(uri: str, schema: pa.Schema, partition_by: Iterable[str] = (PAR
 def add_missing_columns(uri: str, schema: pa.Schema) -> list[str]:
     """Add the schema's columns the table lacks (nullable; rows written before read them as null), in one
     commit made durable; returns their names. A concurrent upgrade that added them first is fine."""
+    requests.note("delta-rs")
     table = open_table(uri)
     have = {field.name for field in table.schema().fields}
     missing = [field for field in schema if field.name not in have]
@@ -154,6 +165,7 @@ def add_missing_columns(uri: str, schema: pa.Schema) -> list[str]:
 def write(table_or_uri: str | Path | DeltaTable, data: Any, **options: Any) -> None:
     """delta-rs' write_deltalake, with the same arguments: one commit, to which a table object given moves;
     CommitFailedError when a conflicting commit came first."""
+    requests.note("delta-rs")
     write_deltalake(table_or_uri, data, **options)
 
 
@@ -163,6 +175,7 @@ def merge(table: DeltaTable, source: pa.Table, predicate: str,
     """MERGE source (alias s) into table (alias t) on predicate, with the clauses `clauses` adds to delta-rs'
     merger and without post-commit hooks (NO_HOOKS): one commit, to which the table object moves; returns
     delta-rs' metrics. CommitFailedError when a conflicting commit came first."""
+    requests.note("delta-rs")
     merger = table.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=NO_HOOKS)
     return clauses(merger).execute()
 
@@ -171,6 +184,7 @@ def merge(table: DeltaTable, source: pa.Table, predicate: str,
 def delete_rows(table: DeltaTable, predicate: str) -> dict[str, Any]:
     """Delete the rows matching predicate, without post-commit hooks (NO_HOOKS): one commit when any matched,
     to which the table object moves; returns delta-rs' metrics."""
+    requests.note("delta-rs")
     return table.delete(predicate, post_commithook_properties=NO_HOOKS)
 
 
@@ -178,6 +192,7 @@ def delete_rows(table: DeltaTable, predicate: str) -> dict[str, Any]:
 def transaction_version(table: DeltaTable, app_id: str) -> Optional[int]:
     """The version of application transaction app_id at the table object's version (None when never set):
     delta-rs reads it from the log."""
+    requests.note("delta-rs")
     return table.transaction_version(app_id)
 
 
@@ -253,6 +268,24 @@ def fsync_together(files: list[str], directories: Iterable[str] = ()) -> None:
     _durable_directories.update(directories)
 
 
+def concurrently(calls: list[Callable[[], T]], pool_name: str, workers: int = 16) -> list[T]:
+    """Run the calls side by side on the named pool (the first in this thread), their results in order:
+    one group of branches for storage.requests (its sequential count is its longest branch's). The first
+    error is raised once all ended. A call that runs `concurrently` itself must use another pool than its
+    own (a pool waiting on itself could run out of threads)."""
+    if len(calls) < 2:
+        return [call() for call in calls]
+    branches = [requests.branch(call) for call in calls]
+    futures = [pool(pool_name, workers).submit(run) for run in branches[1:]]
+    try:
+        first = branches[0]()
+    finally:
+        concurrent.futures.wait(futures)
+    done = [first, *(future.result() for future in futures)]
+    requests.joined([length for _, length in done])
+    return [result for result, _ in done]
+
+
 _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 _pools_guard = threading.Lock()
 
@@ -299,6 +332,7 @@ def fsync_file(path: str) -> None:
 @guarded
 def query(sql: str, **tables: DeltaTable) -> pa.Table:
     """Run SQL over the given tables (registered under their keyword names) with delta-rs' engine."""
+    requests.note("delta-rs")
     builder = QueryBuilder()
     for name, table in tables.items():
         builder.register(name, table)
@@ -343,5 +377,6 @@ def high_water_marks(table: DeltaTable) -> dict[int, int]:
 @guarded
 def last_commit_time_ms(table: DeltaTable) -> int | None:
     """Timestamp of the table's latest commit, from the log (no data read)."""
+    requests.note("delta-rs")
     history = table.history(1)
     return history[0].get("timestamp") if history else None

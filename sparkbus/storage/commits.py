@@ -53,7 +53,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, TypeVar
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -63,11 +63,15 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from ..core.records import EPOCH
-from . import (PARTITION_COLUMN, fsync_file, fsync_together, durable, pool as storage_pool, local_root,
+from . import (PARTITION_COLUMN, concurrently, fsync_file, fsync_together, durable, pool as storage_pool, local_root, refresh,
+               set_read_at,
+               transaction_version as _transaction_version,
                location, open_table, read_at)
+from . import requests
 from .errors import guarded
 
 ENGINE = "sparkbus"
+T = TypeVar("T")
 _DEFAULT_RETENTION = timedelta(days=30)  # Delta's default delta.logRetentionDuration
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(\w+?)s?\s*$", re.IGNORECASE)
 _PARTITION_PATH = re.compile(rf"{PARTITION_COLUMN}(?:=|%3D)(\d+)/")
@@ -101,6 +105,8 @@ class Entry:
     removed: set[str] = field(default_factory=set)
     app_ids: dict[str, int] = field(default_factory=dict)
     table_changed: bool = False  # a metaData or protocol action
+    timestamp: Optional[int] = None  # the commitInfo's, in ms since the epoch
+    operation: Optional[str] = None  # the commitInfo's (WRITE, MERGE, DELETE, OPTIMIZE...)
 
     def partitions(self) -> Optional[set[int]]:
         """The partitions whose files the entry adds or removes; None when a removed path names none."""
@@ -184,6 +190,20 @@ def has_version(table_uri: str, version: int) -> bool:
     return True
 
 
+def refresh_if_moved(table: DeltaTable) -> DeltaTable:
+    """The table at its latest version, like storage.refresh, but when the table object was read within its
+    log's safe time (TableLog.safe_seconds: no entry after its version can have been cleaned up since) first
+    one read of the next version's entry (a single GET on an object store, where refresh lists the log and
+    reads its checkpoint pointer): when there is none, the object is already at the latest version."""
+    started = time.monotonic()
+    if started - read_at(table) < TableLog.of(table).safe_seconds:
+        root = local_root(table.table_uri) or table.table_uri.rstrip("/")
+        if not has_version(root, table.version() + 1):
+            set_read_at(table, started)
+            return table
+    return refresh(table)
+
+
 class TableRemovedError(OSError):
     """The table's directory or log directory does not exist: the table was removed (its entity deleted)."""
 
@@ -227,6 +247,11 @@ class LogView:
     def _seed(self, table: DeltaTable) -> None:
         self.log = TableLog.of(table)  # read again: the table's settings may have changed
         self.position = position_of(table)
+        self._seeded = table
+        self._app_ids: dict[str, Optional[int]] = {}  # app transactions known: read from the seed, then followed
+        self._last_commit_ms: Optional[int] = None
+        # DELETE commits applied (retention's), and seeds, which may have skipped some: storage.followed.advance_pair
+        self.deletes = getattr(self, "deletes", -1) + 1
         actions = pa.table(table.get_add_actions(flatten=True))
         columns = [actions[c].to_pylist() if c in actions.column_names else [None] * actions.num_rows
                    for c in ("path", f"partition.{PARTITION_COLUMN}", "size_bytes", "num_records",
@@ -242,20 +267,25 @@ class LogView:
         return self.position.version
 
     def advance(self) -> "LogView":
-        """Bring the view to the table's latest version; returns itself."""
+        """Bring the view to the table's latest version; returns itself. On an object store the next
+        entries are asked for a few at once (read_entries): one round of requests when at most one was
+        written since."""
         while True:
-            started = time.monotonic()
-            if started - self.position.known_at > self.log.safe_seconds:
+            if time.monotonic() - self.position.known_at > self.log.safe_seconds:
                 self._seed(open_table(self.log.uri))
                 continue
-            entry = read_entry(self.log, self.version + 1)
-            if entry is None:
-                self.position = Position(self.version, started)
-                return self
-            if entry.table_changed:
+            entries, started = read_entries(self.log, self.version + 1)
+            changed = False
+            for entry in entries:
+                if entry.table_changed:
+                    changed = True
+                    break
+                self.apply(entry, Position(entry.version, self.position.known_at))
+            if changed:
                 self._seed(open_table(self.log.uri))
                 continue
-            self.apply(entry, Position(entry.version, self.position.known_at))
+            self.position = Position(self.version, started)
+            return self
 
     def apply(self, entry: Entry, position: Position) -> None:
         """Apply the entry that made version position.version (the next one)."""
@@ -263,13 +293,39 @@ class LogView:
             self._files.pop(path, None)
         for added in entry.added:
             self._files[added.path] = added
+        for app, version in entry.app_ids.items():
+            self._app_ids[app] = version
+        if entry.timestamp is not None:
+            self._last_commit_ms = entry.timestamp
+        if entry.operation == "DELETE":
+            self.deletes += 1
         self.position = position
 
-    def committed(self, done: "Committed", added: list[AddedFile], removed: Iterable[str]) -> None:
+    def app_version(self, app_id: str) -> Optional[int]:
+        """The version of application transaction app_id at the view's version (None: never set); read
+        from the log once, then followed."""
+        if app_id not in self._app_ids:
+            self._app_ids[app_id] = _transaction_version(self._seeded, app_id)
+        return self._app_ids[app_id]
+
+    def last_commit_ms(self) -> Optional[int]:
+        """The timestamp of the view's latest version (read once after a seed, then followed)."""
+        if self._last_commit_ms is None:
+            entry = read_entry(self.log, self.version) if self.version >= 0 else None
+            self._last_commit_ms = entry.timestamp if entry is not None else None
+        return self._last_commit_ms
+
+    def committed(self, done: "Committed", added: list[AddedFile], removed: Iterable[str],
+                  app_transactions: Optional[dict[str, int]] = None) -> None:
         """Apply this view's own commit and the entries it skipped over."""
         for entry in done.skipped:
             self.apply(entry, Position(entry.version, self.position.known_at))
-        self.apply(Entry(done.version, list(added), set(removed)), done.position)
+        self.apply(Entry(done.version, list(added), set(removed), dict(app_transactions or {}),
+                         timestamp=int(time.time() * 1000)), done.position)
+
+    def partitions(self) -> set[int]:
+        """The partitions that have live files."""
+        return {f.partition for f in self._files.values()}
 
     def files(self, partition: int, low: Optional[int] = None, high: Optional[int] = None) -> list[AddedFile]:
         """The partition's live files, in the order they were added; only those whose sequence-number
@@ -322,26 +378,27 @@ def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], p
         return [write_file(log, p, rows_of(p)) for p in partitions]
     pool = (storage_pool("write", min(4, os.cpu_count() or 1)) if location.is_local(log.uri)
             else storage_pool("upload", 8))
-    def written(p: int) -> AddedFile:
-        return write_file(log, p, rows_of(p))
+    def written(p: int) -> Callable[[], tuple[AddedFile, int]]:
+        return requests.branch(lambda: write_file(log, p, rows_of(p)))
 
-    futures: list[concurrent.futures.Future[AddedFile]] = []
+    futures: list[concurrent.futures.Future[tuple[AddedFile, int]]] = []
     try:
         for p in partitions:
-            futures.append(pool.submit(written, p))
+            futures.append(pool.submit(written(p)))
     except RuntimeError:  # the interpreter is exiting (an atexit hook's send): the rest in this thread
-        futures += [_done(functools.partial(written, p)) for p in partitions[len(futures):]]
+        futures += [_done(written(p)) for p in partitions[len(futures):]]
     concurrent.futures.wait(futures)
     failed = [error for f in futures if (error := f.exception()) is not None]
     if failed:
-        discard(log, [f.result() for f in futures if f.exception() is None])
+        discard(log, [f.result()[0] for f in futures if f.exception() is None])
         raise failed[0]
-    return [f.result() for f in futures]
+    requests.joined([f.result()[1] for f in futures])
+    return [f.result()[0] for f in futures]
 
 
-def _done(call: Callable[[], AddedFile]) -> concurrent.futures.Future[AddedFile]:
+def _done(call: Callable[[], T]) -> concurrent.futures.Future[T]:
     """call() run in this thread, as a completed future (its result or its exception)."""
-    future: concurrent.futures.Future[AddedFile] = concurrent.futures.Future()
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
     try:
         future.set_result(call())
     except Exception as error:
@@ -377,14 +434,15 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
             target = log.entry_uri(version)
             if (_link_entry(staged, target) if staged is not None else create_entry(target, payload)):
                 return Committed(version, skipped, Position(version, started))
-            entry = read_entry(log, version)
-            if entry is None:  # taken and then cleaned up: this position is older than it looked
+            taken, _ = read_entries(log, version)  # it and any written after it, read together
+            if not taken:  # taken and then cleaned up: this position is older than it looked
                 raise CommitFailedError(f"{log.uri}: stale snapshot: version {version} is gone from the log")
-            reason = claim.conflict(entry)
-            if reason is not None:
-                raise CommitFailedError(f"{log.uri}: concurrent commit at version {version}: {reason}")
-            skipped.append(entry)
-            version += 1
+            for entry in taken:
+                reason = claim.conflict(entry)
+                if reason is not None:
+                    raise CommitFailedError(f"{log.uri}: concurrent commit at version {entry.version}: {reason}")
+                skipped.append(entry)
+            version = taken[-1].version + 1
     finally:
         if staged is not None:
             os.unlink(staged)
@@ -434,10 +492,34 @@ def _link_entry(staged: str, target: str) -> bool:
 
 def entries_after(table_uri: str, version: int) -> list[Entry]:
     """The entries after version, in order, up to the latest (reads until one does not exist)."""
+    return read_entries(table_uri, version + 1)[0]
+
+
+WINDOW_FIRST, WINDOW_MOST = 2, 16  # log entries asked for at once on an object store: first, and at most
+
+
+def read_entries(log: "TableLog | str", first: int) -> tuple[list[Entry], float]:
+    """The entries from version `first` on, in order, up to the first that does not exist, and the monotonic
+    time before the request that found it missing (the last one read was the latest then, or later).
+
+    On local disk they are read one by one (a read costs microseconds). On an object store each round asks
+    for a window of versions at once, two at first and twice as many each time all were there: an entry and
+    the next version's absence cost one round trip, k new entries about log2(k). A version found missing in
+    a window ends the list even when a later one was found (it was created after the missing one was asked
+    for)."""
+    uri = log if isinstance(log, str) else log.uri
     entries: list[Entry] = []
-    while (entry := read_entry(table_uri, version + len(entries) + 1)) is not None:
-        entries.append(entry)
-    return entries
+    window = 1 if location.is_local(uri) else WINDOW_FIRST
+    while True:
+        started = time.monotonic()
+        versions = range(first + len(entries), first + len(entries) + window)
+        found = concurrently([functools.partial(read_entry, log, v) for v in versions], "entries", WINDOW_MOST)
+        for entry in found:
+            if entry is None:
+                return entries, started
+            entries.append(entry)
+        if window > 1:
+            window = min(window * 2, WINDOW_MOST)
 
 
 @guarded
@@ -461,6 +543,9 @@ def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
             entry.app_ids[action["txn"]["appId"]] = action["txn"]["version"]
         elif "metaData" in action or "protocol" in action:
             entry.table_changed = True
+        elif "commitInfo" in action:
+            entry.timestamp = action["commitInfo"].get("timestamp")
+            entry.operation = action["commitInfo"].get("operation")
     return entry
 
 
@@ -472,6 +557,7 @@ def create_entry(target: str, payload: bytes) -> bool:
         from obstore.exceptions import AlreadyExistsError
 
         store, key = location.store_of(target)
+        requests.note("PUT")
         try:
             store.put(key, payload, mode="create")
         except AlreadyExistsError:

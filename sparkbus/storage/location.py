@@ -33,6 +33,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Optional, cast
 from urllib.parse import urlparse
 
+from . import requests
 from .errors import guarded
 
 if TYPE_CHECKING:
@@ -242,6 +243,7 @@ def is_empty(uri: str) -> bool:
     if is_local(uri):
         return not os.path.exists(uri) or (os.path.isdir(uri) and not os.listdir(uri))
     store, prefix = store_of(uri)
+    requests.note("LIST")
     for batch in store.list(prefix + "/", chunk_size=1):
         if batch:
             return False
@@ -257,9 +259,11 @@ def remove_tree(uri: str) -> None:
         shutil.rmtree(uri, ignore_errors=True)
         return
     store, prefix = store_of(uri)
+    requests.note("LIST")
     for batch in store.list(prefix + "/"):
         paths = [entry["path"] for entry in batch]
         if paths:
+            requests.note("DELETE")
             try:
                 store.delete(paths)
             except FileNotFoundError:  # one was deleted since the listing (another remover): the others one by one
@@ -276,6 +280,7 @@ def listing(uri: str) -> list[str]:
     if is_local(uri):
         return [os.path.join(top, name) for top, _, names in os.walk(uri) for name in names]
     store, prefix = store_of(uri)
+    requests.note("LIST")
     parsed = urlparse(uri)
     return [f"{parsed.scheme}://{parsed.netloc}/{entry['path']}"
             for batch in store.list(prefix + "/") for entry in batch]
@@ -290,6 +295,7 @@ def put(uri: str, data: bytes) -> None:
             f.write(data)
         return
     store, key = store_of(uri)
+    requests.note("PUT")
     store.put(key, data)
 
 
@@ -303,6 +309,7 @@ def remove(uri: str) -> None:
             pass
         return
     store, key = store_of(uri)
+    requests.note("DELETE")
     try:
         store.delete(key)
     except FileNotFoundError:
@@ -316,6 +323,7 @@ def get(uri: str) -> bytes:
         with open(uri, "rb") as f:
             return f.read()
     store, key = store_of(uri)
+    requests.note("GET")
     return bytes(store.get(key).bytes())
 
 

@@ -1,10 +1,17 @@
 """PartitionReader: the rows a partition of a table holds at a version, read from its data files and kept in
 memory (Delta data files never change once written). Reads go through pyarrow's parquet reader file by
-file, never its dataset scanner (sparkbus.storage's docstring says why)."""
+file, never its dataset scanner (sparkbus.storage's docstring says why).
+
+On an object store a file costs a request, so the files a read needs and does not hold are fetched all at
+once (concurrent GETs: one round trip for any number of files), and the bytes of files fetched lately are
+kept for a moment in a small cache the process's readers share: a receive reads a file narrow to choose
+what to lock and then whole for what it locked, one GET for both."""
 from __future__ import annotations
 
+import functools
+import threading
 from collections import OrderedDict
-from typing import Optional
+from typing import Iterable, Optional
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -12,8 +19,40 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..exceptions import PartitionUnavailableError
-from . import PARTITION_COLUMN, location
+from . import PARTITION_COLUMN, concurrently, location
 from .commits import LogView
+
+FETCHED_BYTES = 64 << 20  # the shared cache of object-store files' bytes
+_fetched: OrderedDict[str, bytes] = OrderedDict()
+_fetched_bytes = [0]
+_fetched_guard = threading.Lock()
+
+
+def fetch(paths: Iterable[str]) -> dict[str, bytes]:
+    """The bytes of object-store files, from the shared cache or fetched concurrently (one round trip);
+    OSError (FileNotFoundError when missing) as the first failure raised."""
+    wanted = list(dict.fromkeys(paths))
+    found: dict[str, bytes] = {}
+    with _fetched_guard:
+        for path in wanted:
+            if path in _fetched:
+                found[path] = _fetched[path]
+                _fetched.move_to_end(path)
+    missing = [path for path in wanted if path not in found]
+    if len(missing) == 1:
+        found[missing[0]] = location.get(missing[0])
+    elif missing:
+        fetched = concurrently([functools.partial(location.get, path) for path in missing], "fetch")
+        found.update(zip(missing, fetched))
+    with _fetched_guard:
+        for path in missing:
+            if path not in _fetched:
+                _fetched[path] = found[path]
+                _fetched_bytes[0] += len(found[path])
+        while _fetched_bytes[0] > FETCHED_BYTES and len(_fetched) > 1:
+            _, dropped = _fetched.popitem(last=False)
+            _fetched_bytes[0] -= len(dropped)
+    return found
 
 
 class PartitionReader:
@@ -66,25 +105,41 @@ class PartitionReader:
         view's version, only those that may hold sequence numbers in [low, high] when given.
         PartitionUnavailableError when one cannot be read."""
         try:
-            return [(f.path, self._file(location.join(view.log.uri, unquote(f.path))))
-                    for f in view.files(partition, low, high)]
+            paths = [(f.path, location.join(view.log.uri, unquote(f.path))) for f in view.files(partition, low, high)]
+            self._load([full for _, full in paths])
+            return [(path, self._file(full)) for path, full in paths]
         except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
-            fault = PartitionUnavailableError(f"partition {partition} of {view.log.uri} cannot be read: {error}")
-            fault.partition_id = partition
-            raise fault from error
+            raise _fault(view, partition, error) from error
+
+    def prefetch(self, view: "LogView", partitions: Iterable[int]) -> None:
+        """Load the files of these partitions not in memory yet, all at once (on an object store, concurrent
+        GETs); a partition whose files cannot be fetched is left for files() to report."""
+        paths = [location.join(view.log.uri, unquote(f.path)) for p in partitions for f in view.files(p)]
+        try:
+            self._load(paths)
+        except (OSError, pa.ArrowException):
+            pass
+
+    def _load(self, paths: list[str]) -> None:
+        """Parse the object-store files among paths not in memory, fetched together."""
+        missing = [path for path in paths if path not in self._files and not location.is_local(path)]
+        if len(missing) > 1:
+            for path, data in fetch(missing).items():
+                self._file(path, data)
 
     def remember(self, path: str, data: pa.Table) -> None:
         """Keep the rows of a data file this process just wrote (path as files() names it, data without the
         partition column): the next read of that file costs nothing."""
         self._keep(path, data.cast(self._file_schema))
 
-    def _file(self, path: str) -> pa.Table:
+    def _file(self, path: str, content: Optional[bytes] = None) -> pa.Table:
         cached = self._files.get(path)
         if cached is not None:
             self._files.move_to_end(path)
             return cached
-        source = path if location.is_local(path) else pa.BufferReader(location.get(path))
-        file = pq.ParquetFile(source)
+        if content is None and not location.is_local(path):
+            content = fetch([path])[path]
+        file = pq.ParquetFile(path if content is None else pa.BufferReader(content))
         present = set(file.schema_arrow.names)
         data = file.read([n for n in self._file_schema.names if n in present], use_threads=False)
         if data.schema != self._file_schema:  # older files lack columns added since: they read as null
@@ -102,3 +157,10 @@ class PartitionReader:
         while self._bytes > self._max_bytes and len(self._files) > 1:
             _, dropped = self._files.popitem(last=False)
             self._bytes -= dropped.nbytes
+
+
+def _fault(view: "LogView", partition: int, error: BaseException) -> PartitionUnavailableError:
+    """The error of a partition whose files are missing, unreadable or corrupt."""
+    fault = PartitionUnavailableError(f"partition {partition} of {view.log.uri} cannot be read: {error}")
+    fault.partition_id = partition
+    return fault

@@ -1,0 +1,133 @@
+"""Each operation on an object store (Azurite and S3) within its budget of storage requests, counted by the
+storage layer (sparkbus.storage.requests): how many requests it waits for one after another ("sequential":
+its latency on a cloud store is about that many round trips) and how many it sends. Counted, not timed, so
+the budgets are exact; each is the least of three runs, since a client looks at the catalog at most once a
+second (a run that falls on that look pays one request more)."""
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Callable
+
+import pytest
+
+import sparkbus
+from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusMessage
+from sparkbus.engine import clock
+from sparkbus.storage import requests
+
+BODY = b"x" * 1024
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["azurite", "s3"])
+def ns(request):
+    path = f"{request.getfixturevalue(request.param)}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(path, credits_per_second=None)
+    return path
+
+
+def least(operation: Callable[[], object], prepare: Callable[[], object] = lambda: None,
+          runs: int = 3) -> requests.Tally:
+    """The tally of the run of operation (after prepare, not counted) with the fewest sequential requests."""
+    tallies = []
+    for _ in range(runs):
+        prepare()
+        with requests.counting() as tally:
+            operation()
+        tallies.append(tally)
+    return min(tallies, key=lambda t: (t.sequential, t.requests))
+
+
+def test_sending_receiving_settling_and_peeking_stay_within_their_budgets(ns):
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("q", enable_partitioning=True)
+    with sparkbus.ServiceBusClient(ns) as client, client.get_queue_sender("q") as sender, \
+            client.get_queue_receiver("q", max_wait_time=5) as receiver:
+        for _ in range(3):
+            sender.send_messages([ServiceBusMessage(BODY) for _ in range(200)])
+        receiver.complete_messages(receiver.receive_messages(5))  # the views are read: the receiver is warm
+
+        # a commit is a data file and then its log entry; a look at the catalog confirms the entity
+        one = least(lambda: sender.send_messages(ServiceBusMessage(BODY)))
+        assert (one.sequential, one.requests, one.delta_calls) == (3, 3, 0), one
+        batch = least(lambda: sender.send_messages([ServiceBusMessage(BODY) for _ in range(200)]))
+        assert batch.sequential == 3 and batch.requests <= 16 + 2 and batch.delta_calls == 0, batch  # 16 files at once
+
+        # a receive from the messages the views hold (the backlog), then its settlement: two commits
+        taken = least(lambda: receiver.complete_message(receiver.receive_messages(1)[0]))
+        assert taken.sequential <= 6 and taken.delta_calls == 0, taken
+        # 200 messages over 16 partitions: one commit to lock them, one to complete them
+        many = least(lambda: receiver.complete_messages(receiver.receive_messages(200)))
+        assert many.sequential <= 8 and many.delta_calls == 0, many
+        # a message sent since: the logs are read (an entry and the next one's absence at once), then its file
+        fresh = least(lambda: receiver.complete_message(receiver.receive_messages(1)[0]),
+                      prepare=lambda: sender.send_messages(ServiceBusMessage(BODY)))
+        assert fresh.sequential <= 8 and fresh.delta_calls == 0, fresh
+
+        peeked = least(lambda: receiver.peek_messages(10))
+        assert peeked.sequential <= 3 and peeked.delta_calls == 0, peeked
+        for settle in (receiver.abandon_message, receiver.defer_message, receiver.renew_message_lock,
+                       lambda m: receiver.dead_letter_message(m, reason="budget")):
+            message = receiver.receive_messages(1)[0]
+            settled = least(lambda: settle(message), runs=1)
+            assert settled.sequential <= 3 and settled.delta_calls == 0, (settle, settled)
+        later = clock.now() + timedelta(hours=1)
+        scheduled = least(lambda: sender.schedule_messages(ServiceBusMessage(BODY), later))
+        assert scheduled.sequential == 3 and scheduled.delta_calls == 0, scheduled
+
+
+def test_runtime_properties_cost_the_same_for_one_queue_and_for_fifty(ns):
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    for i in range(50):
+        admin.create_queue(f"q{i:02d}", enable_partitioning=i < 2)
+    with sparkbus.ServiceBusClient(ns) as client, client.get_queue_sender("q00") as sender:
+        sender.send_messages([ServiceBusMessage(BODY) for _ in range(100)])
+    list(admin.list_queues_runtime_properties())  # each table read once in this process
+    one = least(lambda: admin.get_queue_runtime_properties("q00"))
+    assert one.sequential <= 3 and one.delta_calls == 0, one  # the catalog, the logs, no file changed
+    assert admin.get_queue_runtime_properties("q00").active_message_count == 100
+    fifty = least(lambda: admin.list_queues_runtime_properties())
+    assert fifty.sequential <= 3 and fifty.delta_calls == 0, fifty  # 50 entities side by side
+    assert fifty.requests >= 50 * 2  # each entity's two logs were looked at
+    counts = {q.name: q.active_message_count for q in admin.list_queues_runtime_properties()}
+    assert counts["q00"] == 100 and sum(counts.values()) == 100
+
+
+def test_budgets_do_not_grow_with_the_log(ns):
+    """After 60 more commits (and the checkpoints and log cleanup they bring), a send and a receive with its
+    settlement wait for as many requests as before."""
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("q", enable_partitioning=True)
+    with sparkbus.ServiceBusClient(ns) as client, client.get_queue_sender("q") as sender, \
+            client.get_queue_receiver("q", max_wait_time=5) as receiver:
+        sender.send_messages([ServiceBusMessage(BODY) for _ in range(200)])
+        receiver.complete_messages(receiver.receive_messages(5))
+
+        def measured() -> tuple[int, int]:
+            send = least(lambda: sender.send_messages(ServiceBusMessage(BODY)))
+            take = least(lambda: receiver.complete_message(receiver.receive_messages(1)[0]))
+            return send.sequential, take.sequential
+        before = measured()
+        for _ in range(30):
+            sender.send_messages(ServiceBusMessage(BODY))
+            receiver.complete_message(receiver.receive_messages(1)[0])
+        assert measured() == before
+
+
+def test_a_session_receive_is_counted(ns):
+    """Accepting a session, receiving and completing its message: sessions are read with delta-rs (their
+    own table), which this budget names as such."""
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("s", enable_partitioning=True, requires_session=True)
+    with sparkbus.ServiceBusClient(ns) as client, client.get_queue_sender("s") as sender:
+        for i in range(4):
+            sender.send_messages(ServiceBusMessage(BODY, session_id=f"s{i}"))
+
+        def session_round() -> None:
+            with client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5) as receiver:
+                for message in receiver.receive_messages(1):
+                    receiver.complete_message(message)
+        session_round()
+        tally = least(session_round)
+        assert tally.sequential <= 24, tally
