@@ -22,9 +22,11 @@ $(RUNTIME): pyproject.toml | $(BIN)/python
 # Re-installs only when the package metadata changes; the package itself is installed editable, in the
 # "compat" mode (the checkout on sys.path) so that Spark's lookup of pyspark_* data source modules, which
 # lists importable modules, finds pyspark_sparkbus from any working directory (notebooks, jobs). strace
-# (a Debian package) lets the durability test see the fsyncs.
+# (a Debian package) lets the durability test see the fsyncs; fuse3 mounts the tests' file system without
+# hard links.
 $(STAMP): pyproject.toml | $(BIN)/python
 	command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
+	command -v fusermount3 >/dev/null || (apt-get update -qq && apt-get install -y -qq fuse3)
 	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 

@@ -285,3 +285,33 @@ def test_source_and_sink_options_carry_storage_options(tmp_path):
         option_root({"namespace": "s3://bucket/ns", "entity": "q", "storage.conditional_put": "disabled"}, "source")
     assert location.options_for(option_root({"namespace": "s3://bucket/ok", "entity": "q",
                                              "storage.conditional_put": "etag"}, "sink")) == {"conditional_put": "etag"}
+
+
+@pytest.fixture
+def no_links_mount(tmp_path):
+    """A FUSE mount without hard links (tests/nolinkfs.py) over a directory of the test's; unmounted and
+    stopped by its process id afterwards."""
+    backing, mount = tmp_path / "backing", tmp_path / "mount"
+    backing.mkdir()
+    mount.mkdir()
+    server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "nolinkfs.py"), str(backing),
+                               str(mount)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not os.path.ismount(mount):
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            pytest.fail(f"the FUSE file system did not mount: {server.stderr.read().decode()[-2000:]}")
+        time.sleep(0.05)
+    yield mount, backing
+    subprocess.run(["fusermount3", "-u", str(mount)], check=False)
+    server.terminate()
+    server.wait(30)
+
+
+def test_a_local_path_without_hard_links_is_refused_naming_the_store_forms(no_links_mount):
+    mount, backing = no_links_mount
+    with open(mount / "probe", "wb") as f:  # the mount works: files are written through it
+        f.write(b"x")
+    with pytest.raises(ValueError, match="cannot hard-link files.*FUSE mount.*abfss://.*s3://"):
+        sparkbus.create_namespace(str(mount / "ns"))
+    assert sorted(os.listdir(backing)) == ["probe"]  # nothing written (the probe's own files removed)

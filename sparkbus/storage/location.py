@@ -233,8 +233,32 @@ def check_creatable(uri: str) -> None:
         existing = os.path.dirname(existing)
     if existing != uri and not os.path.isdir(existing):
         raise ValueError(f"{uri}: {existing} is a file, so no directory can be made below it")
-    if not os.access(existing if os.path.isdir(existing) else os.path.dirname(existing), os.W_OK):
+    directory = existing if os.path.isdir(existing) else os.path.dirname(existing)
+    if not os.access(directory, os.W_OK):
         raise ValueError(f"{uri}: {existing} is not writable by this user")
+    _check_hard_links(uri, directory)
+
+
+def _check_hard_links(uri: str, directory: str) -> None:
+    """ValueError when the file system at directory cannot hard-link a file: every commit links its log
+    entry into place (the atomic put-if-absent of local disk), which FUSE mounts such as Databricks volumes
+    do not offer. The probe's files are removed."""
+    probe = os.path.join(directory, f".sparkbus-link-probe-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(probe, "wb"):
+            pass
+        try:
+            os.link(probe, probe + ".link")
+        except OSError as error:
+            raise ValueError(
+                f"{uri}: the file system at {directory} cannot hard-link files ({error.strerror}), which every "
+                "commit needs to put its log entry in place atomically; a FUSE mount (such as a Databricks volume "
+                "under /Volumes) cannot hold a namespace: give the store's own location instead "
+                "(abfss://container@account.dfs.core.windows.net/path or s3://bucket/path)") from None
+        os.unlink(probe + ".link")
+    finally:
+        if os.path.exists(probe):
+            os.unlink(probe)
 
 
 @guarded
