@@ -507,13 +507,13 @@ class ServiceBusReceiver:
         refuses further operations; a receive waiting in another thread returns what it has (nothing)."""
         self._closed = True
         self._closing.set()
-        if self.session is None or self._session_closed:
-            return
-        self._session_closed = True
-        try:
-            self.session._release()
-        except SessionLockLostError:
-            pass  # another receiver holds the session already
+        if self.session is not None and not self._session_closed:
+            self._session_closed = True
+            try:
+                self.session._release()
+            except SessionLockLostError:
+                pass  # another receiver holds the session already
+        self._delivery.close()
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
         """Yields messages as they arrive; stops once the receiver's max_wait_time passes without one (never

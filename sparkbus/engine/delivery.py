@@ -46,7 +46,7 @@ from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNo
                           SessionCannotBeLockedError, SessionLockLostError)
 from ..storage import DeltaTable, commits, followed, maintenance
 from ..storage.reader import PartitionReader
-from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES,
+from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES, SESSIONS,
                                TRANSFER_DEAD_LETTERED)
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
@@ -182,7 +182,7 @@ class Delivery:
         # chosen are then read whole (with 4 receivers on one queue, each had read every body of every
         # partition it visited, 4x the data, most of it for messages another receiver took).
         self._readers = {"messages": PartitionReader(MESSAGES), "locks": PartitionReader(LOCKS),
-                         "choosing": PartitionReader(MESSAGES, columns=CHOOSING)}
+                         "choosing": PartitionReader(MESSAGES, columns=CHOOSING), "sessions": PartitionReader(SESSIONS)}
         self._guard = threading.RLock()
         self._wrote = False  # whether the operation `retrying` runs committed something
         self._operation = threading.local()  # .moved: the views this thread's receive has moved (snapshot)
@@ -226,7 +226,7 @@ class Delivery:
         moved = getattr(self._operation, "moved", None)
         if view is None:
             _keep_only(self._views, info)
-            view = self._views[uri] = commits.LogView(storage.open_table(uri))
+            view = self._views[uri] = followed.view_of(uri)
         elif advance and (moved is None or uri not in moved):
             view.advance()
         if moved is not None:
@@ -242,11 +242,13 @@ class Delivery:
         nothing is decided on a stale view. again: a retry after a lost commit, which must read anew."""
         uris = (info.tables["locks"], info.tables["messages"])
         moved = getattr(self._operation, "moved", None)
-        if any(uri not in self._views for uri in uris):  # first use: opened in order, locks first
-            state = self.view(info, "locks")
-            return self.view(info, "messages"), state
+        fresh = [uri for uri in uris if uri not in self._views]
+        if fresh:  # first use: copies of the process's views, moved below
+            _keep_only(self._views, info)
+            for uri in fresh:
+                self._views[uri] = followed.view_of(uri, advance=False)
         state, messages = self._views[uris[0]], self._views[uris[1]]
-        if again or moved is None or not set(uris) <= moved:
+        if fresh or again or moved is None or not set(uris) <= moved:
             followed.advance_pair(state, messages)
         if moved is not None:
             moved.update(uris)
@@ -256,6 +258,12 @@ class Delivery:
         """(messages, locks) as delta-rs tables at their latest versions (for SQL), locks read first."""
         state = self.table(info, "locks")
         return self.table(info, "messages"), state
+
+    def close(self) -> None:
+        """The receiver is done: its views become the process's when they are further on (followed.offer),
+        so the next receiver of these tables starts from them."""
+        for view in list(self._views.values()):
+            followed.offer(view)
 
     def retrying(self, info: EntityInfo, attempt: Callable[[int], T]) -> T:
         """attempt(try_number), which re-reads what it decides on, under the client's retry policy, on info's
@@ -688,37 +696,59 @@ class Delivery:
     def _try_lock_session(self, info: EntityInfo, requested: Optional[str]) -> Optional[SessionLock]:
         duration = info.options.lock_duration
 
-        def take(partition: int, session_id: str) -> SessionLock:
-            def attempt(_: int) -> dict[str, Any]:
-                row = sessions.lock(self.table(info, "sessions"), partition, session_id, duration,
-                                    clock.now())
+        def take(partition: int, session_id: str, moved: bool) -> SessionLock:
+            def attempt(try_number: int) -> dict[str, Any]:
+                # the sessions view just moved to choose the session serves the first try (the commit is
+                # conditional on its version)
+                view = self.view(info, "sessions", advance=try_number > 0 or not moved)
+                row = sessions.lock(view, self._readers["sessions"], partition, session_id, duration, clock.now())
                 self._wrote = True
                 return row
             row = self.retrying(info, attempt)
             return SessionLock(session_id, partition, row["lock_token"], row["locked_until_utc"], info.incarnation)
 
         if requested is not None:
-            return take(partitioning.partition_of(requested, info.partition_count), requested)
+            return take(partitioning.partition_of(requested, info.partition_count), requested, False)
         available = available_partitions(info)
         while available:
-            messages, state = self.tables(info)
-            table = self.table(info, "sessions")
-            try:
-                waiting = sessions.available(messages, state, table, available, clock.now())
-            except Exception as error:  # a partition whose files cannot be read is left out
-                self.entity.confirm(info, error)  # a deleted table's files are no fault
-                faulty = info.fault_in(error)
-                if faulty not in available:
-                    raise
-                available.remove(faulty)
+            waiting = self._waiting_sessions(info, available)
+            if waiting is None:  # a partition whose files cannot be read was left out: look again
                 continue
             for partition, session_id in waiting:
                 try:
-                    return take(partition, session_id)
+                    return take(partition, session_id, True)
                 except SessionCannotBeLockedError:
                     continue  # another receiver took it first
             return None
         return None
+
+    def _waiting_sessions(self, info: EntityInfo, available: list[int], limit: int = 8) -> Optional[list[tuple[int, str]]]:
+        """(partition, session id) of up to limit unlocked sessions with a deliverable message in the
+        available partitions, the one whose oldest waiting message was enqueued first coming first (across
+        partitions the time, not the sequence number, orders them); the three views moved together and the
+        partitions' files read side by side. None after removing a partition whose files cannot be read
+        from available (it is reported)."""
+        with self._guard:
+            moved: list[tuple[commits.LogView, ...]] = followed.together(
+                [lambda: self.snapshot(info), lambda: (self.view(info, "sessions"),)])
+            (messages, state), (view,) = moved
+            for reader, table in (("choosing", messages), ("locks", state), ("sessions", view)):
+                self._readers[reader].prefetch(table, available)
+            now, found = clock.now(), []
+            for partition in available:
+                try:
+                    waiting = sessions.available(self._readers["choosing"].rows(messages, partition),
+                                                 self._readers["locks"].rows(state, partition),
+                                                 self._readers["sessions"].rows(view, partition), now)
+                except PartitionUnavailableError as error:
+                    self.entity.confirm(info, error)  # a deleted table's files are no fault
+                    if info.fault_in(error) != partition:
+                        raise
+                    available.remove(partition)
+                    return None
+                found += [(oldest, first, partition, session_id) for session_id, oldest, first in
+                          zip(*(waiting[name].to_pylist() for name in ("session_id", "oldest", "first")))]
+        return [(partition, session_id) for _, _, partition, session_id in sorted(found)[:limit]]
 
     def check_session(self, info: EntityInfo, session: SessionLock, now: datetime, read: bool = False) -> None:
         """SessionLockLostError unless the session lock is still held: known without reading while it is
@@ -731,8 +761,8 @@ class Delivery:
 
     def session_row(self, info: EntityInfo, session: SessionLock, now: datetime) -> dict[str, Any]:
         """The held session's row; SessionLockLostError if the lock expired or was taken."""
-        return sessions.held(self.table(info, "sessions"), session.partition, session.session_id,
-                             session.lock_token, now)
+        return sessions.held(self.view(info, "sessions"), self._readers["sessions"], session.partition,
+                             session.session_id, session.lock_token, now)
 
     def update_session(self, session: SessionLock, change: Callable[[dict[str, Any], EntityInfo, datetime],
                                                                     Optional[dict[str, Any]]]) -> dict[str, Any]:
@@ -741,19 +771,26 @@ class Delivery:
         taken (then nothing is read or written in a new incarnation)."""
         info = self.lock_info(session)
 
-        def attempt(_: int) -> dict[str, Any]:
+        def attempt(try_number: int) -> dict[str, Any]:
             now = clock.now()
-            row = self.session_row(info, session, now)
+            # while the session lock is fresh nobody else can change its row: the view as it is serves the
+            # first try (a write is conditional on its version anyway)
+            trusted = try_number == 0 and transitions.is_fresh(session.locked_until_utc, now)
+            row = sessions.held(self.view(info, "sessions", advance=not trusted), self._readers["sessions"],
+                                session.partition, session.session_id, session.lock_token, now)
             written = change(row, info, now)
             if written is None:
                 return row
             written["updated_at_utc"] = now
-            sessions.write(self._tables[info.tables["sessions"]], written)
+            sessions.write(self.view(info, "sessions", advance=False), self._readers["sessions"], written)
             self._wrote = True
             return written
 
         try:
-            return self.retrying(info, attempt)
+            row = self.retrying(info, attempt)
+            if not self._wrote:  # read from views kept in memory: still the incarnation it was read in?
+                self.entity.confirm(info)
+            return row
         except EntityDeleted as gone:
             raise session_lost(session, str(gone)) from gone
 

@@ -2,85 +2,111 @@
 
 A session lives in one partition: its session_id is the message's partition key. Its lock and its state
 are one row of the entity's `sessions` table, partitioned by partition_id and written, like message
-locks, by conditional overwrites whose predicate names the partition and the session: two receivers
-racing for one session conflict and the loser re-reads (and finds it locked); sessions of different
-partitions never conflict. Nothing here knows about the receiver classes.
+locks, by direct commits (sparkbus.storage.commits) that claim the partition: two receivers racing for one
+session conflict and the loser re-reads (and finds it locked), as do two taking different sessions of one
+partition (the loser re-reads and takes its own); sessions of different partitions never conflict. Rows
+are read from log views and data files kept in memory (sparkbus.storage.reader), as message locks are.
+Nothing here knows about the receiver classes.
 """
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any, Optional, cast
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import storage
 from ..core import records
 from ..core import transitions
 from ..exceptions import SessionCannotBeLockedError, SessionLockLostError
-from ..storage import DeltaTable, maintenance
+from ..storage import commits, location, maintenance
+from ..storage.reader import PartitionReader
 from ..core.schemas import ACTIVE, GONE_SQL, SESSIONS
 
 
-def session_row(table: DeltaTable, partition: int, session_id: str) -> Optional[dict[str, Any]]:
-    found = storage.query(f"SELECT * FROM sessions WHERE partition_id = {partition} AND session_id = {storage.quoted(session_id)}",
-                          sessions=table)
-    rows = records.as_rows(found)
-    return rows[0] if rows else None
+def session_row(view: commits.LogView, reader: PartitionReader, partition: int,
+                session_id: str) -> Optional[dict[str, Any]]:
+    """The session's row at the view's version (its partition's files, read once and kept), or None."""
+    rows = reader.rows(view, partition)
+    found = rows.filter(pc.equal(rows["session_id"], session_id))
+    return records.as_rows(found)[-1] if found.num_rows else None
 
 
-def write(table: DeltaTable, row: dict[str, Any]) -> None:
-    """Upsert one session row, rejected if another writer changed that session since the table's version."""
-    storage.write(table, pa.Table.from_pylist([row], schema=SESSIONS), mode="overwrite",
-                  predicate=f"partition_id = {row['partition_id']} AND session_id = {storage.quoted(row['session_id'])}",
-                  post_commithook_properties=storage.NO_HOOKS)
-    maintenance.after_commit(table)
+def write(view: commits.LogView, reader: PartitionReader, row: dict[str, Any]) -> None:
+    """Upsert one session row in one direct commit based on the view's version (the view then moves to the
+    commit's): the partition's files holding that session are rewritten without it, plus the new row. It
+    claims the whole partition, so it is rejected (CommitFailedError: re-read and retry) if another writer
+    changed any session of that partition since that version, or rewrote those files."""
+    partition = row["partition_id"]
+    removed, kept = [], []
+    for path, data in reader.files(view, partition):
+        hit = pc.equal(data["session_id"], row["session_id"])
+        if pc.any(hit).as_py():
+            removed.append(path)
+            kept.append(data.filter(pc.invert(hit)))
+    written = pa.concat_tables([*kept, records.from_rows([row], SESSIONS).drop_columns([storage.PARTITION_COLUMN])])
+    claim = commits.Claim({partition: (-math.inf, math.inf)}, frozenset(removed))
+    files: list[commits.AddedFile] = []
+    try:
+        files.append(commits.write_file(view.log, partition, written))
+        done = commits.commit(view.log, view.position, files, removed, claim, operation="MERGE")
+    except BaseException:
+        commits.discard(view.log, files)
+        raise
+    view.committed(done, files, removed)
+    reader.remember(location.join(view.log.uri, unquote(files[0].path)), written)
+    maintenance.after_direct_commit(view.log.uri, done.version)
 
 
 def is_locked(row: Optional[dict[str, Any]], now: datetime) -> bool:
     return row is not None and row["lock_token"] is not None and row["locked_until_utc"] > now
 
 
-def lock(table: DeltaTable, partition: int, session_id: str, duration: timedelta, now: datetime) -> dict[str, Any]:
+def lock(view: commits.LogView, reader: PartitionReader, partition: int, session_id: str, duration: timedelta,
+         now: datetime) -> dict[str, Any]:
     """Take the session's lock (keeping its state); SessionCannotBeLockedError while another holds it."""
-    row = session_row(table, partition, session_id)
+    row = session_row(view, reader, partition, session_id)
     if is_locked(row, now):
         assert row is not None
         raise SessionCannotBeLockedError(
             f"session {session_id!r} is locked by another receiver until {row['locked_until_utc'].isoformat()}")
     taken = {"partition_id": partition, "session_id": session_id, "lock_token": transitions.new_lock_tokens(1)[0],
              "locked_until_utc": now + duration, "state": row["state"] if row else None, "updated_at_utc": now}
-    write(table, taken)
+    write(view, reader, taken)
     return taken
 
 
-def held(table: DeltaTable, partition: int, session_id: str, lock_token: str, now: datetime) -> dict[str, Any]:
+def held(view: commits.LogView, reader: PartitionReader, partition: int, session_id: str, lock_token: str,
+         now: datetime) -> dict[str, Any]:
     """The session row if this lock still holds it; SessionLockLostError otherwise."""
-    row = session_row(table, partition, session_id)
+    row = session_row(view, reader, partition, session_id)
     if row is None or row["lock_token"] != lock_token or row["locked_until_utc"] <= now:
         raise SessionLockLostError(
             f"the lock on session {session_id!r} expired or was taken by another receiver")
     return row
 
 
-def available(messages: DeltaTable, locks_table: DeltaTable, sessions: DeltaTable, partitions: list[int],
-              now: datetime, limit: int = 8) -> list[tuple[int, str]]:
-    """(partition, session id) of the sessions in these partitions with a deliverable message and no
-    unexpired lock, the session whose oldest waiting message was enqueued first coming first (across
-    partitions: the time, not the sequence number, orders them)."""
+def available(messages: pa.Table, states: pa.Table, sessions: pa.Table, now: datetime) -> pa.Table:
+    """The sessions of one partition (its message rows, with at least CHOOSING's columns, its state rows and
+    its session rows) with a deliverable message and no unexpired lock: session_id, the enqueued time of
+    its oldest waiting message (oldest) and the lowest sequence number (first)."""
     now_us = records.micros(now)
-    found = storage.query(f"""
-        SELECT m.partition_id, m.session_id, MIN(m.enqueued_time_utc) AS oldest, MIN(m.sequence_number) AS first
-        FROM messages m
-        LEFT JOIN locks l ON l.partition_id = m.partition_id AND l.sequence_number = m.sequence_number
-        LEFT JOIN sessions s ON s.partition_id = m.partition_id AND s.session_id = m.session_id
-        WHERE m.partition_id IN ({", ".join(map(str, partitions))}) AND m.session_id IS NOT NULL
-          AND (l.state IS NULL OR l.state = '{ACTIVE}')
-          AND (m.scheduled_enqueue_time_utc IS NULL OR CAST(m.scheduled_enqueue_time_utc AS BIGINT) <= {now_us})
-          AND CAST(m.expires_at_utc AS BIGINT) > {now_us}
-          AND (s.lock_token IS NULL OR CAST(s.locked_until_utc AS BIGINT) <= {now_us})
-        GROUP BY m.partition_id, m.session_id ORDER BY oldest, first LIMIT {int(limit)}""",
-        messages=messages, locks=locks_table, sessions=sessions)
-    return list(zip(found["partition_id"].to_pylist(), found["session_id"].to_pylist()))
+    state = states["state"].take(pc.index_in(messages["sequence_number"], value_set=states["sequence_number"]))
+    scheduled = messages["scheduled_enqueue_time_utc"].cast(pa.int64())
+    keep = pc.and_(pc.is_valid(messages["session_id"]), pc.or_kleene(pc.is_null(state), pc.equal(state, ACTIVE)))
+    keep = pc.and_(keep, pc.or_kleene(pc.is_null(scheduled), pc.less_equal(scheduled, now_us)))
+    keep = pc.and_(keep, pc.fill_null(pc.greater(messages["expires_at_utc"].cast(pa.int64()), now_us), False))
+    locked = sessions.filter(pc.and_(pc.is_valid(sessions["lock_token"]),
+                                     pc.greater(sessions["locked_until_utc"].cast(pa.int64()), now_us)))
+    keep = pc.and_(keep, pc.invert(pc.is_in(messages["session_id"], value_set=locked["session_id"])))
+    waiting = pa.table({"session_id": messages["session_id"], "oldest": messages["enqueued_time_utc"].cast(pa.int64()),
+                        "first": messages["sequence_number"]}).filter(keep)
+    grouped = waiting.group_by("session_id", use_threads=False).aggregate([("oldest", "min"), ("first", "min")])
+    return pa.table({"session_id": grouped["session_id"], "oldest": grouped["oldest_min"],
+                     "first": grouped["first_min"]})
 
 
 def listed(tables: dict[str, str], state_updated_after: Optional[datetime] = None) -> list[str]:

@@ -44,6 +44,7 @@ that knows which tables are current checks afterwards and removes what was writt
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import functools
 import json
 import math
@@ -265,6 +266,13 @@ class LogView:
     @property
     def version(self) -> int:
         return self.position.version
+
+    def copy(self) -> "LogView":
+        """Another view at the same version, following the log on its own from there."""
+        twin = copy.copy(self)
+        twin._files = dict(self._files)
+        twin._app_ids = dict(self._app_ids)
+        return twin
 
     def advance(self) -> "LogView":
         """Bring the view to the table's latest version; returns itself. On an object store the next

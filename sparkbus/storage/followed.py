@@ -92,6 +92,42 @@ def followed(uri: str, schema: pa.Schema, columns: Optional[tuple[str, ...]] = N
         return table
 
 
+_views: OrderedDict[str, tuple[threading.Lock, list[LogView]]] = OrderedDict()
+
+
+def _kept_view(uri: str) -> tuple[threading.Lock, list[LogView]]:
+    with _guard:
+        entry = _views.get(uri)
+        if entry is None:
+            entry = _views[uri] = (threading.Lock(), [])
+            while len(_views) > KEPT:
+                _views.popitem(last=False)
+        _views.move_to_end(uri)
+        return entry
+
+
+def view_of(uri: str, advance: bool = True) -> LogView:
+    """A view of the table at uri, for a reader of its own (a receiver): a copy of the process's view of
+    that table (moved to the latest version first unless advance is False: one round of requests when
+    little changed), instead of the table opened anew with delta-rs (its log listed, its checkpoint read)
+    for every receiver made."""
+    lock, kept = _kept_view(uri)
+    with lock:
+        if not kept:
+            kept.append(LogView(open_table(uri)))
+        elif advance:
+            kept[0].advance()
+        return kept[0].copy()
+
+
+def offer(view: LogView) -> None:
+    """A reader's view, now done with: it becomes the process's view of its table when it is further on."""
+    lock, kept = _kept_view(view.log.uri)
+    with lock:
+        if not kept or kept[0].version < view.version:
+            kept[:] = [view.copy()]
+
+
 def together(calls: list[Callable[[], T]], pool_name: str = "follow") -> list[T]:
     """Run the calls side by side (storage.concurrently on the named pool), their results in order."""
     return concurrently(calls, pool_name)
