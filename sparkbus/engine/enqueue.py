@@ -42,9 +42,10 @@ from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
                           MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
                           ServiceBusQuotaExceededError)
-from ..storage import DeltaTable, commits, maintenance
+from ..storage import DeltaTable, commits, followed, maintenance
+from ..storage.reader import PartitionReader
 from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
-from . import duplicates, retry
+from . import duplicates, locks, retry
 from .registry import EntityDeleted, EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .runtime import PartitionSizes, partition_sizes
@@ -489,35 +490,47 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
     return pa.table([columns[f.name] for f in MESSAGES], schema=MESSAGES)
 
 
+# what cancelling reads of the messages it names (files kept between calls; one lock for the process's threads)
+_scheduled = PartitionReader(MESSAGES, columns=("sequence_number", "scheduled_enqueue_time_utc"))
+_scheduled_guard = threading.Lock()
+
+
 def cancel_scheduled(info: EntityInfo, numbers: list[int], policy: RetryPolicy = DEFAULT_RETRY,
                      confirm: Optional[Callable[[], None]] = None) -> None:
-    """Mark scheduled, not yet enqueued messages cancelled, all or none, in one MERGE naming their partitions.
+    """Mark scheduled, not yet enqueued messages cancelled, all or none, in one commit naming their partitions
+    (locks.commit_partitions), decided on the tables' log views (storage.followed) and files kept in memory.
     confirm: run after a lost commit before planning again (it raises when the entity was deleted)."""
-    now = clock.now()
-    now_us = records.micros(now)
-    wanted = ", ".join(str(n) for n in numbers)
-    messages = storage.open_table(info.tables["messages"])
-    found = storage.query(
-        f"SELECT sequence_number FROM messages WHERE sequence_number IN ({wanted}) "
-        f"AND CAST(scheduled_enqueue_time_utc AS BIGINT) > {now_us}", messages=messages)["sequence_number"].to_pylist()
-    missing = sorted(set(numbers) - set(found))
-    if missing:
-        raise MessageNotFoundError(
-            f"no message waiting for its scheduled time with sequence number(s) {missing[:10]} in {info.path!r}")
-    partitions = sorted({sequencing.partition_of_sequence(n) for n in numbers})
-    source = records.from_rows([transitions.new_state(sequencing.partition_of_sequence(n), n, CANCELLED, 0, now)
-                                for n in numbers], LOCKS)
-    predicate = (f"t.partition_id IN ({', '.join(map(str, partitions))}) AND t.partition_id = s.partition_id "
-                 "AND t.sequence_number = s.sequence_number")
+    by_partition: dict[int, list[int]] = {}
+    for n in sorted(set(numbers)):
+        by_partition.setdefault(sequencing.partition_of_sequence(n), []).append(n)
 
-    def merge() -> None:
-        locks = storage.open_table(info.tables["locks"])  # checked and merged at this one version
-        taken = storage.query(f"SELECT sequence_number FROM locks WHERE sequence_number IN ({wanted})", locks=locks)
-        if taken.num_rows:
+    def attempt() -> None:
+        now = clock.now()
+        now_us = records.micros(now)
+        state = followed.view_of(info.tables["locks"], advance=False)
+        messages = followed.view_of(info.tables["messages"], advance=False)
+        followed.advance_pair(state, messages)
+        found: set[int] = set()
+        with _scheduled_guard:
+            _scheduled.prefetch(messages, by_partition)
+            for partition, wanted in by_partition.items():
+                rows = _scheduled.rows(messages, partition)
+                waiting = pc.and_(pc.is_in(rows["sequence_number"], value_set=pa.array(wanted, pa.int64())),
+                                  pc.fill_null(pc.greater(rows["scheduled_enqueue_time_utc"].cast(pa.int64()), now_us),
+                                               False))
+                found.update(rows["sequence_number"].filter(waiting).to_pylist())
+        missing = sorted(set(numbers) - found)
+        if missing:
             raise MessageNotFoundError(
-                f"message(s) {sorted(taken['sequence_number'].to_pylist())[:10]} were already delivered, settled "
-                "or cancelled")
-        storage.merge(locks, source, predicate, lambda merger: merger.when_not_matched_insert_all())
-        maintenance.after_commit(locks)
+                f"no message waiting for its scheduled time with sequence number(s) {missing[:10]} in {info.path!r}")
+        taken = sorted(n for partition, wanted in by_partition.items()
+                       for n in locks.lock_rows(state, partition, wanted)["sequence_number"].to_pylist())
+        if taken:
+            raise MessageNotFoundError(f"message(s) {taken[:10]} were already delivered, settled or cancelled")
+        locks.commit_partitions(state, {partition: records.from_rows(
+            [transitions.new_state(partition, n, CANCELLED, 0, now) for n in wanted], LOCKS)
+            for partition, wanted in by_partition.items()})
+        followed.offer(state)
+        followed.offer(messages)
 
-    retry.run(merge, policy, what=f"cancelling scheduled messages of {info.path!r}", on_transient=confirm)
+    retry.run(attempt, policy, what=f"cancelling scheduled messages of {info.path!r}", on_transient=confirm)
