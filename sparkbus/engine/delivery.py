@@ -395,6 +395,14 @@ class Delivery:
         partition's commit releases the locks already taken here, delivery counts as they were (in
         RECEIVE_AND_DELETE mode, what an earlier partition removed in that race stays removed). Returns
         what decode makes of them; one decode fails for is dead-lettered and left out (decoded)."""
+        self._operation.moved = set()  # the views move once, for the check and the locks (snapshot)
+        try:
+            return self._lock_exactly(info, queue, sequence_numbers, delete=delete, decode=decode, session=session)
+        finally:
+            self._operation.moved = None
+
+    def _lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
+                      decode: Decode[M], session: Optional[SessionLock] = None) -> list[M]:
         wanted = deferred_partitions(sequence_numbers)
         if session is not None:
             self.check_session(info, session, clock.now())
