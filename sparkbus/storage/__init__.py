@@ -268,7 +268,7 @@ def fsync_together(files: list[str], directories: Iterable[str] = ()) -> None:
     _durable_directories.update(directories)
 
 
-def concurrently(calls: list[Callable[[], T]], pool_name: str, workers: int = 16) -> list[T]:
+def concurrently(calls: list[Callable[[], T]], pool_name: str, workers: int = 64) -> list[T]:
     """Run the calls side by side on the named pool (the first in this thread), their results in order:
     one group of branches for storage.requests (its sequential count is its longest branch's). The first
     error is raised once all ended. A call that runs `concurrently` itself must use another pool than its

@@ -521,7 +521,7 @@ def read_entries(log: "TableLog | str", first: int) -> tuple[list[Entry], float]
     while True:
         started = time.monotonic()
         versions = range(first + len(entries), first + len(entries) + window)
-        found = concurrently([functools.partial(read_entry, log, v) for v in versions], "entries", WINDOW_MOST)
+        found = concurrently([functools.partial(read_entry, log, v) for v in versions], "entries")
         for entry in found:
             if entry is None:
                 return entries, started

@@ -8,6 +8,10 @@ one more for the files added since, fetched concurrently; many tables are asked 
 of fifty queues costs what one does. The first read of a table in a process opens it with delta-rs (its
 log listing and checkpoint).
 
+Receivers keep views of their own (a view is one reader's), but start from a copy of the process's view of
+the table (view_of) and give theirs back when done (offer): a receiver made per session, or per batch job
+step, then starts with one round of requests instead of delta-rs opening its three tables.
+
 Ordering. Retention removes a message's row from `messages` before its state row from `locks`, so a reader
 must not see a `messages` version older than its `locks` version across a retention run (a completed
 message without its state row would look active). advance_pair moves both views at once and, when the
