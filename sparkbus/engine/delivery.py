@@ -1,10 +1,12 @@
 """The delivery engine under ServiceBusReceiver: lock, settle, renew, peek, deferred messages and sessions.
 
 One Delivery serves one receiver. It follows the entity's tables between calls (storage.commits.LogView:
-only the log entries written since are read; delta-rs tables, refreshed, serve SQL) and keeps the
-partitions' data files it read in memory (storage.reader.PartitionReader: files never change, so only those
-committed since are read), runs every operation under the client's retry policy, and now and then asks
-the maintenance thread for a retention run. What to lock is chosen on Arrow (sparkbus.core.transitions).
+only the log entries written since are read, the messages and locks logs side by side; a new receiver
+starts from a copy of the process's views, storage.followed.view_of) and keeps the partitions' data files
+it read in memory (storage.reader.PartitionReader: files never change, so only those committed since are
+read, and on an object store those it lacks are fetched at once), runs every operation under the client's
+retry policy, and now and then asks the maintenance thread for a retention run. No delta-rs query or
+delta-rs commit is on its path: sessions, peeks and locks are read from views and committed directly. What to lock is chosen on Arrow (sparkbus.core.transitions).
 Concurrency: each operation is planned on one table version and committed conditionally against it
 (sparkbus.engine.locks); losing to another writer means planning again on the newer version. Settling reads
 nothing first when the receiver's locks are fresh (sparkbus.core.transitions.is_fresh): nobody else can have
@@ -44,7 +46,7 @@ from ..core.transitions import Policy
 from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNotFoundError,
                           MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError, SessionLockLostError)
-from ..storage import DeltaTable, commits, followed, maintenance
+from ..storage import commits, followed, maintenance
 from ..storage.reader import PartitionReader
 from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES, SESSIONS,
                                TRANSFER_DEAD_LETTERED)
@@ -176,7 +178,6 @@ class Delivery:
     def __init__(self, catalog: Catalog, entity_path: str, kinds: tuple[str, ...], retry_policy: RetryPolicy) -> None:
         self.entity = CachedEntity(catalog, entity_path, kinds)
         self._retry = retry_policy
-        self._tables: dict[str, DeltaTable] = {}
         self._views: dict[str, commits.LogView] = {}
         # Choosing what to lock reads CHOOSING's narrow columns of a partition's messages; only the rows
         # chosen are then read whole (with 4 receivers on one queue, each had read every body of every
@@ -189,15 +190,6 @@ class Delivery:
         self._lost_optimistic = -math.inf  # when a receive planned on unmoved views last lost its commit
 
     # ---- tables and retries ----------------------------------------------------------------------------
-
-    def table(self, info: EntityInfo, role: str) -> DeltaTable:
-        """The entity table at its latest version (kept open between calls)."""
-        uri = info.tables[role]
-        table = self._tables.get(uri)
-        if table is None:
-            _keep_only(self._tables, info)
-        self._tables[uri] = storage.open_table(uri) if table is None else commits.refresh_if_moved(table)
-        return self._tables[uri]
 
     def watch(self) -> Callable[[], bool]:
         """For poll: a look at whether any of the entity's tables changed since the previous look (their
@@ -253,11 +245,6 @@ class Delivery:
         if moved is not None:
             moved.update(uris)
         return messages, state
-
-    def tables(self, info: EntityInfo) -> tuple[DeltaTable, DeltaTable]:
-        """(messages, locks) as delta-rs tables at their latest versions (for SQL), locks read first."""
-        state = self.table(info, "locks")
-        return self.table(info, "messages"), state
 
     def close(self) -> None:
         """The receiver is done: its views become the process's when they are further on (followed.offer),

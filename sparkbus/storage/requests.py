@@ -7,9 +7,10 @@ reaches the store through a storage function, noted as one request of its own (i
 
 Requests sent side by side (storage.concurrently: a window of log entries, the files a read lacks, the
 tables of many entities) form branches; the sequential count of a group is that of its longest branch.
-Each thread keeps the sequential count of the branch it runs (a thread-local), so a tally taken around an
-operation in one thread sees the length of its critical path, whatever pools it used. Tallies are
-process-wide: count one operation at a time.
+Each thread keeps the sequential count of the branch it runs and the tallies open around it (thread-locals
+a branch hands to the pool thread that runs it), so a tally taken around an operation counts that
+operation's requests, whatever pools it used, and not those of other threads (the maintenance thread's
+checkpoints, another client's calls); its sequential count is the length of the operation's critical path.
 """
 from __future__ import annotations
 
@@ -32,22 +33,26 @@ class Tally:
     kinds: dict[str, int] = field(default_factory=dict)  # requests by kind (GET, PUT, LIST, DELETE, delta-rs)
 
 
-_tallies: list[Tally] = []
 _guard = threading.Lock()
-_branch = threading.local()  # .length: sequential requests on this thread's branch so far
+_branch = threading.local()  # .length: sequential requests on this thread's branch so far; .tallies: open
 
 
 def _length() -> int:
     return getattr(_branch, "length", 0)
 
 
+def _open() -> tuple[Tally, ...]:
+    return getattr(_branch, "tallies", ())
+
+
 def note(kind: str) -> None:
     """One request of this kind is being sent (by this thread, after the ones before it on its branch)."""
     _branch.length = _length() + 1
-    if not _tallies:
+    tallies = _open()
+    if not tallies:
         return
     with _guard:
-        for tally in _tallies:
+        for tally in tallies:
             tally.requests += 1
             tally.delta_calls += kind == "delta-rs"
             tally.kinds[kind] = tally.kinds.get(kind, 0) + 1
@@ -55,27 +60,30 @@ def note(kind: str) -> None:
 
 @contextmanager
 def counting() -> Iterator[Tally]:
-    """A tally of the requests sent while the block runs; its sequential count is this thread's."""
+    """A tally of the requests this thread (and the branches it hands to pools) sends while the block runs;
+    its sequential count is this thread's."""
     tally = Tally()
-    start = _length()
-    with _guard:
-        _tallies.append(tally)
+    start, outer = _length(), _open()
+    _branch.tallies = (*outer, tally)
     try:
         yield tally
     finally:
-        with _guard:
-            _tallies.remove(tally)
+        _branch.tallies = outer
         tally.sequential = _length() - start
 
 
 def branch(call: Callable[[], T]) -> Callable[[], tuple[T, int]]:
-    """call as one branch of a group: run on any thread, it returns its result and its sequential count."""
+    """call as one branch of a group: run on any thread, it returns its result and its sequential count,
+    its requests counted in the tallies open where the branch was made."""
+    tallies = _open()
+
     def run() -> tuple[T, int]:
-        before = getattr(_branch, "length", None)
-        _branch.length = 0
+        before, outer = getattr(_branch, "length", None), _open()
+        _branch.length, _branch.tallies = 0, tallies
         try:
             return call(), _branch.length
         finally:
+            _branch.tallies = outer
             if before is None:
                 del _branch.length
             else:
