@@ -294,13 +294,19 @@ class Delivery:
             whole = whole.append_column(chosen.schema.field(name), chosen[name])
         return whole
 
-    def retain(self, info: EntityInfo, partition: int) -> None:
-        """Now and then, let completed messages of the partition leave the tables (sparkbus.engine.retention),
-        on the maintenance thread: inline, a run put 60-100 ms on every 25th receive+complete."""
-        if retention.due(self._views[info.tables["locks"]].version):
-            maintenance.run_later(f"retention {info.tables['locks']} {partition}", lambda: self.entity.confirmed(
-                info, lambda: retention.run(info, storage.open_table(info.tables["messages"]),
-                                            storage.open_table(info.tables["locks"]), partition)))
+    def retain(self, info: EntityInfo, partitions: Iterable[int]) -> None:
+        """Now and then, let completed messages of one of the partitions a commit touched leave the tables
+        (sparkbus.engine.retention), on the maintenance thread: inline, a run put 60-100 ms on every 25th
+        receive+complete. One partition per due version, taken in turn, whatever the commit spanned: a run
+        for each of sixteen partitions at once kept the maintenance thread from its checkpoints."""
+        touched = sorted(set(partitions))
+        version = self._views[info.tables["locks"]].version
+        if not touched or not retention.due(version):
+            return
+        partition = touched[(version // retention.RUN_EVERY) % len(touched)]
+        maintenance.run_later(f"retention {info.tables['locks']} {partition}", lambda: self.entity.confirmed(
+            info, lambda: retention.run(info, storage.open_table(info.tables["messages"]),
+                                        storage.open_table(info.tables["locks"]), partition)))
 
     # ---- locking -----------------------------------------------------------------------------------------
 
@@ -370,8 +376,7 @@ class Delivery:
             delivered += self.retrying(info, attempt)
             if not moved[0] or len(delivered) >= count or sequence_numbers is not None:
                 break
-        for partition in sorted(touched):
-            self.retain(info, partition)
+        self.retain(info, touched)
         return delivered
 
     def lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
@@ -449,7 +454,7 @@ class Delivery:
             return cast(int, found.num_rows)
 
         removed = self.retrying(info, attempt)
-        self.retain(info, partition)
+        self.retain(info, [partition])
         return removed
 
     def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int, decode: Decode[M],
@@ -529,8 +534,7 @@ class Delivery:
                         f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
             written = self.retrying(info, lambda attempt: self._settle_partitions(
                 info, by_partition, change, session, attempt))
-            for partition in by_partition:
-                self.retain(info, partition)
+            self.retain(info, by_partition)
             return written
         except EntityDeleted as gone:
             if session is not None:
