@@ -22,7 +22,6 @@ from collections.abc import Collection
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from .. import storage
-from ..storage import followed
 from ..core import entities, forwarding, throttling, tiers
 from ..core.entities import (DEFAULTS, EntityOptions, QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                              SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
@@ -121,7 +120,7 @@ def get_subscription(catalog: Catalog, topic_name: str, subscription_name: str) 
 def list_entities(catalog: Catalog, kind: str, topic_name: Optional[str] = None) -> list[EntityProperties]:
     """Every queue or topic (kind), or every subscription of topic_name."""
     snap = catalog.snapshot()
-    return followed.together([functools.partial(properties, catalog, snap, row)
+    return storage.concurrently([functools.partial(properties, catalog, snap, row)
                               for row in _listed(catalog, snap, kind, topic_name)], ENTITY_POOL)
 
 
@@ -142,7 +141,7 @@ def list_runtime(catalog: Catalog, kind: str, topic_name: Optional[str] = None) 
     """The runtime properties of every queue or topic (kind), or every subscription of topic_name, read
     concurrently (a listing of many costs the storage round trips of one)."""
     snap = catalog.snapshot()
-    return followed.together([functools.partial(runtime, catalog, snap, row)
+    return storage.concurrently([functools.partial(runtime, catalog, snap, row)
                               for row in _listed(catalog, snap, kind, topic_name)], ENTITY_POOL)
 
 

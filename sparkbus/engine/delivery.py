@@ -728,8 +728,8 @@ class Delivery:
         partitions' files read side by side. None after removing a partition whose files cannot be read
         from available (it is reported)."""
         with self._guard:
-            moved: list[tuple[commits.LogView, ...]] = followed.together(
-                [lambda: self.snapshot(info), lambda: (self.view(info, "sessions"),)])
+            moved: list[tuple[commits.LogView, ...]] = storage.concurrently(
+                [lambda: self.snapshot(info), lambda: (self.view(info, "sessions"),)], "sessions")
             (messages, state), (view,) = moved
             for reader, table in (("choosing", messages), ("locks", state), ("sessions", view)):
                 self._readers[reader].prefetch(table, available)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Callable, Iterable, Optional
 
 import pyarrow as pa
 
@@ -34,8 +34,8 @@ from . import concurrently, open_table
 from .commits import LogView
 from .reader import PartitionReader
 
-T = TypeVar("T")
 KEPT = 512
+FOLLOW_POOL = "follow"  # the storage pool views move and tables are read on, side by side
 
 
 @dataclass(frozen=True)
@@ -132,17 +132,12 @@ def offer(view: LogView) -> None:
             kept[:] = [view.copy()]
 
 
-def together(calls: list[Callable[[], T]], pool_name: str = "follow") -> list[T]:
-    """Run the calls side by side (storage.concurrently on the named pool), their results in order."""
-    return concurrently(calls, pool_name)
-
-
 def advance_pair(locks: LogView, messages: LogView, advance: Callable[[LogView], LogView] = LogView.advance) -> None:
     """Move an entity's locks and messages views to their latest versions at once (one round of requests
     when nothing changed), then messages again if the locks view applied a retention run or was seeded
     again (see the module docstring)."""
     deletes = locks.deletes
-    together([lambda: advance(locks), lambda: advance(messages)])
+    concurrently([lambda: advance(locks), lambda: advance(messages)], FOLLOW_POOL)
     if locks.deletes != deletes:
         advance(messages)
 
@@ -161,5 +156,5 @@ def entity_rows(locks_uri: str, locks_schema: pa.Schema, locks_columns: tuple[st
         else:
             advance_pair(locks.view, messages.view)
         skip, apps = list(skipped), list(app_ids)
-        found = together([lambda: locks.rows(skip), lambda: messages.rows(skip, apps)])
+        found = concurrently([lambda: locks.rows(skip), lambda: messages.rows(skip, apps)], FOLLOW_POOL)
     return found[0], found[1]
