@@ -47,7 +47,7 @@ from ..exceptions import (InvalidOperationError, MessageLockLostError, MessageNo
                           MessagingEntityNotFoundError, OperationTimeoutError, PartitionUnavailableError,
                           SessionCannotBeLockedError, SessionLockLostError)
 from ..storage import commits, followed, maintenance
-from ..storage.reader import PartitionReader
+from ..storage.reader import PartitionReader, prefetch_together
 from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEFERRED, LOCKS, MESSAGES, SESSIONS,
                                TRANSFER_DEAD_LETTERED)
 from . import locks, retention, retry, sessions
@@ -344,8 +344,7 @@ class Delivery:
                 self.check_session(info, session, now)
                 taking = replace(rules, lock_duration=session.locked_until_utc - now)
             visited = [p for p in partitions if p not in faulty and messages.files(p)]  # others hold nothing
-            self._readers["choosing"].prefetch(messages, visited)
-            self._readers["locks"].prefetch(state, visited)
+            prefetch_together([(self._readers["choosing"], messages, visited), (self._readers["locks"], state, visited)])
             got: list[M] = []
             written: dict[int, pa.Table] = {}
             moved[0] = 0
@@ -491,16 +490,25 @@ class Delivery:
         finally:
             self._operation.moved = None
 
-    def _optimistic(self, info: EntityInfo) -> bool:
-        """Whether a receive may first try the messages its views already hold, without reading the logs:
-        on an object store (where that read is a round trip), with views read lately and no such try lost
-        to another receiver lately. Nothing is decided on a stale view: its commit is conditional, and a
-        lost one retries on the logs read anew."""
-        views = [self._views.get(info.tables[role]) for role in ("locks", "messages")]
-        if any(view is None for view in views) or storage.location.is_local(info.tables["locks"]):
+    def _optimistic(self, info: EntityInfo, roles: tuple[str, ...] = ("locks", "messages"),
+                    held: bool = False) -> bool:
+        """Whether a receive (or a session's acceptance: roles) may first try what the views of these tables
+        already hold, without reading the logs: on an object store (where that read is a round trip), with
+        views read lately and no such try lost to another receiver lately. held: a view this receiver
+        lacks is taken unmoved from the process's (storage.followed.view_of), as a new receiver's are.
+        Nothing is decided on a stale view: its commit is conditional, and a lost one retries on the logs
+        read anew."""
+        if storage.location.is_local(info.tables["locks"]):
             return False
+        if held and any(info.tables[role] not in self._views for role in roles):
+            _keep_only(self._views, info)
+            for role in roles:
+                uri = info.tables[role]
+                if uri not in self._views:
+                    self._views[uri] = followed.view_of(uri, advance=False)
+        views = [self._views.get(info.tables[role]) for role in roles]
         now = time.monotonic()
-        return all(now - view.position.known_at < OPTIMISTIC_FOR for view in views if view is not None) and \
+        return all(view is not None and now - view.position.known_at < OPTIMISTIC_FOR for view in views) and \
             now - self._lost_optimistic > OPTIMISTIC_PAUSE
 
     # ---- settling ----------------------------------------------------------------------------------------
@@ -694,11 +702,14 @@ class Delivery:
 
     def _try_lock_session(self, info: EntityInfo, requested: Optional[str]) -> Optional[SessionLock]:
         duration = info.options.lock_duration
+        optimistic = False  # whether the session is chosen on views not moved for it (below)
 
         def take(partition: int, session_id: str, moved: bool) -> SessionLock:
             def attempt(try_number: int) -> dict[str, Any]:
-                # the sessions view just moved to choose the session serves the first try (the commit is
+                # the sessions view the session was chosen on serves the first try (the commit is
                 # conditional on its version)
+                if try_number > 0 and optimistic:
+                    self._lost_optimistic = time.monotonic()  # chosen on unmoved views and lost
                 view = self.view(info, "sessions", advance=try_number > 0 or not moved)
                 row = sessions.lock(view, self._readers["sessions"], partition, session_id, duration, clock.now())
                 self._wrote = True
@@ -709,8 +720,11 @@ class Delivery:
         if requested is not None:
             return take(partitioning.partition_of(requested, info.partition_count), requested, False)
         available = available_partitions(info)
+        # first among the sessions the views (the process's, read lately) already show; when none of those
+        # can be taken, among those the logs read now show
+        optimistic = self._optimistic(info, ("messages", "locks", "sessions"), held=True)
         while available:
-            waiting = self._waiting_sessions(info, available)
+            waiting = self._waiting_sessions(info, available, advance=not optimistic)
             if waiting is None:  # a partition whose files cannot be read was left out: look again
                 continue
             for partition, session_id in waiting:
@@ -718,21 +732,27 @@ class Delivery:
                     return take(partition, session_id, True)
                 except SessionCannotBeLockedError:
                     continue  # another receiver took it first
-            return None
+            if not optimistic:
+                return None
+            optimistic = False
         return None
 
-    def _waiting_sessions(self, info: EntityInfo, available: list[int], limit: int = 8) -> Optional[list[tuple[int, str]]]:
+    def _waiting_sessions(self, info: EntityInfo, available: list[int], limit: int = 8, *,
+                          advance: bool = True) -> Optional[list[tuple[int, str]]]:
         """(partition, session id) of up to limit unlocked sessions with a deliverable message in the
         available partitions, the one whose oldest waiting message was enqueued first coming first (across
-        partitions the time, not the sequence number, orders them); the three views moved together and the
-        partitions' files read side by side. None after removing a partition whose files cannot be read
-        from available (it is reported)."""
+        partitions the time, not the sequence number, orders them); the three views moved together (unless
+        not advance) and the partitions' files read side by side. None after removing a partition whose
+        files cannot be read from available (it is reported)."""
         with self._guard:
-            moved: list[tuple[commits.LogView, ...]] = storage.concurrently(
-                [lambda: self.snapshot(info), lambda: (self.view(info, "sessions"),)], "sessions")
-            (messages, state), (view,) = moved
-            for reader, table in (("choosing", messages), ("locks", state), ("sessions", view)):
-                self._readers[reader].prefetch(table, available)
+            if advance:
+                moved: list[tuple[commits.LogView, ...]] = storage.concurrently(
+                    [lambda: self.snapshot(info), lambda: (self.view(info, "sessions"),)], "sessions")
+                (messages, state), (view,) = moved
+            else:
+                messages, state, view = (self._views[info.tables[role]] for role in ("messages", "locks", "sessions"))
+            prefetch_together([(self._readers[reader], table, available)
+                               for reader, table in (("choosing", messages), ("locks", state), ("sessions", view))])
             now, found = clock.now(), []
             for partition in available:
                 try:

@@ -68,7 +68,7 @@ from . import (PARTITION_COLUMN, concurrently, fsync_file, fsync_together, durab
                set_read_at,
                transaction_version as _transaction_version,
                location, open_table, read_at)
-from . import requests
+from . import fetched, requests
 from .errors import guarded
 
 ENGINE = "sparkbus"
@@ -360,6 +360,7 @@ def write_file(log: TableLog, partition: int, data: pa.Table) -> AddedFile:
         pq.write_table(data, sink, compression="snappy")
         payload = sink.getvalue().to_pybytes()
         location.put(target, payload)
+        fetched.written(target, payload)
         size = len(payload)
     low, high, stats = _statistics(data, log.stats_columns)
     return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats)

@@ -24,6 +24,7 @@ registry keeps at most KEPT tables (least recently used dropped).
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
@@ -31,7 +32,7 @@ from typing import Callable, Iterable, Optional
 import pyarrow as pa
 
 from . import concurrently, open_table
-from .commits import LogView
+from .commits import AddedFile, Committed, Entry, LogView, Position
 from .reader import PartitionReader
 
 KEPT = 512
@@ -130,6 +131,29 @@ def offer(view: LogView) -> None:
     with lock:
         if not kept or kept[0].version < view.version:
             kept[:] = [view.copy()]
+
+
+def committed(uri: str, base: int, done: Committed, added: list[AddedFile],
+              app_transactions: Optional[dict[str, int]] = None) -> None:
+    """This process committed added to the table at uri, planned at version base (a send): the process's
+    view of the table, when it is at base or since, learns that commit and the entries it skipped, so the
+    next receiver made starts past them with no request (a session sent to a moment ago is seen at once)."""
+    with _guard:
+        entry = _views.get(uri)
+    if entry is None:
+        return
+    lock, kept = entry
+    with lock:
+        if not kept or not base <= kept[0].version < done.version:
+            return
+        view = kept[0]
+        for skipped in done.skipped:
+            if skipped.version > view.version:
+                if skipped.table_changed:  # read again when asked (advance seeds it anew)
+                    return
+                view.apply(skipped, Position(skipped.version, view.position.known_at))
+        view.apply(Entry(done.version, list(added), app_ids=dict(app_transactions or {}),
+                         timestamp=int(time.time() * 1000)), done.position)
 
 
 def advance_pair(locks: LogView, messages: LogView, advance: Callable[[LogView], LogView] = LogView.advance) -> None:

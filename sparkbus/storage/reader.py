@@ -3,13 +3,12 @@ memory (Delta data files never change once written). Reads go through pyarrow's 
 file, never its dataset scanner (sparkbus.storage's docstring says why).
 
 On an object store a file costs a request, so the files a read needs and does not hold are fetched all at
-once (concurrent GETs: one round trip for any number of files), and the bytes of files fetched lately are
-kept for a moment in a small cache the process's readers share: a receive reads a file narrow to choose
-what to lock and then whole for what it locked, one GET for both."""
+once (concurrent GETs: one round trip for any number of files), and the bytes of files fetched or written
+lately are kept in a small cache the process's readers share (sparkbus.storage.fetched): a receive reads a
+file narrow to choose what to lock and then whole for what it locked, one GET for both, and a file this
+process committed costs none."""
 from __future__ import annotations
 
-import functools
-import threading
 from collections import OrderedDict
 from typing import Iterable, Optional
 from urllib.parse import unquote
@@ -19,41 +18,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..exceptions import PartitionUnavailableError
-from . import PARTITION_COLUMN, concurrently, location
+from . import PARTITION_COLUMN, location
 from .commits import LogView
-
-FETCHED_BYTES = 64 << 20  # the shared cache of object-store files' bytes
-_fetched: OrderedDict[str, bytes] = OrderedDict()
-_fetched_bytes = [0]
-_fetched_guard = threading.Lock()
-
-
-def fetch(paths: Iterable[str]) -> dict[str, bytes]:
-    """The bytes of object-store files, from the shared cache or fetched concurrently (one round trip);
-    OSError (FileNotFoundError when missing) as the first failure raised."""
-    wanted = list(dict.fromkeys(paths))
-    found: dict[str, bytes] = {}
-    with _fetched_guard:
-        for path in wanted:
-            if path in _fetched:
-                found[path] = _fetched[path]
-                _fetched.move_to_end(path)
-    missing = [path for path in wanted if path not in found]
-    if len(missing) == 1:
-        found[missing[0]] = location.get(missing[0])
-    elif missing:
-        fetched = concurrently([functools.partial(location.get, path) for path in missing], "fetch")
-        found.update(zip(missing, fetched))
-    with _fetched_guard:
-        for path in missing:
-            if path not in _fetched:
-                _fetched[path] = found[path]
-                _fetched_bytes[0] += len(found[path])
-        while _fetched_bytes[0] > FETCHED_BYTES and len(_fetched) > 1:
-            _, dropped = _fetched.popitem(last=False)
-            _fetched_bytes[0] -= len(dropped)
-    return found
-
+from .fetched import fetch
 
 class PartitionReader:
     """Reads the rows one partition of a table holds at the table object's version, from its data files,
@@ -120,6 +87,11 @@ class PartitionReader:
         except (OSError, pa.ArrowException):
             pass
 
+    def missing(self, view: "LogView", partitions: Iterable[int]) -> list[str]:
+        """The object-store files of these partitions at the view's version that this reader does not hold."""
+        paths = [location.join(view.log.uri, unquote(f.path)) for p in partitions for f in view.files(p)]
+        return [path for path in paths if path not in self._files and not location.is_local(path)]
+
     def _load(self, paths: list[str]) -> None:
         """Parse the object-store files among paths not in memory, fetched together."""
         missing = [path for path in paths if path not in self._files and not location.is_local(path)]
@@ -164,3 +136,15 @@ def _fault(view: "LogView", partition: int, error: BaseException) -> PartitionUn
     fault = PartitionUnavailableError(f"partition {partition} of {view.log.uri} cannot be read: {error}")
     fault.partition_id = partition
     return fault
+
+
+def prefetch_together(reads: Iterable[tuple[PartitionReader, LogView, Iterable[int]]]) -> None:
+    """PartitionReader.prefetch of each (reader, view, partitions), the files all of them lack fetched in one
+    round trip (one after another, three readers paid three)."""
+    reads = [(reader, view, list(partitions)) for reader, view, partitions in reads]
+    try:
+        fetch([path for reader, view, partitions in reads for path in reader.missing(view, partitions)])
+    except OSError:  # a file that cannot be fetched is left for files() to report
+        pass
+    for reader, view, partitions in reads:
+        reader.prefetch(view, partitions)
