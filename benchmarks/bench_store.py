@@ -63,7 +63,6 @@ def measure(root: str, samples: int, requests: Callable[[], int]) -> dict[str, d
     import sparkbus
     from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage
 
-    sparkbus.create_namespace(root, credits_per_second=None)
     admin = sparkbus.ServiceBusAdministrationClient(root)
     admin.create_queue("q", enable_partitioning=True)
     admin.create_queue("s", enable_partitioning=True, requires_session=True)
@@ -148,61 +147,80 @@ def measure(root: str, samples: int, requests: Callable[[], int]) -> dict[str, d
 
 
 def _worker(root: str, role: str, count: int, start: "multiprocessing.synchronize.Event",
-            results: "multiprocessing.Queue[tuple[str, float, list[int]]]") -> None:
+            results: "multiprocessing.Queue[tuple[str, float, list[int]]]", threads: int = 1) -> None:
+    """Send count messages (from `threads` threads sharing the process's sender: its group commit joins
+    what they send at once), or receive and complete until count were seen or the queue stays empty;
+    reports when its last batch was done (seconds after the start), so a receiver's final empty wait is not
+    counted."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from sparkbus import ServiceBusClient, ServiceBusMessage
 
-    with ServiceBusClient(root) as client:
+    with ServiceBusClient(root) as client, client.get_queue_sender("tp") as sender, \
+            client.get_queue_receiver("tp", max_wait_time=1) as receiver:
+        if role == "receive":
+            receiver.peek_messages(1)  # the tables opened before the clock starts, as a running worker has them
+        results.put(("ready", 0.0, []))
         start.wait()
         began = time.perf_counter()
+        done = 0.0
         seen: list[int] = []
         if role == "send":
-            with client.get_queue_sender("tp") as sender:
-                for _ in range(count // SEND_BATCH):
+            def send(batches: int) -> float:
+                last = 0.0
+                for _ in range(batches):
                     sender.send_messages([ServiceBusMessage(BODY) for _ in range(SEND_BATCH)])
+                    last = time.perf_counter() - began
+                return last
+            with ThreadPoolExecutor(threads) as pool:
+                done = max(pool.map(send, [count // SEND_BATCH // threads] * threads))
         else:
-            with client.get_queue_receiver("tp", max_wait_time=3) as receiver:
-                while len(seen) < count:
-                    got = receiver.receive_messages(RECEIVE_BATCH, max_wait_time=3)
-                    if not got:
-                        break
-                    receiver.complete_messages(got)
-                    seen += [m.sequence_number for m in got]
-        results.put((role, time.perf_counter() - began, seen))
+            while len(seen) < count:
+                got = receiver.receive_messages(RECEIVE_BATCH, max_wait_time=1)
+                if not got:
+                    break
+                receiver.complete_messages(got)
+                seen += [m.sequence_number for m in got]
+                done = time.perf_counter() - began
+        results.put((role, done, seen))
 
 
-def throughput(root: str, processes: int, messages: int) -> dict[str, float]:
-    """msg/s of `processes` senders sharing the queue, then of `processes` receivers draining it; checks every
-    message was received exactly once."""
+def throughput(root: str, processes: int, messages: int, threads: int) -> dict[str, float]:
+    """msg/s of `processes` senders sharing the queue (one thread each, then `threads` threads each), then of
+    `processes` receivers draining it; checks every message was received exactly once."""
     import sparkbus
 
     sparkbus.ServiceBusAdministrationClient(root).create_queue("tp", enable_partitioning=True)
     context = multiprocessing.get_context("spawn")
     out: dict[str, float] = {}
     received: list[int] = []
-    per = messages // processes // SEND_BATCH * SEND_BATCH
-    for role in ("send", "receive"):
+    per = messages // processes // (SEND_BATCH * threads) * SEND_BATCH * threads
+    runs = [("send", 1, "send msg/s"), ("send", threads, f"send msg/s, {threads} threads"),
+            ("receive", 1, "receive msg/s")] if threads > 1 else [("send", 1, "send msg/s"), ("receive", 1, "receive msg/s")]
+    sent = per * processes * (len(runs) - 1)
+    for role, each, name in runs:
         start, results = context.Event(), context.Queue()
-        workers = [context.Process(target=_worker, args=(root, role, per if role == "send" else per * processes,
-                                                          start, results)) for _ in range(processes)]
+        workers = [context.Process(target=_worker, args=(root, role, per if role == "send" else sent,
+                                                          start, results, each)) for _ in range(processes)]
         for w in workers:
             w.start()
-        time.sleep(3)  # imports and the client's first look at the namespace
-        began = time.perf_counter()
+        for _ in workers:  # imported, connected, and (receivers) the tables read once
+            assert results.get(timeout=300)[0] == "ready"
         start.set()
         got = [results.get(timeout=600) for _ in workers]
-        elapsed = time.perf_counter() - began
+        elapsed = max(done for _, done, _ in got)  # until the last batch was sent, or received and completed
         for w in workers:
             w.join(60)
         if role == "receive":
             received = [seq for _, _, seen in got for seq in seen]
-        out[f"{role} msg/s"] = per * processes / elapsed
-    assert len(received) == len(set(received)) == per * processes, \
-        f"{len(received)} received, {len(set(received))} distinct, {per * processes} sent"
+        out[name] = (sent if role == "receive" else per * processes) / elapsed
+    assert len(received) == len(set(received)) == sent, \
+        f"{len(received)} received, {len(set(received))} distinct, {sent} sent"
     sparkbus.ServiceBusAdministrationClient(root).delete_queue("tp")
     return out
 
 
-def child(store: str, latency: float, samples: int, processes: list[int], messages: int) -> None:
+def child(store: str, latency: float, samples: int, processes: list[int], messages: int, threads: int) -> None:
     """Runs in the process made for one (store, latency): prints its results as one JSON line."""
     from latency_proxy import Proxy
 
@@ -219,8 +237,12 @@ def child(store: str, latency: float, samples: int, processes: list[int], messag
         root = tempfile.mkdtemp(prefix="sparkbus-bench-") + "/ns"
     requests = proxy.requests if proxy else (lambda: 0)
     try:
-        result: dict[str, Any] = {"store": store, "latency_ms": latency, "operations": measure(root, samples, requests)}
-        result["throughput"] = {n: throughput(root, n, messages) for n in processes}
+        import sparkbus
+
+        sparkbus.create_namespace(root, credits_per_second=None)
+        result: dict[str, Any] = {"store": store, "latency_ms": latency,
+                                  "operations": measure(root, samples, requests) if samples else {}}
+        result["throughput"] = {n: throughput(root, n, messages, threads) for n in processes}
     finally:
         if proxy:
             proxy.stop()
@@ -319,7 +341,9 @@ def report(results: list[dict[str, Any]]) -> None:
         for latency in latencies:
             if (store, latency) in by and by[(store, latency)].get("throughput"):
                 for n, t in by[(store, latency)]["throughput"].items():
-                    print(f"  {n} process(es) @{latency:g} ms: send {t['send msg/s']:,.0f} msg/s, receive + complete "
+                    sends = ", ".join(f"{name.removeprefix('send msg/s').lstrip(', ') or '1 thread'} {rate:,.0f}"
+                                      for name, rate in t.items() if name.startswith("send"))
+                    print(f"  {n} process(es) @{latency:g} ms: send msg/s ({sends}), receive + complete "
                           f"{t['receive msg/s']:,.0f} msg/s")
 
 
@@ -327,9 +351,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stores", default="local,azurite,s3")
     parser.add_argument("--latency-ms", default="0,20", help="comma-separated; object stores only (local: 0)")
-    parser.add_argument("--single", type=int, default=40, help="samples per operation")
+    parser.add_argument("--single", type=int, default=40, help="samples per operation (0: throughput only)")
     parser.add_argument("--processes", default="1,2,4", help="throughput at the highest latency; '' for none")
     parser.add_argument("--messages", type=int, default=20000, help="messages per throughput run")
+    parser.add_argument("--threads", type=int, default=4, help="sending threads per process in a second send run")
     parser.add_argument("--child", nargs=2, metavar=("STORE", "LATENCY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     processes = [int(p) for p in args.processes.split(",") if p]
@@ -337,7 +362,7 @@ def main() -> None:
     if args.child:
         store, latency = args.child[0], float(args.child[1])
         child(store, latency, args.single, processes if store == "local" or latency == max(latencies) else [],
-              args.messages)
+              args.messages, args.threads)
         return
     print("command:", " ".join([os.path.basename(sys.executable), *sys.argv]))
     stores = args.stores.split(",")
@@ -348,7 +373,7 @@ def main() -> None:
             for latency in ([0.0] if store == "local" else latencies):
                 command = [sys.executable, __file__, "--child", store, str(latency), "--single", str(args.single),
                            "--latency-ms", args.latency_ms, "--messages", str(args.messages),
-                           "--processes", args.processes]
+                           "--processes", args.processes, "--threads", str(args.threads)]
                 print(f"running {store} at {latency:g} ms ...", flush=True)
                 done = subprocess.run(command, env={**os.environ, **environment}, capture_output=True, text=True)
                 lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
@@ -364,11 +389,13 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     document = {"command": " ".join(sys.argv), "machine": f"{os.cpu_count()} cores", "time": stamp, "results": results}
-    for name in (f"store-{stamp}.json", "store-latest.json"):
+    whole = all(r["operations"] for r in results)  # a throughput-only run (--single 0) is not the latest
+    for name in (f"store-{stamp}.json", "store-latest.json") if whole else (f"store-{stamp}.json",):
         with open(os.path.join(out, name), "w") as f:
             json.dump(document, f, indent=1)
-    plot(results, os.path.join(out, "store-latest.png"))
-    print(f"\nwrote benchmarks/results/store-{stamp}.json, store-latest.json and store-latest.png")
+    if whole:
+        plot(results, os.path.join(out, "store-latest.png"))
+    print(f"\nwrote benchmarks/results/store-{stamp}.json" + (", store-latest.json and store-latest.png" if whole else ""))
 
 
 if __name__ == "__main__":

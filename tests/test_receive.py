@@ -8,7 +8,11 @@ import pytest
 
 from sparkbus import (InvalidOperationError, MessageAlreadySettled, MessageLockLostError, MessageNotFoundError,
                       MessagingEntityDisabledError, ServiceBusMessage, ServiceBusMessageState, ServiceBusReceiveMode,
-                      ServiceBusSubQueue)
+                      ServiceBusSubQueue, storage)
+from sparkbus.core import partitioning
+from sparkbus.engine import delivery, retention
+from sparkbus.engine.namespace import open_catalog
+from sparkbus.engine.registry import resolve_current
 
 
 def counts(admin, queue):
@@ -260,3 +264,32 @@ def test_complete_messages_is_all_or_nothing_across_partitions(admin, client, cl
     rest = client.get_queue_receiver("p").receive_messages(max_message_count=9)
     assert len(rest) == 6 and client.get_queue_receiver("p").receive_messages(max_wait_time=0) == []
     assert {m.delivery_count for m in rest} == {2}
+
+
+def test_a_commit_walking_past_a_retention_run_never_redelivers_a_completed_message(admin, client, ns_path,
+                                                                                     monkeypatch):
+    """A receiver's settlement in one partition walks past a retention run of another (the run's entries are
+    other writers' commits to it), so its view of the locks table moves past that run while its view of the
+    messages table has not: the completed message's row is still there, its state row gone, which reads as a
+    message to deliver. The next receive, even one that first tries what its views hold, takes nothing."""
+    monkeypatch.setattr(delivery, "OPTIMISTIC_FOR", 3600.0)  # the receive tries its views as held, however slow the store
+    admin.create_queue("q", enable_partitioning=True)
+    first, other = "k0", next(f"k{i}" for i in range(1, 100)
+                              if partitioning.partition_of(f"k{i}", 16) != partitioning.partition_of("k0", 16))
+    client.get_queue_sender("q").send_messages([ServiceBusMessage("done", partition_key=first),
+                                                ServiceBusMessage("held", partition_key=first),
+                                                ServiceBusMessage("settled later", partition_key=other)])
+    receiver = client.get_queue_receiver("q", max_wait_time=5)
+    got: dict[str, object] = {}
+    while len(got) < 3:
+        got.update((str(m), m) for m in receiver.receive_messages(3))
+    receiver.complete_message(got["done"])
+    info = resolve_current(open_catalog(ns_path), "q", ("queue",))
+    tables = admin.get_entity_tables("q")
+    removed = retention.run(info, storage.open_table(tables["messages"]), storage.open_table(tables["locks"]),
+                            partitioning.partition_of(first, 16), minimum=1)
+    assert removed == 1  # "done" left both tables; "held" (the partition's highest number) stays
+    receiver.complete_message(got["settled later"])
+    assert receiver.receive_messages(5, max_wait_time=0) == []  # "held" is locked, "done" is gone
+    peeked = client.get_queue_receiver("q").peek_messages(10)
+    assert [(str(m), m.state.name) for m in peeked] == [("held", "ACTIVE")]

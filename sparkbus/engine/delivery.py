@@ -188,6 +188,9 @@ class Delivery:
         self._wrote = False  # whether the operation `retrying` runs committed something
         self._operation = threading.local()  # .moved: the views this thread's receive has moved (snapshot)
         self._lost_optimistic = -math.inf  # when a receive planned on unmoved views last lost its commit
+        # locks view uri -> its `deletes` when the pair last moved together: a locks view that has applied a
+        # retention run since (its own commit walked past one) may be ahead of the messages view
+        self._paired: dict[str, int] = {}
 
     # ---- tables and retries ----------------------------------------------------------------------------
 
@@ -212,10 +215,14 @@ class Delivery:
 
     def view(self, info: EntityInfo, role: str, *, advance: bool = True) -> commits.LogView:
         """The entity table's files at its latest version, followed from its log (kept between calls); not
-        moved when advance is False, or when this thread's receive already moved it (see snapshot)."""
+        moved when advance is False, or when this thread's receive already moved it (see snapshot). The
+        locks and messages views only ever move together (snapshot)."""
         uri = info.tables[role]
         view = self._views.get(uri)
         moved = getattr(self._operation, "moved", None)
+        if role in ("locks", "messages") and (view is None or advance and (moved is None or uri not in moved)):
+            messages, state = self.snapshot(info)
+            return state if role == "locks" else messages
         if view is None:
             _keep_only(self._views, info)
             view = self._views[uri] = followed.view_of(uri)
@@ -240,17 +247,21 @@ class Delivery:
             for uri in fresh:
                 self._views[uri] = followed.view_of(uri, advance=False)
         state, messages = self._views[uris[0]], self._views[uris[1]]
-        if fresh or again or moved is None or not set(uris) <= moved:
+        # (a locks view that applied a retention run on its own, walking past it in a commit, moves again)
+        if fresh or again or moved is None or not set(uris) <= moved or self._paired.get(uris[0]) != state.deletes:
             followed.advance_pair(state, messages)
+            self._paired[uris[0]] = state.deletes
         if moved is not None:
             moved.update(uris)
         return messages, state
 
     def close(self) -> None:
         """The receiver is done: its views become the process's when they are further on (followed.offer),
-        so the next receiver of these tables starts from them."""
-        for view in list(self._views.values()):
-            followed.offer(view)
+        so the next receiver of these tables starts from them; a locks view only when it is not ahead of
+        its messages view (see _optimistic), so the process's pair stays one a receive may trust."""
+        for uri, view in list(self._views.items()):
+            if self._paired.get(uri, view.deletes) == view.deletes:
+                followed.offer(view)
 
     def retrying(self, info: EntityInfo, attempt: Callable[[int], T]) -> T:
         """attempt(try_number), which re-reads what it decides on, under the client's retry policy, on info's
@@ -497,7 +508,9 @@ class Delivery:
         views read lately and no such try lost to another receiver lately. held: a view this receiver
         lacks is taken unmoved from the process's (storage.followed.view_of), as a new receiver's are.
         Nothing is decided on a stale view: its commit is conditional, and a lost one retries on the logs
-        read anew."""
+        read anew. Never when the locks view has applied a retention run since the pair last moved
+        together (a commit of its own walked past one): a completed message's row may then still be in the
+        messages view while its state row is gone, which reads as a message to deliver."""
         if storage.location.is_local(info.tables["locks"]):
             return False
         if held and any(info.tables[role] not in self._views for role in roles):
@@ -506,6 +519,11 @@ class Delivery:
                 uri = info.tables[role]
                 if uri not in self._views:
                     self._views[uri] = followed.view_of(uri, advance=False)
+                    if role == "locks":  # the process's pair is one a receive may trust (close)
+                        self._paired[uri] = self._views[uri].deletes
+        locks_view = self._views.get(info.tables["locks"])
+        if locks_view is None or self._paired.get(info.tables["locks"]) != locks_view.deletes:
+            return False
         views = [self._views.get(info.tables[role]) for role in roles]
         now = time.monotonic()
         return all(view is not None and now - view.position.known_at < OPTIMISTIC_FOR for view in views) and \

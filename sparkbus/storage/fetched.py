@@ -36,17 +36,11 @@ def fetch(paths: Iterable[str]) -> dict[str, bytes]:
     if len(missing) == 1:
         found[missing[0]] = location.get(missing[0])
     elif missing:
-        fetched = concurrently([functools.partial(location.get, path) for path in missing], "fetch")
-        found.update(zip(missing, fetched))
+        got = concurrently([functools.partial(location.get, path) for path in missing], "fetch")
+        found.update(zip(missing, got))
     for path in missing:
         _keep(path, found[path])
     return found
-
-
-def cached(path: str) -> bool:
-    """Whether path's bytes are here (a read of it costs no request)."""
-    with _guard:
-        return path in _fetched
 
 
 def written(path: str, data: bytes) -> None:

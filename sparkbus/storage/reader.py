@@ -22,6 +22,7 @@ from . import PARTITION_COLUMN, location
 from .commits import LogView
 from .fetched import fetch
 
+
 class PartitionReader:
     """Reads the rows one partition of a table holds at the table object's version, from its data files,
     keeping decoded files in memory: Delta data files never change once written, so a cached file is
@@ -141,10 +142,10 @@ def _fault(view: "LogView", partition: int, error: BaseException) -> PartitionUn
 def prefetch_together(reads: Iterable[tuple[PartitionReader, LogView, Iterable[int]]]) -> None:
     """PartitionReader.prefetch of each (reader, view, partitions), the files all of them lack fetched in one
     round trip (one after another, three readers paid three)."""
-    reads = [(reader, view, list(partitions)) for reader, view, partitions in reads]
+    listed = [(reader, view, list(partitions)) for reader, view, partitions in reads]
     try:
-        fetch([path for reader, view, partitions in reads for path in reader.missing(view, partitions)])
+        fetch([path for reader, view, partitions in listed for path in reader.missing(view, partitions)])
     except OSError:  # a file that cannot be fetched is left for files() to report
         pass
-    for reader, view, partitions in reads:
+    for reader, view, partitions in listed:
         reader.prefetch(view, partitions)
