@@ -142,3 +142,31 @@ def test_a_session_receive_stays_within_its_budget(ns):
         least = {part: min((t.sequential for t in found[1:]), default=None) for part, found in tallies.items()}
         assert least == {"accept": 4, "receive": 3, "complete": 3, "close": 3}, least
         assert not any(t.delta_calls for found in tallies.values() for t in found[1:])
+
+
+def test_management_costs_do_not_grow_with_partitions_or_subscriptions(ns):
+    """Creating a queue of sixteen partitions waits for as many requests as one of one (its three tables are
+    created side by side, empty), and deleting a topic with four subscriptions for as many as one with one
+    (their directories are removed side by side)."""
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+
+    def created(name: str, partitioned: bool) -> requests.Tally:
+        with requests.counting() as tally:
+            admin.create_queue(name, enable_partitioning=partitioned)
+        return tally
+
+    created("first", False)  # then each creation below finds the catalog moved by the one before
+    one, sixteen = created("one", False), created("sixteen", True)
+    assert (sixteen.sequential, sixteen.requests) == (one.sequential, one.requests), (one, sixteen)
+
+    def topic_deleted(name: str, subscriptions: int) -> requests.Tally:
+        admin.create_topic(name)
+        for i in range(subscriptions):
+            admin.create_subscription(name, f"s{i}")
+        with requests.counting() as tally:
+            admin.delete_topic(name)
+        return tally
+
+    few, many = topic_deleted("few", 1), topic_deleted("many", 4)
+    assert many.sequential == few.sequential, (few, many)
+    assert many.requests > few.requests  # the other subscriptions' directories were removed too

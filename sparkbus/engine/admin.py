@@ -319,9 +319,10 @@ def _create_with_storage(catalog: Catalog,
         assert change.result is not None  # the new entity's row
         return Change(change.upserts, change.deletes, (snap, change.result))
 
-    try:
-        for role, schema in ENTITY_TABLES.items():
-            storage.create_table(storage.location.join(location, role), schema, configuration=TABLE_CONFIGURATION[role])
+    try:  # the tables side by side: each creation waits for several requests on an object store
+        storage.concurrently([functools.partial(storage.create_table, storage.location.join(location, role), schema,
+                                                configuration=TABLE_CONFIGURATION[role])
+                              for role, schema in ENTITY_TABLES.items()], "create")
         created = catalog.transact(decide_with_storage, first)
         assert created is not None
         snap, row = created
@@ -364,9 +365,9 @@ def delete_entity(catalog: Catalog, kind: str, path: str) -> None:
 
     doomed = catalog.transact(decide)
     assert doomed is not None
-    for gone in doomed:
-        if gone.storage:  # now and after this process's maintenance of its tables (registry)
-            remove_incarnation(catalog.root, gone.storage)
+    # now and after this process's maintenance of its tables (registry); a topic's subscriptions side by side
+    storage.concurrently([functools.partial(remove_incarnation, catalog.root, gone.storage)
+                          for gone in doomed if gone.storage], "remove")
 
 
 def _descendants(snap: Snapshot, row: Row) -> list[Row]:
