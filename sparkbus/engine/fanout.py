@@ -45,7 +45,6 @@ skipped; what either had written into the deleted directories is removed (regist
 """
 from __future__ import annotations
 
-import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -159,11 +158,8 @@ def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
 
 
 def topic_cursors(topic_messages: DeltaTable, partitions: int) -> dict[int, int]:
-    """Per topic partition, the n up to which every message has been fanned out. delta-rs reads each from the
-    log anew (several requests on an object store), so the partitions are asked side by side."""
-    versions = storage.concurrently([functools.partial(storage.transaction_version, topic_messages, partition_app_id(p))
-                                     for p in range(partitions)], "cursors")
-    return {p: version or 0 for p, version in enumerate(versions)}
+    """Per topic partition, the n up to which every message has been fanned out."""
+    return {p: storage.transaction_version(topic_messages, partition_app_id(p)) or 0 for p in range(partitions)}
 
 
 # ---- one batch ------------------------------------------------------------------------------------------
