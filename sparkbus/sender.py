@@ -83,7 +83,7 @@ class ServiceBusSender:
         self._spark = spark
         self._retry = retry
         self._entity = CachedEntity(catalog, entity_name, SENDER_KINDS)
-        self._writer = EntityWriter(self._entity.get, retry=retry, confirm=self._entity.confirm)
+        self._writer = EntityWriter(self._entity.get, retry=retry, entity=self._entity)
         self._scheduled_in: Optional[str] = None  # the incarnation the last schedule_messages numbered in
         self._governor = governor_of(catalog)
         self._closed = False

@@ -184,3 +184,37 @@ def test_a_lock_commit_leaves_its_file_in_the_readers_as_stored(table):
     assert mine.rows(view, 2).equals(held)  # never read back from storage
     with pytest.raises(PartitionUnavailableError):
         PartitionReader(LOCKS).rows(commits.LogView(storage.open_table(table.table_uri)), 2)
+
+
+def test_application_transaction_versions_are_read_from_the_checkpoint_and_the_entries_after_it(table):
+    """app_versions gives what delta-rs' transaction_version gives, for many app ids from one read of the
+    log, at the table object's version: before any checkpoint, from a checkpoint alone, from a checkpoint
+    and the entries after it, and for an object left behind by later commits."""
+    log = commits.TableLog.of(table)
+
+    def commit_ids(ids: dict[str, int]) -> None:
+        base = storage.open_table(table.table_uri)
+        added = commits.write_file(log, 0, _rows([base.version() + 1]))
+        commits.commit(log, commits.position_of(base), [added], [], commits.Claim({0: (0, math.inf)}), ids)
+
+    asked = [f"p-{i}" for i in range(6)] + ["never"]
+
+    def agrees(at: DeltaTable) -> dict:
+        read = commits.app_versions(at, asked)
+        assert read == {app: at.transaction_version(app) for app in asked}
+        return read
+
+    commit_ids({"p-0": 1, "p-1": 1})
+    assert agrees(storage.open_table(table.table_uri)) == {"p-0": 1, "p-1": 1, **{a: None for a in asked[2:]}}
+    for i in range(2, 6):
+        commit_ids({f"p-{i}": i, "p-0": i})
+    old = storage.open_table(table.table_uri)
+    storage.open_table(table.table_uri).create_checkpoint()
+    assert agrees(storage.open_table(table.table_uri))["p-0"] == 5
+    commit_ids({"p-1": 7})
+    commit_ids({"p-5": 8})
+    latest = agrees(storage.open_table(table.table_uri))
+    assert (latest["p-0"], latest["p-1"], latest["p-5"], latest["never"]) == (5, 7, 8, None)
+    assert agrees(old)["p-1"] == 1  # an object behind the log: entries after it are left out
+    storage.open_table(table.table_uri).create_checkpoint()
+    assert agrees(old)["p-1"] == 1  # and behind the latest checkpoint: asked of delta-rs

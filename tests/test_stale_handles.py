@@ -16,7 +16,9 @@ import pytest
 import sparkbus
 from sparkbus import (CommitConflictError, MessageLockLostError, MessageNotFoundError, MessagingEntityNotFoundError, ServiceBusMessage,
                       ServiceBusMessageState, ServiceBusSubQueue, SessionLockLostError)
+from sparkbus.engine import registry
 from sparkbus.engine.registry import SETTINGS_REFRESH_SECONDS
+from sparkbus.storage import location
 from conftest import files_under, wait_until
 
 OUTCOMES = ["recreated", "recreated-after-refresh", "deleted"]
@@ -311,6 +313,34 @@ def test_deleting_a_queue_while_8_threads_send_to_it(admin, ns_path, senders, re
             stored |= {m.message_id for m in page}
         assert stored <= {message_id for message_id, _ in acked}
         assert {message_id for message_id, started_after in acked if started_after} <= stored
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["azurite", "s3"])
+def test_a_write_landing_in_a_queue_being_deleted_goes_with_it(request, server, monkeypatch):
+    """On an object store the look at the catalog that confirms a write goes out beside it and vouches for
+    a write that ended within CONFIRM_WINDOW_SECONDS of it, so such a write can land in a deleted queue's
+    directory after the delete's first removal. The delete removes the directory again
+    REMOVAL_DELAY_SECONDS after its catalog commit (widened here to leave room): a log entry written
+    between the two removals is gone when the delete returns."""
+    monkeypatch.setattr(registry, "REMOVAL_DELAY_SECONDS", 5.0)
+    ns = f"{request.getfixturevalue(server)}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("x")
+    with sparkbus.ServiceBusClient(ns) as client, client.get_queue_sender("x") as sender:
+        sender.send_messages(ServiceBusMessage("before"))
+    messages = admin.get_entity_tables("x")["messages"]
+    incarnation = messages.rstrip("/").split("/")[-2]
+    deleting = threading.Thread(target=admin.delete_queue, args=("x",))
+    deleting.start()
+    assert wait_until(lambda: incarnation not in entity_directories(ns), 30)  # the first removal is done
+    store, key = location.store_of(location.join(messages, "_delta_log", f"{99:020d}.json"))
+    store.put(key, b'{"commitInfo":{}}', mode="create")  # a late write
+    assert deleting.is_alive() and incarnation in entity_directories(ns)  # it landed between the removals
+    deleting.join(timeout=60)
+    assert not deleting.is_alive()
+    assert entity_directories(ns) == {}
 
 
 @pytest.mark.slow

@@ -11,12 +11,13 @@ a quota allows, cannot both succeed.
 Creation: an entity's Delta tables (messages, locks, sessions) are created first under a fresh directory,
 then the catalog row naming that directory is committed, so no reader ever sees an entity without
 storage; the tables are removed again when the commit fails. Deletion removes the catalog rows first (the
-entity and everything under it), then the data (sparkbus.engine.registry.remove_incarnation).
+entity and everything under it), then the data (sparkbus.engine.registry.remove_deleted).
 """
 from __future__ import annotations
 
 import functools
 import os
+import time
 import uuid
 from collections.abc import Collection
 from typing import Any, Callable, Optional, TypeVar, Union
@@ -34,7 +35,7 @@ from . import fanout, metrics
 from .availability import detected_faults, fault_of, require_available, unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .namespace import NamespaceProperties, governor_of, namespace_properties
-from .registry import remove_incarnation, resolve, table_uris
+from .registry import remove_deleted, resolve, table_uris
 from .retry import RetryPolicy
 from .runtime import Counts, entity_counts
 from .throttle import Usage
@@ -364,10 +365,10 @@ def delete_entity(catalog: Catalog, kind: str, path: str) -> None:
         return Change(deletes=[r.key for r in doomed], result=doomed)
 
     doomed = catalog.transact(decide)
+    deleted_at = time.monotonic()
     assert doomed is not None
-    # now and after this process's maintenance of its tables (registry); a topic's subscriptions side by side
-    storage.concurrently([functools.partial(remove_incarnation, catalog.root, gone.storage)
-                          for gone in doomed if gone.storage], "remove")
+    # a topic's subscriptions side by side; again later (registry: maintenance, writes vouched for ahead)
+    remove_deleted(catalog.root, [gone.storage for gone in doomed if gone.storage], deleted_at)
 
 
 def _descendants(snap: Snapshot, row: Row) -> list[Row]:

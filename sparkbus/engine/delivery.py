@@ -20,7 +20,7 @@ Entity identity (sparkbus.engine.registry): message locks (Held) and session loc
 incarnation of the entity they were taken in, and are refused in any other (MessageLockLostError,
 SessionLockLostError) before anything is read or written; a fresh lock's kept state row is trusted only in
 its own incarnation. Every operation runs through `retrying`, which confirms the incarnation it used after
-a failure and after a write: an operation that met or wrote into a deleted incarnation (the info cached
+a failure and after a write (on an object store with a read sent as it starts, beside the write): an operation that met or wrote into a deleted incarnation (the info cached
 for up to a second still named it) raises EntityDeleted, which settling and session operations turn into
 their lock's error, and the receiver follows to the new incarnation where it may (receive, peek).
 """
@@ -52,7 +52,7 @@ from ..core.schemas import (ACTIVE, BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, DEF
                                TRANSFER_DEAD_LETTERED)
 from . import locks, retention, retry, sessions
 from .catalog import Catalog
-from .registry import CachedEntity, EntityDeleted, EntityInfo
+from .registry import Ahead, CachedEntity, EntityDeleted, EntityInfo
 from .retry import RetryPolicy
 from . import clock
 
@@ -186,6 +186,8 @@ class Delivery:
                          "choosing": PartitionReader(MESSAGES, columns=CHOOSING), "sessions": PartitionReader(SESSIONS)}
         self._guard = threading.RLock()
         self._wrote = False  # whether the operation `retrying` runs committed something
+        self._writing_to: Optional[EntityInfo] = None  # the incarnation it runs on
+        self._ahead: Optional[Ahead] = None  # the read confirming it, sent before its first write
         self._operation = threading.local()  # .moved: the views this thread's receive has moved (snapshot)
         self._lost_optimistic = -math.inf  # when a receive planned on unmoved views last lost its commit
         # locks view uri -> its `deletes` when the pair last moved together: a locks view that has applied a
@@ -269,12 +271,12 @@ class Delivery:
         module docstring), so a deleted table's missing files are never retried or taken for faults."""
         tries = iter(range(1 << 30))
         with self._guard:
-            self._wrote = False
+            self._wrote, self._ahead, self._writing_to = False, None, info
             result = self._reading(info, lambda: retry.run(
                 lambda: attempt(next(tries)), self._retry, what=f"receiving from {info.path!r}",
                 on_transient=lambda: self.entity.confirm(info)))
             if self._wrote:
-                self.entity.confirm(info)
+                self.entity.confirm(info, ahead=self._ahead)
             return result
 
     def _reading(self, info: EntityInfo, operation: Callable[[], T]) -> T:
@@ -288,12 +290,21 @@ class Delivery:
             self.entity.confirm(info, error)
             raise
 
+    def _write_ahead(self) -> None:
+        """Before the first write of the operation `retrying` runs: on an object store, the read that
+        confirms its incarnation, sent now beside the write (sparkbus.engine.registry)."""
+        if self._ahead is None and self._writing_to is not None:
+            self._ahead = self.entity.check_ahead(self._writing_to)
+
     def _commit(self, state: commits.LogView, partition: int, rows: pa.Table) -> None:
         """locks.commit, noted for `retrying` to confirm the incarnation afterwards."""
         self._commit_many(state, {partition: rows})
 
     def _commit_many(self, state: commits.LogView, rows: dict[int, pa.Table]) -> None:
-        """locks.commit_partitions (one commit), noted for `retrying` to confirm the incarnation afterwards."""
+        """locks.commit_partitions (one commit), noted for `retrying` to confirm the incarnation afterwards;
+        on an object store the confirm's read is sent before the operation's first write, beside it."""
+        if any(part.num_rows for part in rows.values()):
+            self._write_ahead()
         locks.commit_partitions(state, rows, reader=self._readers["locks"])
         self._wrote = self._wrote or any(part.num_rows for part in rows.values())
 
@@ -729,6 +740,7 @@ class Delivery:
                 if try_number > 0 and optimistic:
                     self._lost_optimistic = time.monotonic()  # chosen on unmoved views and lost
                 view = self.view(info, "sessions", advance=try_number > 0 or not moved)
+                self._write_ahead()
                 row = sessions.lock(view, self._readers["sessions"], partition, session_id, duration, clock.now())
                 self._wrote = True
                 return row
@@ -819,6 +831,7 @@ class Delivery:
             if written is None:
                 return row
             written["updated_at_utc"] = now
+            self._write_ahead()
             sessions.write(self.view(info, "sessions", advance=False), self._readers["sessions"], written)
             self._wrote = True
             return written

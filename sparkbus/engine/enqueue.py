@@ -12,8 +12,9 @@ messages committed, so acknowledgement means the same. If the entity refuses the
 disabled entity: raised before anything is written), each caller's messages are committed on their own,
 so one caller's refusal never becomes another's.
 
-Entity identity (sparkbus.engine.registry): a writer given a `confirm` (a sender's) confirms the
-incarnation it wrote to after each commit and after each failure. A send that met or wrote into a deleted
+Entity identity (sparkbus.engine.registry): a writer given the `entity` (a sender's) confirms the
+incarnation it wrote to after each commit (on an object store with a read sent before the commit's first
+request) and after each failure. A send that met or wrote into a deleted
 incarnation (the settings cached for up to a second still named it) is not acknowledged there: its
 writes are removed with the incarnation's directory, and it is sent again to the entity's new
 incarnation when it was created again (as a reconnecting SDK sender's next attempt would), or raises
@@ -46,7 +47,7 @@ from ..storage import DeltaTable, commits, followed, maintenance
 from ..storage.reader import PartitionReader
 from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, locks, retry
-from .registry import EntityDeleted, EntityInfo
+from .registry import CachedEntity, EntityDeleted, EntityInfo
 from .retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .runtime import PartitionSizes, partition_sizes
 from . import clock
@@ -168,12 +169,12 @@ class EntityWriter:
     """Appends to one entity's messages table, keeping its table handle and high-water marks between sends."""
 
     def __init__(self, info_source: Callable[[], EntityInfo], *, retry: RetryPolicy = DEFAULT_RETRY,
-                 confirm: Optional[Callable[[EntityInfo, Optional[BaseException]], None]] = None) -> None:
-        """confirm(info, error): raises EntityDeleted when info's incarnation is no longer the entity's
-        (CachedEntity.confirm); given, sends follow the entity across a delete (see the module docstring)."""
+                 entity: Optional[CachedEntity] = None) -> None:
+        """entity: the sender's, whose confirm raises EntityDeleted when an incarnation is no longer the
+        entity's; given, sends follow the entity across a delete (see the module docstring)."""
         self._info_source = info_source
         self._retry = retry
-        self._confirm = confirm
+        self._entity = entity
         self._round_robin: Optional[partitioning.RoundRobin] = None
         self._table: Optional[DeltaTable] = None
         self._table_uri: Optional[str] = None
@@ -295,6 +296,8 @@ class EntityWriter:
         placed = partitioning.resolve(codes, info.avoided(), self._round_robin, info.partition_count)
         dedup = info.options.requires_duplicate_detection
         keep = duplicates.first_occurrences(rows["message_id"].to_pylist()) if dedup else np.ones(rows.num_rows, bool)
+        ahead = self._entity.check_ahead(info) if self._entity is not None else None
+
         def attempt() -> EnqueueResult:
             table = self._view(info, reads=dedup or app_transaction is not None)
             if app_transaction is not None:
@@ -306,8 +309,8 @@ class EntityWriter:
 
         def refresh() -> None:  # the conflict or the cleaned-up log says the table moved on
             self._position = None
-            if self._confirm is not None:  # or the table was deleted: no retry mends that
-                self._confirm(info, None)
+            if self._entity is not None:  # or the table was deleted: no retry mends that
+                self._entity.confirm(info)
 
         try:
             result = retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
@@ -315,8 +318,8 @@ class EntityWriter:
             raise
         except Exception as error:  # not transient (retry.run raised it): a partition's fault? (DataFusion
             # and object_store errors are plain Exceptions naming the file, OSErrors the path)
-            if self._confirm is not None:  # a deleted table's missing files are no fault
-                self._confirm(info, error)
+            if self._entity is not None:  # a deleted table's missing files are no fault
+                self._entity.confirm(info, error)
             if isinstance(error, ServiceBusError):  # refused by a rule or a conflict: not the storage's fault
                 raise
             partition = info.fault_in(error)
@@ -332,8 +335,8 @@ class EntityWriter:
                     raise
                 raise PartitionUnavailableError(f"{unavailable}; partition {partition} could not be written: "
                                                 f"{error}") from error
-        if self._confirm is not None:
-            self._confirm(info, None)
+        if self._entity is not None:
+            self._entity.confirm(info, ahead=ahead)
         return result
 
     def _view(self, info: EntityInfo, reads: bool) -> DeltaTable:

@@ -45,8 +45,8 @@ skipped; what either had written into the deleted directories is removed (regist
 """
 from __future__ import annotations
 
+import functools
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterator, Optional, TypeVar
@@ -158,8 +158,9 @@ def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
 
 
 def topic_cursors(topic_messages: DeltaTable, partitions: int) -> dict[int, int]:
-    """Per topic partition, the n up to which every message has been fanned out."""
-    return {p: storage.transaction_version(topic_messages, partition_app_id(p)) or 0 for p in range(partitions)}
+    """Per topic partition, the n up to which every message has been fanned out (one read of the log)."""
+    done = commits.app_versions(topic_messages, [partition_app_id(p) for p in range(partitions)])
+    return {p: done[partition_app_id(p)] or 0 for p in range(partitions)}
 
 
 # ---- one batch ------------------------------------------------------------------------------------------
@@ -206,10 +207,10 @@ def _deliver(catalog: Catalog, topic: EntityInfo, rows: pa.Table, advance: bool)
     snap = catalog.snapshot()  # after the rows were read: see the module docstring
     view = MessageView(rows if immediate.all() else take_rows(rows, np.flatnonzero(immediate)))
     result.messages = view.n
-    with ThreadPoolExecutor(2, thread_name_prefix="sparkbus-fanout") as pool:  # Arrow and delta-rs free the GIL
-        for done in pool.map(lambda target: _unless_deleted(catalog, target, view, _batch_plan(ends)),
-                             targets(catalog.root, snap, topic)):
-            result.add(done)
+    # two subscriptions at a time (Arrow and delta-rs free the GIL), their requests counted as branches
+    for done in storage.concurrently([functools.partial(_unless_deleted, catalog, target, view, _batch_plan(ends))
+                                      for target in targets(catalog.root, snap, topic)], "fan-out", workers=1):
+        result.add(done)
     if advance:
         advance_topic(topic, ends)
     return result
@@ -357,7 +358,8 @@ Plan = Callable[[DeltaTable, _Built], Optional[tuple[np.ndarray, list[int], list
 def _batch_plan(ends: dict[int, int]) -> Plan:
     """A batch: copies above the subscription's version of each topic partition; new versions = the ends."""
     def plan(table: DeltaTable, built: _Built) -> Optional[tuple[np.ndarray, list[int], list[Transaction]]]:
-        done = {p: storage.transaction_version(table, partition_app_id(p)) or 0 for p in ends}
+        versions_now = commits.app_versions(table, [partition_app_id(p) for p in ends])
+        done = {p: versions_now[partition_app_id(p)] or 0 for p in ends}
         moving = {p: e for p, e in ends.items() if e > done[p]}
         if not moving:
             return None
@@ -371,7 +373,8 @@ def _batch_plan(ends: dict[int, int]) -> Plan:
 def _scheduled_plan(numbers: list[int]) -> Plan:
     """Due scheduled messages: each topic message is its own app id (they come out of sequence order)."""
     def plan(table: DeltaTable, built: _Built) -> Optional[tuple[np.ndarray, list[int], list[Transaction]]]:
-        missing = {n for n in numbers if storage.transaction_version(table, scheduled_app_id(n)) is None}
+        versions_now = commits.app_versions(table, [scheduled_app_id(n) for n in numbers])
+        missing = {n for n in numbers if versions_now[scheduled_app_id(n)] is None}
         if not missing:
             return None
         partitions = built.rows["partition_id"].to_pylist()
@@ -582,15 +585,15 @@ def _deliver_ranges(catalog: Catalog, topic: EntityInfo, ranges: dict[int, tuple
     pieces = [{p: (ranges[p][0] + size * r // rounds, ranges[p][0] + size * (r + 1) // rounds - 1)
                for p, size in sizes.items() if size * (r + 1) // rounds > size * r // rounds}
               for r in range(rounds)]
-    with ThreadPoolExecutor(1, thread_name_prefix="sparkbus-fanout-read") as reader:
-        ahead = reader.submit(read_ranges, topic, pieces[0]) if pieces else None
-        for r in range(rounds):  # the next round is read while this one is evaluated and committed
-            assert ahead is not None  # a read is ahead for every round
-            rows = ahead.result()
-            ahead = reader.submit(read_ranges, topic, pieces[r + 1]) if r + 1 < rounds else None
-            if rows.num_rows:
-                total.add(_deliver_batch(catalog, topic, rows, advance=False))
-            ends.update(batch_ends(rows) if rows.num_rows else {})
+    ahead = storage.Started(functools.partial(read_ranges, topic, pieces[0]), "fan-out-read", 1) if pieces else None
+    for r in range(rounds):  # the next round is read while this one is evaluated and committed
+        assert ahead is not None  # a read is ahead for every round
+        rows = ahead.result()
+        ahead = storage.Started(functools.partial(read_ranges, topic, pieces[r + 1]), "fan-out-read", 1) \
+            if r + 1 < rounds else None
+        if rows.num_rows:
+            total.add(_deliver_batch(catalog, topic, rows, advance=False))
+        ends.update(batch_ends(rows) if rows.num_rows else {})
     if ends:
         advance_topic(topic, ends)
     return total

@@ -24,9 +24,19 @@ settle, renew, defer or number messages nobody received (sequence numbers start 
   began, and goes with the directory; a write that is not confirmed is removed by its writer, after it was
   made. No file of a deleted incarnation remains, and none is written in another incarnation.
 - Why the cached info alone does not do: a commit to a removed table fails on local disk, but on an object
-  store it succeeds (any key can be created), so only a read after the write can tell that it went into a
-  deleted incarnation. The check costs a failed open on local disk (microseconds) and one request on an
-  object store, and only writes and failures pay it.
+  store it succeeds (any key can be created), so only a read can tell that a write went into a deleted
+  incarnation. On local disk that read follows the write (a failed open: microseconds).
+- On an object store the read would be a third round trip after a commit's two, so it is sent side by
+  side with the write instead (CachedEntity.check_ahead, before the write's first request) and vouches for
+  it when the write ended within CONFIRM_WINDOW_SECONDS of sending it; a slower write is confirmed after
+  it, as above. The delete pays for this: it removes an object-store incarnation's directory at once and
+  again REMOVAL_DELAY_SECONDS after its catalog commit (remove_deleted). Why that is complete: a read that
+  found no catalog version after the info's was served before the delete's catalog commit C, so it was
+  sent before C; the write's requests all ended within the window of that sending, so before
+  C + CONFIRM_WINDOW_SECONDS, and the second removal, begun after C + REMOVAL_DELAY_SECONDS, takes what
+  they left. (Two machines' monotonic clocks measure durations alike
+  to far better than the half second between the two.) So a send or a settlement waits for its commit's
+  two requests only, and a delete on an object store takes at least REMOVAL_DELAY_SECONDS.
 - Background maintenance (sparkbus.storage.maintenance: checkpoints, compaction) asked for by commits
   before a delete is not confirmed; it finds a removed table gone and writes nothing, unless it runs while
   the directory is being removed (delta-rs then creates what it writes). So a directory is removed
@@ -36,6 +46,8 @@ settle, renew, defer or number messages nobody received (sequence numbers start 
 """
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
@@ -148,6 +160,22 @@ def resolve_current(catalog: Catalog, path: str, kinds: tuple[str, ...]) -> Enti
 # Entity settings are re-read at most this often by senders and receivers, so a status change or a
 # partition fault reaches clients that already exist within a second; new clients start from the catalog.
 SETTINGS_REFRESH_SECONDS = 1.0
+# On an object store a check sent beside a write vouches for it when the write ended within this long of
+# sending it; deletes remove the directory again this long after their catalog commit, and then some.
+CONFIRM_WINDOW_SECONDS = 1.0
+REMOVAL_DELAY_SECONDS = 1.5
+
+
+def remove_deleted(root: str, incarnations: list[str], deleted_at: float) -> None:
+    """Remove the directories of incarnations whose catalog rows a commit that returned at `deleted_at`
+    (time.monotonic()) deleted, side by side; on an object store once more REMOVAL_DELAY_SECONDS after that
+    commit, taking what writes vouched for by a check sent before it left (see the module docstring)."""
+    storage.concurrently([functools.partial(remove_incarnation, root, gone) for gone in incarnations], "remove")
+    if location.is_local(root):
+        return
+    time.sleep(max(0.0, deleted_at + REMOVAL_DELAY_SECONDS - time.monotonic()))
+    storage.concurrently([functools.partial(storage.remove_tree, location.join(root, gone))
+                          for gone in incarnations], "remove")
 
 
 def remove_incarnation(root: str, incarnation: str) -> None:
@@ -169,6 +197,26 @@ class EntityDeleted(MessagingEntityNotFoundError):
         self.current = current
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A confirm's read sent before a write (CachedEntity.check_ahead): whether the catalog had a version
+    after `known`, asked at `sent` (time.monotonic())."""
+
+    known: int
+    sent: float
+    moved: storage.Started[bool]
+
+    def vouches(self) -> bool:
+        """Whether the read found no catalog version after `known` and the write, done now, ended within the
+        window of its sending (see the module docstring). A failed read vouches for nothing."""
+        ended = time.monotonic()
+        try:
+            moved = self.moved.result()
+        except Exception:  # the confirm after the write asks again, under its own error handling
+            return False
+        return not moved and ended - self.sent <= CONFIRM_WINDOW_SECONDS
+
+
 class CachedEntity:
     """An entity's settings for a long-lived sender or receiver, refreshed at most once a second, and
     the check that the incarnation an operation used is still the entity's (see the module docstring)."""
@@ -184,15 +232,29 @@ class CachedEntity:
             self._read_at = clock.monotonic()
         return self._info
 
-    def confirm(self, info: EntityInfo, cause: Optional[BaseException] = None) -> None:
-        """Nothing if info's incarnation is still the entity's now: the catalog has no version after the
-        one known to hold it (one small read, no listing). Otherwise (the catalog is read then) its
-        directory is removed again and EntityDeleted raised, chained to cause (the operation's error)."""
+    def _known(self, info: EntityInfo) -> int:
+        """The latest catalog version known to hold info's incarnation."""
         cached = self._info
-        known = info.catalog_version
         if cached is not None and cached.incarnation == info.incarnation:
-            known = max(known, cached.catalog_version)
-        if not commits.has_version(self._catalog.uri, known + 1):
+            return max(info.catalog_version, cached.catalog_version)
+        return info.catalog_version
+
+    def check_ahead(self, info: EntityInfo) -> Optional[Ahead]:
+        """On an object store, the confirm's read sent now, beside the write the caller sends next, for
+        confirm(info, ahead=...) after it (see the module docstring); None on local disk."""
+        if location.is_local(self._catalog.uri):
+            return None
+        uri, known = self._catalog.uri, self._known(info)
+        return Ahead(known, time.monotonic(), storage.Started(lambda: commits.has_version(uri, known + 1), "confirm"))
+
+    def confirm(self, info: EntityInfo, cause: Optional[BaseException] = None, ahead: Optional[Ahead] = None) -> None:
+        """Nothing if info's incarnation is still the entity's now: a read sent before the write vouches
+        for it (ahead), or the catalog has no version after the one known to hold it (one small read, no
+        listing). Otherwise (the catalog is read then) its directory is removed again and EntityDeleted
+        raised, chained to cause (the operation's error)."""
+        if ahead is not None and ahead.vouches():
+            return
+        if not commits.has_version(self._catalog.uri, self._known(info) + 1):
             return
         snap = self._catalog.snapshot()
         row = snap.get(key(self.path))
@@ -213,6 +275,7 @@ class CachedEntity:
     def confirmed(self, info: EntityInfo, operation: Callable[[], T]) -> T:
         """operation() on info's incarnation, confirmed after it returned or failed: EntityDeleted (chained
         to the operation's error, if any) when that incarnation is gone."""
+        ahead = self.check_ahead(info)
         try:
             result = operation()
         except EntityDeleted:
@@ -220,5 +283,5 @@ class CachedEntity:
         except Exception as error:
             self.confirm(info, error)
             raise
-        self.confirm(info)
+        self.confirm(info, ahead=ahead)
         return result

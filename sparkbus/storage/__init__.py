@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Optional, TypeVar
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -284,6 +284,23 @@ def concurrently(calls: list[Callable[[], T]], pool_name: str, workers: int = 64
     done = [first, *(future.result() for future in futures)]
     requests.joined([length for _, length in done])
     return [result for result, _ in done]
+
+
+class Started(Generic[T]):
+    """A call sent now on a pool, side by side with what this thread does next (a check that may vouch for
+    a write sent after it). result() waits for it and counts it as a branch that began where it was
+    started (storage.requests), so it adds to the operation's sequential count only where it outlasted
+    the work done meanwhile."""
+
+    def __init__(self, call: Callable[[], T], pool_name: str, workers: int = 16) -> None:
+        self._at = requests.position()
+        self._future = pool(pool_name, workers).submit(requests.branch(call))
+
+    def result(self) -> T:
+        """The call's result (or its error, raised here)."""
+        value, length = self._future.result()
+        requests.rejoined(self._at, length)
+        return value
 
 
 _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}

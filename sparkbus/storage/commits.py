@@ -64,7 +64,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from ..core.records import EPOCH
-from . import (PARTITION_COLUMN, concurrently, fsync_file, fsync_together, durable, pool as storage_pool, local_root, refresh,
+from . import (PARTITION_COLUMN, Started, concurrently, fsync_file, fsync_together, durable, pool as storage_pool, local_root, refresh,
                set_read_at,
                transaction_version as _transaction_version,
                location, open_table, read_at)
@@ -556,6 +556,40 @@ def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
             entry.timestamp = action["commitInfo"].get("timestamp")
             entry.operation = action["commitInfo"].get("operation")
     return entry
+
+
+def app_versions(table: DeltaTable, app_ids: Iterable[str]) -> dict[str, Optional[int]]:
+    """The versions of application transactions app_ids at the table object's version (None: never set),
+    from one read of the log: the latest checkpoint's txn actions and the entries after it, side by side.
+    delta-rs replays the log for each app id it is asked about (on an object store about seven requests
+    each: a topic's sixteen partition cursors took 112). Asked per app id of delta-rs when the latest
+    checkpoint is newer than the table object or in parts."""
+    wanted, version, uri = set(app_ids), table.version(), table.table_uri
+    try:
+        last = json.loads(location.get(location.join(uri, "_delta_log", "_last_checkpoint")))
+    except FileNotFoundError:
+        last = None
+    if last is not None and (last["version"] > version or last.get("parts")):
+        return {app: _transaction_version(table, app) for app in wanted}
+    first = 0 if last is None else last["version"] + 1
+
+    def checkpointed() -> dict[str, Optional[int]]:
+        if last is None:
+            return {}
+        name = f"{last['version']:020d}.checkpoint.parquet"
+        txn = pq.read_table(pa.BufferReader(location.get(location.join(uri, "_delta_log", name))),
+                            columns=["txn"])["txn"]
+        return {row["appId"]: row["version"] for row in txn.drop_null().to_pylist()}
+
+    checkpoint = Started(checkpointed, "app-versions")
+    entries, _ = read_entries(uri, first)
+    found = checkpoint.result()
+    if (entries[-1].version if entries else first - 1) < version:  # the log ends before the table object
+        return {app: _transaction_version(table, app) for app in wanted}
+    for entry in entries:
+        if entry.version <= version:
+            found.update(entry.app_ids)
+    return {app: found.get(app) for app in wanted}
 
 
 @guarded

@@ -94,3 +94,14 @@ def branch(call: Callable[[], T]) -> Callable[[], tuple[T, int]]:
 def joined(lengths: list[int]) -> None:
     """The branches of a group this thread waited for ended with these sequential counts."""
     _branch.length = _length() + max(lengths, default=0)
+
+
+def position() -> int:
+    """This thread's sequential count so far: where a branch started now begins (storage.Started)."""
+    return _length()
+
+
+def rejoined(at: int, length: int) -> None:
+    """A branch started at position `at` ended after `length` sequential requests: this thread waited for
+    it only where it reaches past the requests this thread sent meanwhile."""
+    _branch.length = max(_length(), at + length)
