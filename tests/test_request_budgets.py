@@ -13,7 +13,9 @@ import pytest
 
 import sparkbus
 from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusMessage
-from sparkbus.engine import clock, registry
+from sparkbus.engine import clock, fanout, forwarding, registry
+from sparkbus.engine.catalog import Catalog
+from sparkbus.engine.registry import resolve
 from sparkbus.storage import requests
 
 BODY = b"x" * 1024
@@ -185,3 +187,34 @@ def test_management_costs_do_not_grow_with_partitions_or_subscriptions(ns):
     few, many = topic_deleted("few", 1), topic_deleted("many", 4)
     assert many.sequential == few.sequential, (few, many)
     assert many.requests > few.requests  # the other subscriptions' directories were removed too
+
+
+def test_fan_out_and_forwarding_passes_cost_the_same_for_one_partition_or_sixteen(ns):
+    """A fan-out pass reads the topic's cursors from one read of its log and delivers to its subscriptions
+    side by side; a forwarding pass claims, copies and releases every partition's batch in one commit each:
+    over sixteen partitions they wait for as many requests as over one."""
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    catalog = Catalog(ns)
+    passes: dict[str, dict[bool, requests.Tally]] = {"fan-out": {}, "forwarding": {}}
+    with sparkbus.ServiceBusClient(ns) as client:
+        for partitioned in (False, True):
+            name = "16" if partitioned else "1"
+            admin.create_topic(f"t{name}", enable_partitioning=partitioned)
+            for s in ("a", "b"):
+                admin.create_subscription(f"t{name}", s)
+            admin.create_queue(f"d{name}", enable_partitioning=partitioned)
+            admin.create_queue(f"f{name}", enable_partitioning=partitioned, forward_to=f"d{name}")
+            for sender in (client.get_topic_sender(f"t{name}"), client.get_queue_sender(f"f{name}")):
+                with sender:  # a send goes to one partition, the next to the next: 16 sends, 16 partitions
+                    for _ in range(16):
+                        sender.send_messages([ServiceBusMessage(BODY) for _ in range(4)])
+            with requests.counting() as fanned:
+                assert fanout.drain(catalog, f"t{name}").messages == 64
+            snap = catalog.snapshot()
+            with requests.counting() as forwarded:
+                result = forwarding.forward_entity(catalog, snap, resolve(catalog.root, snap, f"f{name}", ("queue",)))
+            assert result.forwarded == {f"f{name}": 64}
+            passes["fan-out"][partitioned], passes["forwarding"][partitioned] = fanned, forwarded
+    for kind, tallies in passes.items():
+        one, sixteen = tallies[False], tallies[True]
+        assert sixteen.sequential <= one.sequential + 2, (kind, one, sixteen)

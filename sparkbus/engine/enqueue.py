@@ -40,7 +40,7 @@ from ..core import records
 from ..core import partitioning, sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import OUTGOING, body_sizes, header_sizes
-from ..exceptions import (InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
+from ..exceptions import (CommitConflictError, InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
                           MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
                           ServiceBusQuotaExceededError)
 from ..storage import DeltaTable, commits, followed, maintenance
@@ -265,25 +265,27 @@ class EntityWriter:
 
     def append(self, rows: pa.Table, *, codes: Optional[np.ndarray] = None, batch_limit: bool = True,
                info: Optional[EntityInfo] = None, with_sequence_numbers: bool = True,
-               app_transaction: Optional[tuple[str, int]] = None) -> EnqueueResult:
+               app_transactions: Optional[dict[str, int]] = None) -> EnqueueResult:
         """Send rows (OUTGOING schema, plus the TRANSFER_COLUMNS when forwarding) as one atomic commit.
 
         codes: placement codes computed elsewhere (the Spark UDF); batch_limit: apply the tier's batch size
         limit (not for DataFrames); with_sequence_numbers: report each row's number (not for bulk sends);
-        app_transaction: (app id, version) recorded with the commit; when the table already has that app id
-        at this version or later, nothing is written (a replayed streaming batch). delta-rs rejects two
-        concurrent commits of one app id, and the check is made at the version the commit is based on.
+        app_transactions: {app id: version} recorded with the commit; when the table already has every one
+        of them at its version or later, nothing is written (a replayed streaming batch, a forwarded batch
+        copied before), and when it has some of them, CommitConflictError (another writer copied part).
+        Two concurrent commits of one app id conflict, and the check is made at the version the commit is
+        based on.
         """
         info = info or self.info()
         try:
-            return self._append(info, rows, codes, batch_limit, with_sequence_numbers, app_transaction)
+            return self._append(info, rows, codes, batch_limit, with_sequence_numbers, app_transactions)
         except EntityDeleted as gone:  # (only with confirm) created again: send there, placed for it
-            if gone.current is None or codes is not None or app_transaction is not None:
+            if gone.current is None or codes is not None or app_transactions:
                 raise
-            return self._append(gone.current, rows, codes, batch_limit, with_sequence_numbers, app_transaction)
+            return self._append(gone.current, rows, codes, batch_limit, with_sequence_numbers, app_transactions)
 
     def _append(self, info: EntityInfo, rows: pa.Table, codes: Optional[np.ndarray], batch_limit: bool,
-                with_sequence_numbers: bool, app_transaction: Optional[tuple[str, int]]) -> EnqueueResult:
+                with_sequence_numbers: bool, app_transactions: Optional[dict[str, int]]) -> EnqueueResult:
         """append() on info's incarnation: confirmed after its commit and after a failure (EntityDeleted)."""
         schema = pa.schema([*OUTGOING, *(MESSAGES.field(n) for n in TRANSFER_COLUMNS if n in rows.column_names)])
         rows = rows.select(schema.names).cast(schema)
@@ -299,13 +301,18 @@ class EntityWriter:
         ahead = self._entity.check_ahead(info) if self._entity is not None else None
 
         def attempt() -> EnqueueResult:
-            table = self._view(info, reads=dedup or app_transaction is not None)
-            if app_transaction is not None:
-                done = storage.transaction_version(table, app_transaction[0])
-                if done is not None and done >= app_transaction[1]:
+            table = self._view(info, reads=dedup or bool(app_transactions))
+            if app_transactions:
+                done = commits.app_versions(table, app_transactions)
+                have = sorted(app for app, version in app_transactions.items()
+                              if (found := done[app]) is not None and found >= version)
+                if len(have) == len(app_transactions):
                     return EnqueueResult()
+                if have:
+                    raise CommitConflictError(f"{info.path!r} already has application transactions {have} of "
+                                              f"this commit (another writer made them); nothing was written")
             return self._commit(info, table, rows, placed, keep, body, header, dedup, with_sequence_numbers,
-                                app_transaction)
+                                app_transactions)
 
         def refresh() -> None:  # the conflict or the cleaned-up log says the table moved on
             self._position = None
@@ -329,7 +336,7 @@ class EntityWriter:
             # was committed: place again without it (keyless messages go elsewhere; keyed ones
             # raise PartitionUnavailableError). Each failure removes one partition, so this ends.
             try:
-                return self._append(info, rows, codes, batch_limit, with_sequence_numbers, app_transaction)
+                return self._append(info, rows, codes, batch_limit, with_sequence_numbers, app_transactions)
             except PartitionUnavailableError as unavailable:
                 if "could not be written" in str(unavailable):  # a later partition's failure says it already
                     raise
@@ -362,7 +369,7 @@ class EntityWriter:
 
     def _commit(self, info: EntityInfo, table: DeltaTable, rows: pa.Table, placed: np.ndarray, keep: np.ndarray,
                 body: np.ndarray, header: np.ndarray, dedup: bool, with_sequence_numbers: bool,
-                app_transaction: Optional[tuple[str, int]] = None) -> EnqueueResult:
+                app_transactions: Optional[dict[str, int]] = None) -> EnqueueResult:
         now = clock.now()
         accept = keep.copy()
         if dedup and accept.any():
@@ -384,12 +391,12 @@ class EntityWriter:
         data = _stored_rows(info, accepted, partitions, sequence, body[index], header[index], now).drop_columns(
             [storage.PARTITION_COLUMN])
         claim = commits.Claim({p: (sequencing.compose(p, self._marks.get(p, 0) + 1), math.inf) for p in touched},
-                              app_ids=frozenset([app_transaction[0]] if app_transaction else []))
+                              app_ids=frozenset(app_transactions or ()))
         assert self._log is not None and self._position is not None  # set by _view
         # a filter per partition: 0.6 s for 1 GB, one Table.take grouping it 9 s (a table of many chunks)
         files = commits.write_files(self._log, touched, lambda p: data if len(touched) == 1
                                     else data.filter(pa.array(partitions == p)))
-        transactions = dict([app_transaction]) if app_transaction else None
+        transactions = dict(app_transactions) if app_transactions else None
         try:
             done = commits.commit(self._log, self._position, files, [], claim, transactions)
         except BaseException:

@@ -1,7 +1,10 @@
 """Auto-forwarding: messages of a queue or subscription with forward_to (and dead-lettered messages of one
 with forward_dead_lettered_messages_to) move to the destination entity, exactly once.
 
-A transfer is three conditional commits per source partition, each safe to repeat:
+A transfer is three conditional commits, each safe to repeat. A pass makes each of them once for all the
+source partitions with work (one claim commit, one copy, one release: on an object store a pass costs the
+same for one partition or sixteen), but every partition keeps its own claim, batch number and application
+transactions, so what follows holds partition by partition:
 
 1. Claim. The oldest available messages of one source partition get a claim: a lock whose token names
    the kind of transfer and a batch number k (sparkbus.core.forwarding.claim_token), and whose commit
@@ -16,8 +19,10 @@ A transfer is three conditional commits per source partition, each safe to repea
    destination's placement by SessionId / PartitionKey / MessageId, its sequence numbers, its duplicate
    detection and quota) that records k as the destination's application transaction
    "<source tables>.p<p>". The destination holds batch k exactly when that version is k or more: a
-   replay sees it and writes nothing, and two forwarders copying the same batch conflict on the app id.
-   A destination that refuses the whole batch (full, disabled since the claim) writes nothing. The copy
+   replay copies only the batches the destination lacks (one that finds some of its batches made
+   meanwhile writes nothing: CommitConflictError, and the next pass sees them), and two forwarders
+   copying the same batch conflict on the app id. A destination that refuses the copy (full, disabled
+   since the claim) writes nothing, and every batch in it goes to the transfer dead-letters. The copy
    waits until the namespace's throttling admits it and is charged as a send of its messages.
 3. Release. The claimed rows become completed (or, when the copy was refused, transfer-dead-lettered
    with the error), conditionally on still carrying the claim token.
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Optional, cast
+from typing import Any, Optional, cast
 
 import numpy as np
 import pyarrow as pa
@@ -102,16 +107,23 @@ def forward_all(catalog: Catalog, *, batch: int = BATCH) -> ForwardResult:
 
 
 def forward_entity(catalog: Catalog, snap: Snapshot, info: EntityInfo, *, batch: int = BATCH) -> ForwardResult:
-    """One pass over the source's available partitions: per partition and kind, an outstanding claim is
-    finished, then one new batch is claimed and transferred."""
+    """One pass over the source's available partitions that have work: outstanding claims are finished,
+    then per kind one new batch of each partition is claimed and transferred, all the partitions together
+    (one claim commit, one copy, one release: a pass costs the same for one partition or sixteen), up to
+    `batch` messages in all. When a partition's files cannot be read, the others are done one by one."""
     result = ForwardResult()
     kinds = [kind for kind in rules.KINDS if destination_of(info, kind) is not None]
-    for partition in _partitions_with_work(info, kinds):
-        if partition in info.avoided():
-            continue
-        for kind in kinds:
+    partitions = [p for p in _partitions_with_work(info, kinds) if p not in info.avoided()]
+    if not partitions:
+        return result
+    try:
+        _pass(catalog, snap, info, partitions, kinds, batch, result)
+    except CommitConflictError:
+        pass  # the claims stay; the next pass finishes them
+    except PartitionUnavailableError:
+        for partition in partitions:
             try:
-                result.add(_step(catalog, snap, info, partition, kind, batch))
+                _pass(catalog, snap, info, [partition], kinds, batch, result)
             except (CommitConflictError, PartitionUnavailableError):
                 continue  # the claim stays; the next pass finishes it
     return result
@@ -137,72 +149,99 @@ def _partitions_with_work(info: EntityInfo, kinds: list[str]) -> list[int]:
     return cast(list[int], found["partition_id"].to_pylist())
 
 
-# ---- one step --------------------------------------------------------------------------------------------
+# ---- one pass --------------------------------------------------------------------------------------------
 
-def _step(catalog: Catalog, snap: Snapshot, info: EntityInfo, partition: int, kind: str, batch: int) -> ForwardResult:
-    result = ForwardResult()
-    outstanding = _claimed(info, partition)
-    if outstanding is not None:
-        result.add(_finish(catalog, info, partition, *outstanding))
-    claimed = retry.run(lambda: _claim(catalog.root, snap, info, partition, kind, batch, result),
-                        what=f"claiming messages of {info.path!r} to forward")
-    if claimed is not None:
-        result.add(_finish(catalog, info, partition, *claimed))
-    return result
+Claims = dict[int, tuple[int, pa.Table]]  # partition -> (batch number, its claimed state rows)
 
 
-def _claimed(info: EntityInfo, partition: int) -> Optional[tuple[str, int, pa.Table]]:
-    """(kind, batch, state rows) of the partition's outstanding claim, if any."""
+def _where(partitions: list[int]) -> str:
+    return f"partition_id IN ({', '.join(map(str, partitions))})"
+
+
+def _pass(catalog: Catalog, snap: Snapshot, info: EntityInfo, partitions: list[int], kinds: list[str], batch: int,
+          result: ForwardResult) -> None:
+    """forward_entity over these partitions, counting what moved in result as it goes."""
+    for kind, outstanding in _claimed(info, partitions).items():
+        _finish(catalog, info, kind, outstanding, result)
+    limit = max(1, batch // len(partitions))
+    for kind in kinds:
+        claimed = retry.run(lambda: _claim(catalog.root, snap, info, partitions, kind, limit, result),
+                            what=f"claiming messages of {info.path!r} to forward")
+        if claimed:
+            _finish(catalog, info, kind, claimed, result)
+
+
+def _claimed(info: EntityInfo, partitions: list[int]) -> dict[str, Claims]:
+    """The partitions' outstanding claims by kind: {kind: {partition: (batch, state rows)}}."""
     state = storage.open_table(info.tables["locks"])
-    rows = storage.query(f"SELECT * FROM locks WHERE partition_id = {partition} AND {rules.CLAIM_SQL} "
-                         f"AND state IN ('{ACTIVE}', '{DEAD_LETTERED}') ORDER BY sequence_number", locks=state)
-    if rows.num_rows == 0:
-        return None
-    # every row selected carries a claim token (CLAIM_SQL)
-    claims = {claim for t in rows["lock_token"].to_pylist() if (claim := rules.parse_claim(t)) is not None}
-    kind, batch = max(claims, key=lambda c: c[1])  # one at a time: only ever one batch number
-    return kind, batch, rows
+    rows = storage.query(f"SELECT * FROM locks WHERE {_where(partitions)} AND {rules.CLAIM_SQL} "
+                         f"AND state IN ('{ACTIVE}', '{DEAD_LETTERED}') ORDER BY partition_id, sequence_number",
+                         locks=state)
+    found: dict[str, Claims] = {}
+    for partition in sorted(set(rows["partition_id"].to_pylist())):
+        part = rows.filter(pc.equal(rows["partition_id"], partition))
+        # every row selected carries a claim token (CLAIM_SQL)
+        claims = {claim for t in part["lock_token"].to_pylist() if (claim := rules.parse_claim(t)) is not None}
+        kind, number = max(claims, key=lambda c: c[1])  # one at a time: only ever one batch number
+        found.setdefault(kind, {})[partition] = (number, part)
+    return found
 
 
-def _claim(root: str, snap: Snapshot, info: EntityInfo, partition: int, kind: str, limit: int,
-           result: ForwardResult) -> Optional[tuple[str, int, pa.Table]]:
-    """Claim up to `limit` messages of one partition (see the module docstring); returns (kind, batch,
-    claimed state rows) or None when nothing is to be forwarded. Messages refused outright are counted in
-    result as transfer-dead-lettered."""
+def _claim(root: str, snap: Snapshot, info: EntityInfo, partitions: list[int], kind: str, limit: int,
+           result: ForwardResult) -> Claims:
+    """Claim up to `limit` messages of each partition without a claim outstanding, in one commit (see the
+    module docstring); returns the claims made. Messages refused outright are counted in result as
+    transfer-dead-lettered."""
     state = storage.open_table(info.tables["locks"])  # before messages: see sparkbus.engine.retention
     messages = storage.open_table(info.tables["messages"])
     now = clock.now()
     queue = ACTIVE if kind == rules.FORWARD else DEAD_LETTERED
-    where = f"partition_id = {partition}"
-    state_rows = storage.query(f"SELECT * FROM locks WHERE {where}", locks=state).select(LOCKS.names).cast(LOCKS)
-    if any(rules.parse_claim(t) for t in state_rows["lock_token"].to_pylist()):
-        return None  # another forwarder claimed meanwhile; the next pass finishes its batch
-    message_rows = storage.query(f"SELECT * FROM messages WHERE {where}", messages=messages)
-    found = transitions.candidates(message_rows.select(MESSAGES.names).cast(MESSAGES), state_rows, queue, now, limit)
-    if found.num_rows == 0:
-        return None
+    where = _where(partitions)
+    all_states = storage.query(f"SELECT * FROM locks WHERE {where}", locks=state).select(LOCKS.names).cast(LOCKS)
+    all_messages = storage.query(f"SELECT * FROM messages WHERE {where}", messages=messages
+                                 ).select(MESSAGES.names).cast(MESSAGES)
+    numbers = commits.app_versions(state, [rules.claim_app_id(p) for p in partitions])
     policy = transitions.Policy(lock_duration=CLAIM_DURATION, max_delivery_count=info.options.max_delivery_count,
                                 dead_letter_on_expiry=info.options.dead_lettering_on_message_expiration)
-    planned, deliver = transitions.plan(found, policy, now, queue, False, limit)
-    taken = found.take(pa.array(deliver, pa.int64()))
-    batch = (storage.transaction_version(state, rules.claim_app_id(partition)) or 0) + 1
-    refused = _refusals(root, snap, info, kind, taken)
-    rows = []
-    for i, row in enumerate(records.as_rows(planned)):
-        if i < len(deliver):
-            row["delivery_count"] -= 1  # a transfer is not a delivery
-            reason = refused.get(row["sequence_number"])
-            if reason is not None:
-                row = transitions.transfer_dead_lettered(row, now, *reason)
-            else:
-                row["lock_token"] = rules.claim_token(kind, batch)
-        rows.append(row)
-    table = records.from_rows(rows, LOCKS)
-    locks.commit(commits.LogView(state), partition, table, [Transaction(rules.claim_app_id(partition), batch)])
-    if refused:
-        result.dead_lettered[info.path] = result.dead_lettered.get(info.path, 0) + len(refused)
-    claimed = table.filter(pc.equal(pc.fill_null(table["lock_token"], ""), rules.claim_token(kind, batch)))
-    return (kind, batch, claimed) if claimed.num_rows else None
+    written: dict[int, pa.Table] = {}
+    versions: list[Transaction] = []
+    claims: Claims = {}
+    refused_count = 0
+    for partition in partitions:
+        state_rows = all_states.filter(pc.equal(all_states["partition_id"], partition))
+        if any(rules.parse_claim(t) for t in state_rows["lock_token"].to_pylist()):
+            continue  # another forwarder claimed meanwhile; the next pass finishes its batch
+        message_rows = all_messages.filter(pc.equal(all_messages["partition_id"], partition))
+        found = transitions.candidates(message_rows, state_rows, queue, now, limit)
+        if found.num_rows == 0:
+            continue
+        planned, deliver = transitions.plan(found, policy, now, queue, False, limit)
+        taken = found.take(pa.array(deliver, pa.int64()))
+        batch = (numbers[rules.claim_app_id(partition)] or 0) + 1
+        refused = _refusals(root, snap, info, kind, taken)
+        rows = []
+        for i, row in enumerate(records.as_rows(planned)):
+            if i < len(deliver):
+                row["delivery_count"] -= 1  # a transfer is not a delivery
+                reason = refused.get(row["sequence_number"])
+                if reason is not None:
+                    row = transitions.transfer_dead_lettered(row, now, *reason)
+                else:
+                    row["lock_token"] = rules.claim_token(kind, batch)
+            rows.append(row)
+        table = records.from_rows(rows, LOCKS)
+        written[partition] = table
+        versions.append(Transaction(rules.claim_app_id(partition), batch))
+        refused_count += len(refused)
+        claimed = table.filter(pc.equal(pc.fill_null(table["lock_token"], ""), rules.claim_token(kind, batch)))
+        if claimed.num_rows:
+            claims[partition] = (batch, claimed)
+    if not written:
+        return {}
+    locks.commit_partitions(commits.LogView(state), written, versions)
+    if refused_count:
+        result.dead_lettered[info.path] = result.dead_lettered.get(info.path, 0) + refused_count
+    return claims
 
 
 def _refusals(root: str, snap: Snapshot, info: EntityInfo, kind: str, taken: pa.Table) -> dict[int, tuple[str, str]]:
@@ -233,57 +272,60 @@ def _refusals(root: str, snap: Snapshot, info: EntityInfo, kind: str, taken: pa.
     return refused
 
 
-def _finish(catalog: Catalog, info: EntityInfo, partition: int, kind: str, batch: int,
-            claimed: pa.Table) -> ForwardResult:
-    """Copy a claimed batch to the destination (unless it has it already), then release the claim."""
-    result = ForwardResult()
+def _finish(catalog: Catalog, info: EntityInfo, kind: str, claims: Claims, result: ForwardResult) -> None:
+    """Copy the claimed batches to the destination in one commit (those it does not have already), then
+    release the claims in one commit; counted in result."""
     target = destination_of(info, kind)
     failure: Optional[tuple[str, str]] = None
     try:
         if target is None:
             raise InvalidOperationError(f"{info.path!r} no longer forwards its {'dead-lettered ' if kind != rules.FORWARD else ''}messages")
         destination = resolve(catalog.root, catalog.snapshot(), target, ("queue", "topic"))
-        app_id = rules.transfer_app_id(_storage_id(info), partition)
-        # Has it already (a forwarder stopped before releasing)? Asked before the destination's checks:
+        app_ids = {p: rules.transfer_app_id(_storage_id(info), p) for p in claims}
+        # Has it some already (a forwarder stopped before releasing)? Asked before the destination's checks:
         # one that became disabled since must not send a copy it holds to the transfer dead-letters.
-        if (storage.transaction_version(storage.open_table(destination.tables["messages"]), app_id) or 0) < batch:
-            copies = _copies(info, partition, kind, claimed)
+        have = commits.app_versions(storage.open_table(destination.tables["messages"]), app_ids.values())
+        missing = {p: number for p, (number, _) in claims.items() if (have[app_ids[p]] or 0) < number}
+        if missing:
+            copies = _copies(info, kind, {p: claims[p][1] for p in sorted(missing)})
             governor_of(catalog).call(  # charged as a send into the destination; waits for credits
                 destination.path, lambda: EntityWriter(lambda: destination).append(
                     copies, batch_limit=False, info=destination, with_sequence_numbers=False,
-                    app_transaction=(app_id, batch)),
+                    app_transactions={app_ids[p]: number for p, number in missing.items()}),
                 lambda _: Usage(data_cost(copies.num_rows), incoming_messages=copies.num_rows), retry.NO_RETRY,
                 wait=True)
     except (CommitConflictError, PartitionUnavailableError):
-        raise  # transient: the claim stays and is finished later
+        raise  # transient: the claims stay and are finished later
     except ServiceBusError as error:  # refused (full, disabled, gone): to the transfer dead-letter sub-queue
         failure = (rules.failure_reason(target or "", type(error).__name__), str(error))
-    released = retry.run(lambda: _release(info, partition, kind, batch, failure),
+    released = retry.run(lambda: _release(info, kind, {p: number for p, (number, _) in claims.items()}, failure),
                          what=f"releasing forwarded messages of {info.path!r}")
     counts = result.dead_lettered if failure else result.forwarded
-    counts[info.path] = released
-    return result
+    counts[info.path] = counts.get(info.path, 0) + released
 
 
-def _copies(info: EntityInfo, partition: int, kind: str, claimed: pa.Table) -> pa.Table:
-    """The claimed messages as the destination receives them: as sent, one more hop, and out of a
-    dead-letter sub-queue with its source, reason and description."""
+def _copies(info: EntityInfo, kind: str, claimed: dict[int, pa.Table]) -> pa.Table:
+    """The claimed messages (partition -> claimed state rows) as the destination receives them: as sent,
+    one more hop, and out of a dead-letter sub-queue with its source, reason and description."""
     messages = storage.open_table(info.tables["messages"])
-    numbers = ", ".join(str(n) for n in claimed["sequence_number"].to_pylist())
-    rows = storage.query(f"SELECT * FROM messages WHERE partition_id = {partition} AND sequence_number IN ({numbers}) "
-                         "ORDER BY sequence_number", messages=messages)
+    wanted = " OR ".join(f"(partition_id = {p} AND sequence_number IN "
+                         f"({', '.join(str(n) for n in rows['sequence_number'].to_pylist())}))"
+                         for p, rows in claimed.items())
+    rows = storage.query(f"SELECT * FROM messages WHERE {wanted} ORDER BY partition_id, sequence_number",
+                         messages=messages)
     hops = pc.add(pc.fill_null(rows["transfer_hop_count"], 0), 1).cast(pa.int32())
     rows = rows.set_column(rows.schema.get_field_index("transfer_hop_count"), "transfer_hop_count", hops)
     if kind == rules.DEAD_LETTER:
-        states = {r["sequence_number"]: r for r in claimed.select(
+        states = {(p, r["sequence_number"]): r for p, part in claimed.items() for r in part.select(
             ["sequence_number", "dead_letter_reason", "dead_letter_error_description"]).to_pylist()}
         properties = []
-        for n, text in zip(rows["sequence_number"].to_pylist(), rows["application_properties"].to_pylist()):
+        for p, n, text in zip(rows["partition_id"].to_pylist(), rows["sequence_number"].to_pylist(),
+                              rows["application_properties"].to_pylist()):
             decoded = decode_properties(text)
             for name, column in ((rules.DEAD_LETTER_REASON_PROPERTY, "dead_letter_reason"),
                                  (rules.DEAD_LETTER_DESCRIPTION_PROPERTY, "dead_letter_error_description")):
-                if states[n][column] is not None:
-                    decoded[name] = states[n][column]
+                if states[(p, n)][column] is not None:
+                    decoded[name] = states[(p, n)][column]
             properties.append(encode_properties(decoded))
         rows = rows.set_column(rows.schema.get_field_index("application_properties"), "application_properties",
                                pa.array(properties, pa.string()))
@@ -293,22 +335,26 @@ def _copies(info: EntityInfo, partition: int, kind: str, claimed: pa.Table) -> p
     return rows.select([*OUTGOING.names, *TRANSFER_COLUMNS])
 
 
-def _release(info: EntityInfo, partition: int, kind: str, batch: int, failure: Optional[tuple[str, str]]) -> int:
-    """The batch's claimed rows completed (or transfer-dead-lettered with failure); returns how many."""
+def _release(info: EntityInfo, kind: str, batches: dict[int, int], failure: Optional[tuple[str, str]]) -> int:
+    """The batches' claimed rows (partition -> batch number) completed (or transfer-dead-lettered with
+    failure) in one commit; returns how many."""
     state = storage.open_table(info.tables["locks"])
-    token = rules.claim_token(kind, batch)
-    rows = records.as_rows(storage.query(
-        f"SELECT * FROM locks WHERE partition_id = {partition} AND lock_token = {storage.quoted(token)}", locks=state))
-    if not rows:
+    wanted = " OR ".join(f"(partition_id = {p} AND lock_token = {storage.quoted(rules.claim_token(kind, number))})"
+                         for p, number in batches.items())
+    found = storage.query(f"SELECT * FROM locks WHERE {wanted}", locks=state)
+    if not found.num_rows:
         return 0  # another forwarder released them
     now = clock.now()
-    written = [transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.completed(r, now)
-               for r in rows]
+    by_partition: dict[int, list[dict[str, Any]]] = {}
+    for r in records.as_rows(found):
+        by_partition.setdefault(r["partition_id"], []).append(
+            transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.completed(r, now))
     view = commits.LogView(state)
-    locks.commit(view, partition, records.from_rows(written, LOCKS))
+    locks.commit_partitions(view, {p: records.from_rows(rows, LOCKS) for p, rows in by_partition.items()})
     if retention.due(view.version):  # nobody receives from a forwarding entity: its forwarder lets rows go
-        retention.run(info, storage.open_table(info.tables["messages"]), storage.refresh(state), partition)
-    return len(written)
+        for p in sorted(by_partition):
+            retention.run(info, storage.open_table(info.tables["messages"]), storage.refresh(state), p)
+    return sum(len(rows) for rows in by_partition.values())
 
 
 def _storage_id(info: EntityInfo) -> str:

@@ -339,7 +339,7 @@ class SparkbusStreamWriter(DataSourceStreamArrowWriter):
                 governor_of(catalog).call(
                     writer.info().path, lambda: writer.append(
                         staged.drop_columns([dataframes.CODE]), codes=codes, batch_limit=False,
-                        with_sequence_numbers=False, app_transaction=(self.app_id, batchId)),
+                        with_sequence_numbers=False, app_transactions={self.app_id: batchId}),
                     lambda _: Usage(data_cost(staged.num_rows), incoming_messages=staged.num_rows), NO_RETRY,
                     wait=True)
         finally:
