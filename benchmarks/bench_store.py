@@ -143,7 +143,7 @@ def measure(root: str, samples: int, requests: Callable[[], int]) -> dict[str, d
             with client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5) as session:
                 for m in session.receive_messages(1, max_wait_time=5):
                     session.complete_message(m)
-        out["session accept + receive + complete"] = _timed(
+        out["session accept + receive + complete + close"] = _timed(
             samples, lambda: session_sender.send_messages(ServiceBusMessage(BODY, session_id=uuid.uuid4().hex)),
             session_round, requests)
         with client.get_topic_sender("t") as topic_sender:

@@ -34,9 +34,9 @@ settle, renew, defer or number messages nobody received (sequence numbers start 
   found no catalog version after the info's was served before the delete's catalog commit C, so it was
   sent before C; the write's requests all ended within the window of that sending, so before
   C + CONFIRM_WINDOW_SECONDS, and the second removal, begun after C + REMOVAL_DELAY_SECONDS, takes what
-  they left. (Two machines' monotonic clocks measure durations alike
-  to far better than the half second between the two.) So a send or a settlement waits for its commit's
-  two requests only, and a delete on an object store takes at least REMOVAL_DELAY_SECONDS.
+  they left. (Two machines' monotonic clocks measure durations alike to far better than the half second
+  between the two.) So a send or a settlement waits for its commit's two requests only, and a delete on an
+  object store takes at least REMOVAL_DELAY_SECONDS.
 - Background maintenance (sparkbus.storage.maintenance: checkpoints, compaction) asked for by commits
   before a delete is not confirmed; it finds a removed table gone and writes nothing, unless it runs while
   the directory is being removed (delta-rs then creates what it writes). So a directory is removed
@@ -160,8 +160,9 @@ def resolve_current(catalog: Catalog, path: str, kinds: tuple[str, ...]) -> Enti
 # Entity settings are re-read at most this often by senders and receivers, so a status change or a
 # partition fault reaches clients that already exist within a second; new clients start from the catalog.
 SETTINGS_REFRESH_SECONDS = 1.0
-# On an object store a check sent beside a write vouches for it when the write ended within this long of
-# sending it; deletes remove the directory again this long after their catalog commit, and then some.
+# On an object store a check sent beside a write vouches for it when the write ended within the window of
+# sending it, and a delete removes the directory again after the delay (past the window) from its catalog
+# commit.
 CONFIRM_WINDOW_SECONDS = 1.0
 REMOVAL_DELAY_SECONDS = 1.5
 

@@ -560,7 +560,8 @@ def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
 
 def app_versions(table: DeltaTable, app_ids: Iterable[str]) -> dict[str, Optional[int]]:
     """The versions of application transactions app_ids at the table object's version (None: never set),
-    from one read of the log: the latest checkpoint's txn actions and the entries after it, side by side.
+    from one read of the log: the latest checkpoint's txn actions and the entries after it up to that
+    version, side by side (two rounds of requests).
     delta-rs replays the log for each app id it is asked about (on an object store about seven requests
     each: a topic's sixteen partition cursors took 112). Asked per app id of delta-rs when the latest
     checkpoint is newer than the table object or in parts."""
@@ -582,13 +583,13 @@ def app_versions(table: DeltaTable, app_ids: Iterable[str]) -> dict[str, Optiona
         return {row["appId"]: row["version"] for row in txn.drop_null().to_pylist()}
 
     checkpoint = Started(checkpointed, "app-versions")
-    entries, _ = read_entries(uri, first)
+    # the table object has read up to its version: those entries exist, and are read in one round
+    entries = concurrently([functools.partial(read_entry, uri, v) for v in range(first, version + 1)], "entries")
     found = checkpoint.result()
-    if (entries[-1].version if entries else first - 1) < version:  # the log ends before the table object
-        return {app: _transaction_version(table, app) for app in wanted}
     for entry in entries:
-        if entry.version <= version:
-            found.update(entry.app_ids)
+        if entry is None:  # cleaned up meanwhile (a checkpoint newer than the one read was written)
+            return {app: _transaction_version(table, app) for app in wanted}
+        found.update(entry.app_ids)
     return {app: found.get(app) for app in wanted}
 
 
