@@ -377,6 +377,8 @@ def test_housekeeping_sweep_removes_what_nobody_else_would(admin, client, ns_pat
         for _ in range(3):
             receiver.complete_messages(receiver.receive_messages(700, max_wait_time=1))
     assert stored_messages(admin, "q").num_rows == 2100  # completed, still in the table
+    stopped = housekeeping.sweep(Catalog(normalize(ns_path)), stopping=lambda: True)  # a stop came first
+    assert (stopped.removed, stopped.tables, stored_messages(admin, "q").num_rows) == (0, 0, 2100)
     done = housekeeping.sweep(Catalog(normalize(ns_path)))
     assert done.removed == 2099 and done.tables == 3  # the highest row keeps the sequence numbering
     assert stored_messages(admin, "q").num_rows == 1

@@ -67,6 +67,7 @@ from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
 from ..storage import CommitProperties, DeltaTable, Transaction, commits, maintenance
+from ..storage.reader import PartitionReader
 from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
@@ -456,28 +457,47 @@ def _dead_letter(target: Target, built: _Built, states: dict[int, int]) -> None:
 
 
 def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
-    """Move the topic's cursor to the batch's ends and let fanned-out rows leave the topic (one commit).
+    """Move the topic's cursor to the batch's ends and let fanned-out rows leave the topic, in one direct
+    commit: the files holding rows up to the ends are rewritten without them (scheduled rows stay for
+    deliver_scheduled, and each partition's highest row stays: its number carries the numbering on), and
+    the commit records the new cursors. It claims only the range fanned out and the files it rewrites, so
+    sends committing above the cursors meanwhile never conflict with it (delta-rs' overwrite with a
+    predicate lost to every such send: under steady sends it retried for minutes and held the batch).
 
-    Skipped when it loses a race: the next batch starts from the old cursor and the subscriptions'
-    versions skip what they already have."""
+    Skipped when it loses a race: the next batch starts from the old cursor and the subscriptions' versions
+    skip what they already have."""
     def attempt() -> None:
         table = storage.open_table(topic.tables["messages"])
         cursors = topic_cursors(table, topic.partition_count)
         moving = {p: e for p, e in ends.items() if e > cursors[p]}
         if not moving:
             return
+        view, reader = commits.LogView(table), PartitionReader(MESSAGES)
         marks = storage.high_water_marks(table)
-        spans = " OR ".join(
-            f"(partition_id = {p} AND sequence_number <= {sequencing.compose(p, min(e, marks.get(p, 0) - 1))})"
-            for p, e in sorted(moving.items()))
-        versions = [Transaction(partition_app_id(p), e) for p, e in sorted(moving.items())]
-        # An overwrite with no rows deletes what the predicate names and, unlike delete(), commits (and so
-        # records the versions) even when nothing matches.
-        storage.write(table, MESSAGES.empty_table(), mode="overwrite",
-                      predicate=f"({spans}) AND scheduled_enqueue_time_utc IS NULL",
-                      commit_properties=CommitProperties(app_transactions=versions),
-                      post_commithook_properties=storage.NO_HOOKS)
-        maintenance.after_commit(table)
+        kept: dict[int, pa.Table] = {}
+        removed: list[str] = []
+        for p, end in moving.items():
+            last = sequencing.compose(p, min(end, marks.get(p, 0) - 1))  # the highest row that may go
+            parts = []
+            for path, data in reader.files(view, p, sequencing.compose(p, 0), last):
+                gone = pc.and_(pc.less_equal(data["sequence_number"], last),
+                               pc.is_null(data["scheduled_enqueue_time_utc"]))
+                if pc.any(gone).as_py():
+                    removed.append(path)
+                    parts.append(data.filter(pc.invert(gone)))
+            if parts and sum(part.num_rows for part in parts):
+                kept[p] = pa.concat_tables(parts)
+        versions = {partition_app_id(p): end for p, end in moving.items()}
+        claim = commits.Claim({p: (sequencing.compose(p, 0), sequencing.compose(p, end)) for p, end in moving.items()},
+                              frozenset(removed), frozenset(versions))
+        files: list[commits.AddedFile] = []
+        try:
+            files = commits.write_files(view.log, sorted(kept), lambda p: kept[p])
+            done = commits.commit(view.log, view.position, files, removed, claim, versions, operation="DELETE")
+        except BaseException:
+            commits.discard(view.log, files)
+            raise
+        maintenance.after_direct_commit(view.log.uri, done.version)
 
     try:
         retry.run(attempt, NO_RETRY, what=f"advancing the cursor of {topic.path!r}")

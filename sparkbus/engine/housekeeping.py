@@ -10,6 +10,7 @@ run beside any client and beside another sweep.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .. import storage
 from ..storage import maintenance
@@ -26,11 +27,13 @@ class SweepResult:
     removed: int = 0  # completed or cancelled messages that left the tables
 
 
-def sweep(catalog: Catalog) -> SweepResult:
-    """One pass over every entity of the namespace."""
+def sweep(catalog: Catalog, stopping: Callable[[], bool] = lambda: False) -> SweepResult:
+    """One pass over every entity of the namespace; ends early, between entities, once stopping()."""
     result = SweepResult()
     snap = catalog.snapshot()
     for row in snap.of_kind(*KINDS):
+        if stopping():
+            break
         info = resolve(catalog.root, snap, row.path, KINDS)
         if info.kind != "topic":  # a topic's rows leave as its fan-out cursor moves (sparkbus.engine.fanout)
             for partition in range(info.partition_count):

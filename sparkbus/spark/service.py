@@ -53,13 +53,18 @@ class NamespaceService:
         LOG.info("%s", report.line())
 
     def _sweep(self, interval: float) -> None:
+        """Sweep the namespace every interval seconds, beside the batches, not under their lock: a sweep's
+        commits are conditional and skipped when they lose a race (sparkbus.engine.housekeeping), and under
+        the lock, a sweep's retention runs (seconds on a large queue) held fan-out and forwarding back for
+        their whole length. A stop ends the sweep at its next entity and waits for it."""
         catalog = Catalog(self.root)
         while not self._gate.closed.wait(interval):
-            with self._gate.lock:
-                if self._gate.closed.is_set():
-                    return
-                done = housekeeping.sweep(catalog)
+            try:
+                done = housekeeping.sweep(catalog, stopping=self._gate.closed.is_set)
                 written = governor_of(catalog).recorder.flush()
+            except Exception as error:  # a storage fault: logged, and the next sweep tries again
+                LOG.warning("maintenance failed, tried again in %.0f s: %s", interval, error)
+                continue
             LOG.info("maintenance: %d tables, %d completed messages removed, %d metrics rows persisted",
                      done.tables, done.removed, written)
 
@@ -72,8 +77,8 @@ class NamespaceService:
         return self._gate.closed.wait(timeout)
 
     def stop(self) -> None:
-        """Finish the batch (or sweep) under way, then stop the query and the sweeps, and persist the
-        process's metrics."""
+        """Finish the batch under way, then stop the query and the sweeps (the one under way ends at its
+        next entity), and persist the process's metrics."""
         if self._gate.closed.is_set():
             return
         self._gate.closed.set()

@@ -65,15 +65,16 @@ def table_exists(uri: str) -> bool:
 
 
 @guarded
-def open_table(uri: str) -> DeltaTable:
-    """The table at uri, with the storage options registered for its namespace (storage.location); a
-    listing of its log that lost a race (is_expired_version) is tried again."""
+def open_table(uri: str, version: Optional[int] = None) -> DeltaTable:
+    """The table at uri (at its latest version, or at `version`), with the storage options registered for
+    its namespace (storage.location); a listing of its log that lost a race (is_expired_version) is tried
+    again."""
     requests.note("delta-rs")
     attempt = 0
     while True:
         started = time.monotonic()
         try:
-            table = DeltaTable(uri, storage_options=location.options_for(uri) or None)
+            table = DeltaTable(uri, version=version, storage_options=location.options_for(uri) or None)
         except (DeltaError, FileNotFoundError) as error:
             attempt += 1
             if attempt == 10 or not is_expired_version(error):
@@ -97,13 +98,16 @@ def set_read_at(table: DeltaTable, started: float) -> None:
 
 def is_expired_version(error: BaseException) -> bool:
     """Reading the log lost a race: entries a table object needs were cleaned up (older than the log
-    retention, or removed by another process's checkpoint while being read), or the listing missed entries
+    retention, or removed by another process's checkpoint while being read, the checkpoint it started from
+    among them), or the listing missed entries
     created while it ran (local directories list in hash order, so a listing concurrent with commits can
     return version N+2 without N+1: delta-rs reports a gap). Reopen the table and read again."""
     if isinstance(error, FileNotFoundError):
         return "_delta_log" in str(error)
-    return isinstance(error, DeltaError) and ("Invalid table version" in str(error)
-                                              or "Expected contiguous commit files" in str(error))
+    text = str(error)
+    return isinstance(error, DeltaError) and ("Invalid table version" in text
+                                              or "Expected contiguous commit files" in text
+                                              or ("_delta_log/" in text and "not found" in text))
 
 
 @guarded
