@@ -172,7 +172,7 @@ def remove_deleted(root: str, incarnations: list[str], deleted_at: float) -> Non
     (time.monotonic()) deleted, side by side; on an object store once more REMOVAL_DELAY_SECONDS after that
     commit, taking what writes vouched for by a check sent before it left (see the module docstring)."""
     storage.concurrently([functools.partial(remove_incarnation, root, gone) for gone in incarnations], "remove")
-    if location.is_local(root):
+    if location.is_local(root) or not incarnations:
         return
     time.sleep(max(0.0, deleted_at + REMOVAL_DELAY_SECONDS - time.monotonic()))
     storage.concurrently([functools.partial(storage.remove_tree, location.join(root, gone))

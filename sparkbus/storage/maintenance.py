@@ -161,9 +161,9 @@ def compact(uri: str) -> bool:
 
 def _crowded(table: DeltaTable, target: int) -> list[object]:
     """The partitions with more than one file below the target size, each compacted in a commit of its
-    own: compacting a whole table at once lost to any commit that rewrote a file of any partition
-    (retention, a topic's cursor), so under steady load it never committed and small files piled up, one
-    per commit (5,900 after three minutes of the soak). [None] for an unpartitioned table."""
+    own: a whole-table compaction loses to any commit that rewrites a file of any partition (retention, a
+    topic's cursor), one of a partition only to those of that partition. [None] for an unpartitioned
+    table."""
     if storage.PARTITION_COLUMN not in table.metadata().partition_columns:
         return [None]
     actions = pa.table(table.get_add_actions(flatten=True))
