@@ -201,14 +201,13 @@ class EntityDeleted(MessagingEntityNotFoundError):
 @dataclass(frozen=True)
 class Ahead:
     """A confirm's read sent before a write (CachedEntity.check_ahead): whether the catalog had a version
-    after `known`, asked at `sent` (time.monotonic())."""
+    after the one known to hold the incarnation, asked at `sent` (time.monotonic())."""
 
-    known: int
     sent: float
     moved: storage.Started[bool]
 
     def vouches(self) -> bool:
-        """Whether the read found no catalog version after `known` and the write, done now, ended within the
+        """Whether the read found no newer catalog version and the write, done now, ended within the
         window of its sending (see the module docstring). A failed read vouches for nothing."""
         ended = time.monotonic()
         try:
@@ -246,7 +245,7 @@ class CachedEntity:
         if location.is_local(self._catalog.uri):
             return None
         uri, known = self._catalog.uri, self._known(info)
-        return Ahead(known, time.monotonic(), storage.Started(lambda: commits.has_version(uri, known + 1), "confirm"))
+        return Ahead(time.monotonic(), storage.Started(lambda: commits.has_version(uri, known + 1), "confirm"))
 
     def confirm(self, info: EntityInfo, cause: Optional[BaseException] = None, ahead: Optional[Ahead] = None) -> None:
         """Nothing if info's incarnation is still the entity's now: a read sent before the write vouches
