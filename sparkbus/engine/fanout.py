@@ -465,15 +465,20 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
     predicate lost to every such send: under steady sends it retried for minutes and held the batch).
 
     Skipped when it loses a race: the next batch starts from the old cursor and the subscriptions' versions
-    skip what they already have."""
+    skip what they already have. A re-plan after a lost race (mostly to a compaction of the files it read)
+    follows the log from where the last plan stood and reads only the files committed since: planning
+    from scratch each time read every file of the range again, and under the soak's sends a batch spent
+    minutes re-planning."""
+    view = commits.LogView(storage.open_table(topic.tables["messages"]))
+    reader = PartitionReader(MESSAGES)
+
     def attempt() -> None:
-        table = storage.open_table(topic.tables["messages"])
-        cursors = topic_cursors(table, topic.partition_count)
-        moving = {p: e for p, e in ends.items() if e > cursors[p]}
+        view.advance()
+        cursors = view.app_versions(partition_app_id(p) for p in ends)
+        moving = {p: e for p, e in ends.items() if e > (cursors[partition_app_id(p)] or 0)}
         if not moving:
             return
-        view, reader = commits.LogView(table), PartitionReader(MESSAGES)
-        marks = storage.high_water_marks(table)
+        marks = view.high_water_marks()
         kept: dict[int, pa.Table] = {}
         removed: list[str] = []
         for p, end in moving.items():

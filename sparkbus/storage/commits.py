@@ -64,6 +64,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from ..core.records import EPOCH
+from ..core.sequencing import LOW_MASK
 from . import (PARTITION_COLUMN, Started, concurrently, fsync_file, fsync_together, durable, pool as storage_pool, local_root, refresh,
                set_read_at,
                transaction_version as _transaction_version,
@@ -145,12 +146,13 @@ class Claim:
 
 @dataclass(frozen=True)
 class TableLog:
-    """One table's log as direct commits need it: where it is, which columns carry statistics, and how
-    long a known version stays safe to commit after."""
+    """One table's log as direct commits need it: where it is, which columns carry statistics, how long a
+    known version stays safe to commit after, and the file size compaction merges up to (None: not set)."""
 
     uri: str
     stats_columns: tuple[str, ...]
     safe_seconds: float
+    target_file_size: Optional[int] = None
 
     @classmethod
     def of(cls, table: DeltaTable) -> "TableLog":
@@ -165,7 +167,8 @@ class TableLog:
             tuple(f.name for f in pa.schema(table.schema().to_arrow()) if f.name != PARTITION_COLUMN)[:32]
         retention = _retention(configuration.get("delta.logRetentionDuration"))
         uri = local_root(table.table_uri) or table.table_uri
-        return cls(uri.rstrip("/"), stats, retention.total_seconds() / 2)
+        target = configuration.get("delta.targetFileSize")
+        return cls(uri.rstrip("/"), stats, retention.total_seconds() / 2, int(target) if target else None)
 
     @property
     def log_dir(self) -> str:
@@ -316,6 +319,25 @@ class LogView:
             self._app_ids[app_id] = _transaction_version(self._seeded, app_id)
         return self._app_ids[app_id]
 
+    def app_versions(self, app_ids: Iterable[str]) -> dict[str, Optional[int]]:
+        """app_version of each of app_ids, those not known yet read together (app_versions of the seed:
+        no entry followed since set them, so the seed's version is theirs)."""
+        wanted = list(app_ids)
+        unknown = [app for app in wanted if app not in self._app_ids]
+        if unknown:
+            self._app_ids.update(app_versions(self._seeded, unknown))
+        return {app: self._app_ids[app] for app in wanted}
+
+    def high_water_marks(self) -> dict[int, int]:
+        """Per partition: the highest n of its sequence numbers (sparkbus.core.sequencing) among the live
+        files' statistics; partitions without rows are absent."""
+        marks: dict[int, int] = {}
+        for added in self._files.values():
+            top = added.high.get("sequence_number")
+            if added.rows and top is not None:
+                marks[added.partition] = max(marks.get(added.partition, 0), int(top) & LOW_MASK)
+        return marks
+
     def last_commit_ms(self) -> Optional[int]:
         """The timestamp of the view's latest version (read once after a seed, then followed)."""
         if self._last_commit_ms is None:
@@ -425,12 +447,14 @@ def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
 
 
 def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Iterable[str], claim: Claim,
-           app_transactions: Optional[dict[str, int]] = None, operation: str = "WRITE") -> Committed:
+           app_transactions: Optional[dict[str, int]] = None, operation: str = "WRITE", *,
+           data_change: bool = True) -> Committed:
     """Commit the files at the first free version after base, checking every entry in between against
     claim; the files and the entry are durable when it returns (see Durability in the module docstring).
+    data_change=False marks a rewrite of the same rows (compaction): Delta streams skip its files.
     Raises CommitFailedError on a conflict or a stale base (nothing committed; the caller discards its
     files and re-plans), TableRemovedError when the table's directories are gone."""
-    payload = _entry_payload(added, list(removed), app_transactions or {}, operation)
+    payload = _entry_payload(added, list(removed), app_transactions or {}, operation, data_change)
     staged = _stage(log, added, payload)
     try:
         skipped: list[Entry] = []
@@ -617,14 +641,14 @@ def create_entry(target: str, payload: bytes) -> bool:
 
 
 def _entry_payload(added: list[AddedFile], removed: list[str], app_transactions: dict[str, int],
-                   operation: str) -> bytes:
+                   operation: str, data_change: bool = True) -> bytes:
     now = int(time.time() * 1000)
     lines = [{"commitInfo": {"timestamp": now, "operation": operation, "engineInfo": ENGINE,
                              "operationParameters": {}, "clientVersion": ENGINE}}]
     lines += [{"txn": {"appId": app, "version": v, "lastUpdated": now}} for app, v in app_transactions.items()]
-    lines += [{"remove": {"path": path, "deletionTimestamp": now, "dataChange": True}} for path in removed]
+    lines += [{"remove": {"path": path, "deletionTimestamp": now, "dataChange": data_change}} for path in removed]
     lines += [{"add": {"path": a.path, "partitionValues": {PARTITION_COLUMN: str(a.partition)}, "size": a.size,
-                       "modificationTime": now, "dataChange": True, "stats": a.stats}} for a in added]
+                       "modificationTime": now, "dataChange": data_change, "stats": a.stats}} for a in added]
     return "\n".join(json.dumps(line) for line in lines).encode()
 
 

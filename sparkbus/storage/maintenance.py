@@ -17,13 +17,20 @@ callers' objects only ever applied commits incrementally and send p50 crept from
 sends. Direct commits (sparkbus.storage.commits: sends and settlements) hold no delta-rs object to
 re-base, so their checkpoints run on the thread too (after_direct_commit). The thread is a daemon; at interpreter exit the compaction under way finishes and
 waiting ones are dropped. A process killed in the middle leaves at most unreferenced files, as any
-failed commit does. Only one process compacts a table at a time (_compaction_lock): delta-rs does not
-detect two concurrent compactions of the same files, and both would keep their copy of the rows.
+failed commit does.
+
+Compaction of a partitioned table is a direct commit too (_compact_partitions): it claims the files it
+removes, so two compactions of the same files, or a compaction and a commit rewriting one of them, never
+both succeed. Only one process compacts a table at a time all the same (_compaction_lock), so that the
+work is not done twice; delta-rs compacts the tables without partitions, and it does not detect two
+concurrent compactions of the same files (both would keep their copy of the rows): there the lock is
+what keeps them apart.
 """
 from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import json
 import os
 import threading
@@ -33,14 +40,23 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
-from . import location
+from . import commits, location
+from .commits import AddedFile, LogView
 from .errors import guarded
+from .reader import PartitionReader
 
 CHECKPOINT_EVERY = 10
+# A checkpoint due after a direct commit is skipped while the table's latest one is younger than this (as
+# this process first saw it) and fewer than CHECKPOINT_LAG versions behind: one every ten versions cost a
+# busy table four checkpoints a second, and under the soak (three tables at 40 versions a second, two
+# cores) more CPU than there was; replaying up to CHECKPOINT_LAG entries costs an open little.
+CHECKPOINT_SECONDS = 2.0
+CHECKPOINT_LAG = 200
 COMPACT_EVERY = 20
 # Files reaching this size are left alone: with delta-rs' default target (100 MB) a partition holding one
 # large file and one new small file was rewritten whole every COMPACT_EVERY commits. A table's
@@ -49,15 +65,20 @@ COMPACT_TARGET_BYTES = 16 * 1024 * 1024
 # A compaction loses to any commit that rewrote the files it read (settlements do, all the time); tried
 # once and skipped, a busy locks table piled up files and receive+complete went from 49 to 286 ms at p50.
 COMPACT_ATTEMPTS = 5
+COMPACT_MAX_FILES = 1_000  # files merged into one at most
+COMPACT_JOB_BYTES = 64 << 20  # stored bytes one compaction job reads at most
+READER_BYTES = 8 << 20  # the decoded files a thread keeps per table (Delta data files never change)
 _RACES = (CommitFailedError, DeltaError, FileNotFoundError)
 
-COMPACT, CHECKPOINT, CLEANUP = "compact", "checkpoint", "cleanup"
+COMPACT, CHECKPOINT, CLEANUP, TASK = "compact", "checkpoint", "cleanup", "task"
 LEASE_SECONDS = 600  # an object-store compaction lease outlives any compaction; a dead holder's expires
-_waiting: dict[str, set[str]] = {}  # table uri -> jobs due: COMPACT, CHECKPOINT and/or CLEANUP (of expired log entries)
-_checkpoint_of: dict[str, int] = {}  # table uri -> the version its waiting CHECKPOINT is of (direct commits)
-_tasks: dict[str, Callable[[], object]] = {}  # key -> work of the layers above (run_later)
+# (table uri, COMPACT | CHECKPOINT | CLEANUP) or (key, TASK) -> the job's work, in the order first asked
+# (see _run)
+_due: dict[tuple[str, str], Callable[[], object]] = {}
+_checkpoint_at: dict[str, int] = {}  # table uri -> the version its waiting checkpoint is of (the latest asked)
+_seen: dict[str, tuple[int, float]] = {}  # table uri -> (its latest checkpoint's version, when first seen here)
 _changed = threading.Condition()
-_kept = threading.local()  # .tables: uri -> DeltaTable, the objects this thread's jobs keep (_latest)
+_kept = threading.local()  # what this thread's jobs keep per table uri: .tables (_latest), .views (_followed)
 TABLES_KEPT = 32
 _worker: Optional[threading.Thread] = None
 _busy = False
@@ -77,11 +98,11 @@ def after_commit(table: DeltaTable) -> None:
             table.create_checkpoint()
             # the checkpoint replaces the log entries cleanup removes: durable first
             storage.sync_files(table, (f"{version:020d}.checkpoint.parquet", "_last_checkpoint"))
-            _request(table.table_uri, CLEANUP)
+            _ask((table.table_uri, CLEANUP), functools.partial(cleanup, table.table_uri))
         except _RACES:
             pass
     if version % COMPACT_EVERY == 0:
-        _request(table.table_uri, COMPACT)
+        _ask((table.table_uri, COMPACT), functools.partial(compact, table.table_uri))
 
 
 def after_direct_commit(uri: str, version: int) -> None:
@@ -89,30 +110,26 @@ def after_direct_commit(uri: str, version: int) -> None:
     at uri: asks the background thread for the checkpoint, log cleanup and compaction due. The caller
     holds no table object to re-base, so the checkpoint runs on the thread too."""
     if version % CHECKPOINT_EVERY == 0:
-        _request(uri, CHECKPOINT, version)
+        with _changed:
+            at = _checkpoint_at[uri] = max(version, _checkpoint_at.get(uri, version))
+            _ask((uri, CHECKPOINT), functools.partial(checkpoint, uri, at))
     if version % COMPACT_EVERY == 0:
-        _request(uri, COMPACT)
-
-
-def _request(uri: str, job: str, version: Optional[int] = None) -> None:
-    """Ask the background thread (started on first use) for a job on the table at uri (a checkpoint: of
-    `version`, the latest asked for)."""
-    with _changed:
-        if _stopping:
-            return
-        _waiting.setdefault(uri, set()).add(job)
-        if version is not None:
-            _checkpoint_of[uri] = max(version, _checkpoint_of.get(uri, version))
-        _start()
+        _ask((uri, COMPACT), functools.partial(compact, uri))
 
 
 def run_later(key: str, task: Callable[[], object]) -> None:
     """Run task on the background thread: work of the layers above that must not sit on a caller's path
     (retention). A task still waiting under the same key is replaced (it would do the same work)."""
+    _ask((key, TASK), task)
+
+
+def _ask(job: tuple[str, str], work: Callable[[], object]) -> None:
+    """Ask the background thread (started on first use) for a job: a job still waiting keeps its place in
+    the line and takes the newer work."""
     with _changed:
         if _stopping:
             return
-        _tasks[key] = task
+        _due[job] = work  # an existing key keeps its position in a dict
         _start()
 
 
@@ -128,7 +145,7 @@ def _start() -> None:
 def wait_idle(timeout: Optional[float] = None) -> bool:
     """Block until no job or task is waiting or running in this process; False on timeout."""
     with _changed:
-        return _changed.wait_for(lambda: not _waiting and not _tasks and not _busy, timeout)
+        return _changed.wait_for(lambda: not _due and not _busy, timeout)
 
 
 @guarded
@@ -138,42 +155,95 @@ def compact(uri: str) -> bool:
     with _compaction_lock(uri) as mine:
         if not mine:
             return False
-        done: set[object] = set()  # the partitions compacted (None: the whole of an unpartitioned table)
         for _ in range(COMPACT_ATTEMPTS):
             try:
-                table = _latest(uri)
-                configured = table.metadata().configuration.get("delta.targetFileSize")
-                target = int(configured) if configured else COMPACT_TARGET_BYTES
-                for partition in _crowded(table, target):
-                    if partition in done:
-                        continue
-                    filters = None if partition is None else [(storage.PARTITION_COLUMN, "=", str(partition))]
-                    metrics = table.optimize.compact(partition_filters=filters, target_size=target,
-                                                     post_commithook_properties=storage.NO_HOOKS)
-                    if metrics.get("numFilesAdded"):
-                        storage.sync_version(table)
-                    done.add(partition)
+                followed = _followed(uri)
+                if followed is None:
+                    _compact_whole(uri)
+                else:
+                    _compact_partitions(*followed)
                 return True
             except _RACES:
                 continue
         return True
 
 
-def _crowded(table: DeltaTable, target: int) -> list[object]:
-    """The partitions with more than one file below the target size, each compacted in a commit of its
-    own: a whole-table compaction loses to any commit that rewrites a file of any partition (retention, a
-    topic's cursor), one of a partition only to those of that partition. [None] for an unpartitioned
-    table."""
-    if storage.PARTITION_COLUMN not in table.metadata().partition_columns:
-        return [None]
-    actions = pa.table(table.get_add_actions(flatten=True))
-    sizes = actions["size_bytes"].to_pylist()
-    partitions = actions[f"partition.{storage.PARTITION_COLUMN}"].to_pylist()
-    small: dict[object, int] = {}
-    for partition, size in zip(partitions, sizes):
-        if size < target:
-            small[partition] = small.get(partition, 0) + 1
-    return sorted((p for p, count in small.items() if count > 1), key=str)
+def _compact_partitions(view: LogView, reader: PartitionReader) -> bool:
+    """Merge each partition's files below the target size into one file (up to the target), all partitions
+    in one direct commit that claims only the files it removes: sends appending meanwhile never conflict
+    with it, a commit that rewrote one of its files does (then the next attempt re-plans from the log,
+    reading only the files written since). delta-rs' compaction, a commit per partition, replayed the log
+    to open the table and, with the table's sends at 40 versions a second, fell behind for good: under the
+    soak a topic's table reached 10,000 live files. Returns whether it committed."""
+    view.advance()
+    target = view.log.target_file_size or COMPACT_TARGET_BYTES
+    merged: dict[int, list[AddedFile]] = {}
+    total = 0
+    for partition in sorted(view.partitions()):
+        if total >= COMPACT_JOB_BYTES:  # the rest in the next job: memory stays bounded
+            break
+        chosen: list[AddedFile] = []
+        size = 0
+        for added in view.files(partition):
+            if added.size >= target:
+                continue
+            if size >= target or len(chosen) >= COMPACT_MAX_FILES:
+                break
+            chosen.append(added)
+            size += added.size
+        if len(chosen) > 1:
+            merged[partition] = chosen
+            total += size
+    if not merged:
+        return False
+    reader.named(view, [f.path for chosen in merged.values() for f in chosen])  # on an object store: one round
+
+    def rows_of(partition: int) -> pa.Table:
+        data = pa.concat_tables(reader.named(view, [f.path for f in merged[partition]]))
+        return data.take(pc.sort_indices(data["sequence_number"])) if "sequence_number" in data.column_names \
+            else data
+
+    removed = frozenset(f.path for chosen in merged.values() for f in chosen)
+    files: list[AddedFile] = []
+    try:
+        files = commits.write_files(view.log, sorted(merged), rows_of)
+        done = commits.commit(view.log, view.position, files, removed, commits.Claim({}, removed),
+                              operation="OPTIMIZE", data_change=False)
+    except BaseException:
+        commits.discard(view.log, files)
+        raise
+    view.committed(done, files, removed)
+    after_direct_commit(view.log.uri, done.version)
+    return True
+
+
+def _compact_whole(uri: str) -> None:
+    """delta-rs' compaction of a table without partitions (the catalog, sessions: small and seldom
+    written)."""
+    table = _latest(uri)
+    configured = table.metadata().configuration.get("delta.targetFileSize")
+    target = int(configured) if configured else COMPACT_TARGET_BYTES
+    metrics = table.optimize.compact(target_size=target, post_commithook_properties=storage.NO_HOOKS)
+    if metrics.get("numFilesAdded"):
+        storage.sync_version(table)
+
+
+def _followed(uri: str) -> Optional[tuple[LogView, PartitionReader]]:
+    """The log view and reader this thread keeps for the partitioned table at uri (None for a table
+    without partitions): compaction follows the log entry by entry between jobs and reads each file once."""
+    kept: Optional[OrderedDict[str, tuple[LogView, PartitionReader]]] = getattr(_kept, "views", None)
+    if kept is None:
+        kept = _kept.views = OrderedDict()
+    followed = kept.pop(uri, None)
+    if followed is None:
+        table = _latest(uri)
+        if storage.PARTITION_COLUMN not in table.metadata().partition_columns:
+            return None
+        followed = (LogView(table), PartitionReader(pa.schema(table.schema().to_arrow()), max_bytes=READER_BYTES))
+    kept[uri] = followed
+    while len(kept) > TABLES_KEPT:
+        kept.popitem(last=False)
+    return followed
 
 
 @contextmanager
@@ -184,7 +254,8 @@ def _compaction_lock(uri: str) -> Iterator[bool]:
     delta-rs (1.6) does not detect two concurrent compactions of the same files: both commit, each
     adding its own copy of the rows (measured: two optimize.compact of one version left 20 rows of 10,
     also with one application transaction set by both). A compaction that conflicts with a writer's
-    commit is detected and retried, so one compaction at a time per table is all that must be ensured:
+    commit is detected and retried, so one compaction at a time per table is all that must be ensured
+    for delta-rs' (direct compactions detect each other as well; the lock saves the duplicated work):
     on local disk by flock on a file beside the table, on an object store by a lease object that every
     machine sees (_lease)."""
     root = storage.local_root(uri)
@@ -239,9 +310,12 @@ def _lease(uri: str) -> Iterator[bool]:
 @guarded
 def checkpoint(uri: str, version: Optional[int] = None) -> None:
     """Write a checkpoint of the table at `version` (its latest when None; durable), then clean up the log
-    it replaces. At a version known to exist delta-rs reads no entry after it: an open at the latest
-    version of a busy local table often failed, its listing of the log missing an entry being created
-    (directories list in hash order), and checkpoints then fell behind for good."""
+    it replaces; a checkpoint at a version is skipped when a recent one makes it early (_recent). At a
+    version known to exist delta-rs reads no entry after it: an open at the latest version of a busy local
+    table often failed, its listing of the log missing an entry being created (directories list in hash
+    order), and checkpoints then fell behind for good."""
+    if version is not None and _recent(uri, version):
+        return
     try:
         table = storage.open_table(uri, version) if version is not None else _latest(uri)
         table.create_checkpoint()
@@ -249,6 +323,21 @@ def checkpoint(uri: str, version: Optional[int] = None) -> None:
     except _RACES:
         return
     cleanup(uri)
+
+
+def _recent(uri: str, version: int) -> bool:
+    """Whether the table's latest checkpoint makes one at `version` early: it is at `version` or later, or
+    this process first saw it less than CHECKPOINT_SECONDS ago and it is fewer than CHECKPOINT_LAG versions
+    behind (no clock is compared: first seen here is no earlier than written)."""
+    try:
+        latest = int(json.loads(location.get(location.join(uri, "_delta_log", "_last_checkpoint")))["version"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return False
+    now = time.monotonic()
+    seen = _seen.get(uri)
+    if seen is None or seen[0] != latest:
+        seen = _seen[uri] = (latest, now)
+    return latest >= version or (now - seen[1] < CHECKPOINT_SECONDS and version - latest < CHECKPOINT_LAG)
 
 
 @guarded
@@ -276,45 +365,29 @@ def _latest(uri: str) -> DeltaTable:
 
 
 def _run() -> None:
-    """The thread's loop. Checkpoints of any table go first, then the layers' tasks, then compaction and
-    log cleanup: every open of a table by delta-rs replays the log entries after its latest checkpoint, so
-    a checkpoint that waited behind compactions and retention runs (each opening its table) made them
-    slower still (measured under the soak's eight clients on two cores: checkpoints stalled at version
-    ~700 of 8,000 and an open took 15-19 s)."""
+    """The thread's loop: jobs in the order first asked, a job asked again keeping its place, so no table's
+    jobs and no kind of job wait behind more than one round of the others. Measured under the soak's
+    eight clients on two cores: with checkpoints first, compactions never ran and a topic's table reached
+    10,000 live files (a checkpoint of it took 10 s); with checkpoints by table in the order the tables
+    were first seen, a topic's checkpoints stopped at version 210 of 5,000 behind its queue's."""
     global _busy
     while True:
         with _changed:
             _busy = False
             _changed.notify_all()
-            _changed.wait_for(lambda: _waiting or _tasks or _stopping)
+            _changed.wait_for(lambda: _due or _stopping)
             if _stopping:
                 return
-            task: Optional[Callable[[], object]] = None
-            jobs: set[str] = set()
-            due = next((table for table, waiting in _waiting.items() if CHECKPOINT in waiting), None)
-            if due is not None:  # checkpoints first (see the docstring)
-                uri, jobs = due, {CHECKPOINT}
-                _waiting[due].discard(CHECKPOINT)
-                if not _waiting[due]:
-                    del _waiting[due]
-            elif _tasks:
-                uri, task = _tasks.popitem()
-            else:
-                uri, jobs = _waiting.popitem()
-            at = _checkpoint_of.pop(uri, None) if CHECKPOINT in jobs else None
+            job, work = next(iter(_due.items()))
+            del _due[job]
+            if job[1] == CHECKPOINT:
+                del _checkpoint_at[job[0]]
             _busy = True
         try:
-            if task is not None:
-                task()
-            if CHECKPOINT in jobs:
-                checkpoint(uri, at)
-            elif CLEANUP in jobs:
-                cleanup(uri)
-            if COMPACT in jobs:
-                compact(uri)
+            work()
         except Exception as error:  # a storage fault (a read-only or broken table): the next due version asks
             # again; the thread must live on for the other tables
-            failures.append((uri, error))
+            failures.append((job[0], error))
             del failures[:-10]
 
 
@@ -325,9 +398,8 @@ def _stop() -> None:
     global _stopping
     with _changed:
         _stopping = True
-        _waiting.clear()
-        _checkpoint_of.clear()
-        _tasks.clear()
+        _due.clear()
+        _checkpoint_at.clear()
         _changed.notify_all()
         worker = _worker
     if worker is not None:

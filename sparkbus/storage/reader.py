@@ -79,6 +79,13 @@ class PartitionReader:
         except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
             raise _fault(view, partition, error) from error
 
+    def named(self, view: "LogView", paths: list[str]) -> list[pa.Table]:
+        """The rows (without the partition column) of the view's data files at these paths (as in the log),
+        those not in memory fetched together. OSError or pyarrow's error when one cannot be read."""
+        full = [location.join(view.log.uri, unquote(path)) for path in paths]
+        self._load(full)
+        return [self._file(path) for path in full]
+
     def prefetch(self, view: "LogView", partitions: Iterable[int]) -> None:
         """Load the files of these partitions not in memory yet, all at once (on an object store, concurrent
         GETs); a partition whose files cannot be fetched is left for files() to report."""

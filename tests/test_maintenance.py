@@ -1,0 +1,129 @@
+"""Maintenance: compaction as one direct commit over every partition, concurrent compactions never doubling a
+row, and the background thread taking jobs in the order first asked."""
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from conftest import run_spawned, stored_messages
+from deltalake import DeltaTable, write_deltalake
+
+from sparkbus import ServiceBusMessage, storage
+from sparkbus.storage import maintenance
+
+
+def _entry(uri: str, version: int) -> list[dict]:
+    with open(os.path.join(uri, "_delta_log", f"{version:020d}.json")) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def _last_checkpoint(uri: str) -> int:
+    with open(os.path.join(uri, "_delta_log", "_last_checkpoint")) as handle:
+        return json.load(handle)["version"]
+
+
+def test_a_compaction_merges_every_partition_in_one_commit_that_changes_no_row(admin, client):
+    admin.create_queue("q", enable_partitioning=True)
+    keys = [f"k{i}" for i in range(4)]
+    with client.get_queue_sender("q") as sender:
+        for i in range(maintenance.COMPACT_EVERY - 4):  # below the version that asks for a compaction
+            sender.send_messages([ServiceBusMessage(f"m{i}-{k}", partition_key=k) for k in keys])
+    assert maintenance.wait_idle(60)
+    uri = admin.get_entity_tables("q")["messages"]
+    before = storage.open_table(uri)
+    rows_before = stored_messages(admin, "q").sort_by("sequence_number")
+    partitions = set(rows_before["partition_id"].to_pylist())
+    assert len(before.file_uris()) > len(partitions)
+    assert maintenance.compact(uri)
+    after = storage.open_table(uri)
+    assert after.version() == before.version() + 1  # one commit for every partition
+    actions = _entry(uri, after.version())
+    assert next(a["commitInfo"]["operation"] for a in actions if "commitInfo" in a) == "OPTIMIZE"
+    changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    assert changes and not any(change["dataChange"] for change in changes)  # streams skip a rewrite
+    assert len(after.file_uris()) == len(partitions)  # each partition's files merged into one
+    assert stored_messages(admin, "q").sort_by("sequence_number").equals(rows_before)
+    with client.get_queue_receiver("q", max_wait_time=2) as receiver:
+        got = receiver.receive_messages(200)
+        assert sorted(str(m) for m in got) == sorted(f"m{i}-{k}" for i in range(maintenance.COMPACT_EVERY - 4)
+                                                     for k in keys)
+
+
+def _append_and_compact_unlocked(uri, worker, barrier, results):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from sparkbus.storage import maintenance
+
+    barrier.wait()
+    committed = 0
+    for round_ in range(6):
+        for i in range(4):
+            row = pa.table({"partition_id": pa.array([i % 2], pa.int32()),
+                            "sequence_number": [worker * 1000 + round_ * 10 + i]})
+            write_deltalake(uri, row, mode="append")
+        try:  # no lock between processes: the claim on the removed files is all that keeps them apart
+            committed += maintenance._compact_partitions(*maintenance._followed(uri))
+        except maintenance._RACES:
+            pass
+    results.put(committed)
+
+
+@pytest.mark.slow
+def test_direct_compactions_of_the_same_files_never_both_commit(spawn, tmp_path):
+    uri = str(tmp_path / "entity" / "messages")
+    DeltaTable.create(uri, schema=pa.schema([("partition_id", pa.int32()), ("sequence_number", pa.int64())]),
+                      partition_by=["partition_id"])
+    compacted = run_spawned(spawn, _append_and_compact_unlocked, [(uri, w) for w in range(3)])
+    assert sum(compacted) > 0
+    rows = storage.query("SELECT sequence_number AS n FROM t ORDER BY n", t=storage.open_table(uri))["n"].to_pylist()
+    assert rows == sorted(w * 1000 + r * 10 + i for w in range(3) for r in range(6) for i in range(4))
+
+
+def _table_of_versions(uri: str, versions: int) -> None:
+    for n in range(versions + 1):
+        write_deltalake(uri, pa.table({"partition_id": pa.array([n % 2], pa.int32()), "sequence_number": [n]}),
+                        mode="append", partition_by=["partition_id"])
+
+
+def test_jobs_wait_in_the_order_first_asked_and_one_asked_again_keeps_its_place(tmp_path):
+    """A busy table asking for checkpoint after checkpoint cannot starve another table's jobs, nor its own
+    compaction: the line is kept in the order first asked."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    _table_of_versions(a, maintenance.COMPACT_EVERY)
+    _table_of_versions(b, maintenance.COMPACT_EVERY)
+    assert maintenance.wait_idle(60)
+    with maintenance._changed:  # the thread cannot take a job while this is held
+        maintenance.after_direct_commit(a, maintenance.CHECKPOINT_EVERY)
+        maintenance.after_direct_commit(b, maintenance.COMPACT_EVERY)
+        maintenance.after_direct_commit(a, maintenance.COMPACT_EVERY)  # a newer checkpoint of a, and a compaction
+        assert list(maintenance._due) == [(a, maintenance.CHECKPOINT), (b, maintenance.CHECKPOINT),
+                                          (b, maintenance.COMPACT), (a, maintenance.COMPACT)]
+        assert maintenance._checkpoint_at == {a: maintenance.COMPACT_EVERY, b: maintenance.COMPACT_EVERY}
+    assert maintenance.wait_idle(60)
+    for uri in (a, b):
+        assert _last_checkpoint(uri) == maintenance.COMPACT_EVERY
+        table = storage.open_table(uri)
+        assert len(table.file_uris()) == 2  # one file per partition
+        assert sorted(storage.query("SELECT sequence_number AS n FROM t", t=table)["n"].to_pylist()) == \
+            list(range(maintenance.COMPACT_EVERY + 1))
+
+
+def test_a_checkpoint_soon_after_another_is_skipped_unless_the_log_grew_long(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    _table_of_versions(uri, 3 * maintenance.CHECKPOINT_EVERY)
+    maintenance.checkpoint(uri, maintenance.CHECKPOINT_EVERY)
+    assert _last_checkpoint(uri) == maintenance.CHECKPOINT_EVERY
+    maintenance.checkpoint(uri, 2 * maintenance.CHECKPOINT_EVERY)  # the latest is seconds old: early
+    assert _last_checkpoint(uri) == maintenance.CHECKPOINT_EVERY
+    maintenance.checkpoint(uri, maintenance.CHECKPOINT_EVERY - 5)  # older than the latest: never written
+    assert _last_checkpoint(uri) == maintenance.CHECKPOINT_EVERY
+    monkeypatch.setattr(maintenance, "CHECKPOINT_LAG", maintenance.CHECKPOINT_EVERY)
+    maintenance.checkpoint(uri, 2 * maintenance.CHECKPOINT_EVERY)  # as far behind as the lag allows: due
+    assert _last_checkpoint(uri) == 2 * maintenance.CHECKPOINT_EVERY
+    monkeypatch.setattr(maintenance, "CHECKPOINT_LAG", 1_000)
+    monkeypatch.setattr(maintenance, "CHECKPOINT_SECONDS", 0.0)
+    maintenance.checkpoint(uri, 3 * maintenance.CHECKPOINT_EVERY)  # old enough: due
+    assert _last_checkpoint(uri) == 3 * maintenance.CHECKPOINT_EVERY
