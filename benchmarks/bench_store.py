@@ -203,9 +203,19 @@ def _worker(root: str, role: str, count: int, start: "multiprocessing.synchroniz
         results.put((role, done, seen))
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, every core, from /proc/stat."""
+    with open("/proc/stat") as handle:
+        fields = [int(x) for x in handle.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def throughput(root: str, processes: int, messages: int, threads: int) -> dict[str, float]:
     """msg/s of `processes` senders sharing the queue (one thread each, then `threads` threads each), then of
-    `processes` receivers draining it; checks every message was received exactly once."""
+    `processes` receivers draining it; checks every message was received exactly once. Beside each rate,
+    "cpu busy, <rate>": the share of the machine's cores busy meanwhile (every process: the workers, the
+    store's server, the latency proxy), which says whether the rate is bound by the CPU."""
     import sparkbus
 
     sparkbus.ServiceBusAdministrationClient(root).create_queue("tp", enable_partitioning=True)
@@ -224,9 +234,12 @@ def throughput(root: str, processes: int, messages: int, threads: int) -> dict[s
             w.start()
         for _ in workers:  # imported, connected, and (receivers) the tables read once
             assert results.get(timeout=300)[0] == "ready"
+        before = _cpu_times()
         start.set()
         got = [results.get(timeout=600) for _ in workers]
+        after = _cpu_times()
         elapsed = max(done for _, done, _ in got)  # until the last batch was sent, or received and completed
+        out[f"cpu busy, {name}"] = (after[0] - before[0]) / max(1, after[1] - before[1])
         for w in workers:
             w.join(60)
         if role == "receive":
@@ -359,10 +372,13 @@ def report(results: list[dict[str, Any]]) -> None:
         for latency in latencies:
             if (store, latency) in by and by[(store, latency)].get("throughput"):
                 for n, t in by[(store, latency)]["throughput"].items():
+                    def busy(name: str) -> str:
+                        share = t.get(f"cpu busy, {name}")
+                        return "" if share is None else f" (CPU {share:.0%})"
                     sends = ", ".join(f"{name.removeprefix('send msg/s').lstrip(', ') or '1 thread'} {rate:,.0f}"
-                                      for name, rate in t.items() if name.startswith("send"))
+                                      f"{busy(name)}" for name, rate in t.items() if name.startswith("send"))
                     print(f"  {n} process(es) @{latency:g} ms: send msg/s ({sends}), receive + complete "
-                          f"{t['receive msg/s']:,.0f} msg/s")
+                          f"{t['receive msg/s']:,.0f} msg/s{busy('receive msg/s')}")
 
 
 def main() -> None:

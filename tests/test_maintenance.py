@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -127,3 +129,23 @@ def test_a_checkpoint_soon_after_another_is_skipped_unless_the_log_grew_long(tmp
     monkeypatch.setattr(maintenance, "CHECKPOINT_SECONDS", 0.0)
     maintenance.checkpoint(uri, 3 * maintenance.CHECKPOINT_EVERY)  # old enough: due
     assert _last_checkpoint(uri) == 3 * maintenance.CHECKPOINT_EVERY
+
+
+def test_a_commit_waits_while_the_maintenance_of_its_process_is_behind(monkeypatch):
+    monkeypatch.setattr(maintenance, "BEHIND_SECONDS", 0.0)
+    monkeypatch.setattr(maintenance, "BEHIND_WAIT_SECONDS", 120.0)
+    release = threading.Event()
+    maintenance.run_later("hold the thread", release.wait)
+    while ("hold the thread", maintenance.TASK) in maintenance._due:  # until the thread has taken it
+        time.sleep(0.01)
+    maintenance.run_later("wait in line", lambda: None)
+    committed = threading.Event()
+    committer = threading.Thread(target=lambda: (maintenance.after_direct_commit("any table", 1), committed.set()))
+    committer.start()
+    try:
+        assert not committed.wait(0.5)  # held: a job has waited longer than BEHIND_SECONDS
+    finally:
+        release.set()
+    assert committed.wait(60)  # the line is done: the commit goes on
+    committer.join()
+    assert maintenance.wait_idle(60)

@@ -8,7 +8,7 @@ from sparkbus import ServiceBusMessage, storage
 from sparkbus.engine import retention
 from sparkbus.engine.namespace import open_catalog
 from sparkbus.engine.registry import resolve_current
-from sparkbus.storage import maintenance
+from sparkbus.storage import commits, maintenance
 from sparkbus.core.schemas import GONE_STATES
 
 
@@ -91,7 +91,8 @@ def test_a_run_interrupted_between_its_deletes_is_finished_by_the_next(admin, cl
     receiver = client.get_queue_receiver("q")
     receiver.complete_messages(receiver.receive_messages(max_message_count=15))
     info, messages, locks = _tables(admin, ns_path, "q")
-    assert retention._remove_messages(info, messages, locks, 0, 1) == 15  # "crash" before the state rows go
+    removed = retention._remove_messages(info, commits.LogView(messages), commits.LogView(locks), 0, 1)
+    assert removed == 15  # "crash" before the state rows go
     assert _count(admin, "q", "locks") == 15
     second = client.get_queue_receiver("q")
     rest = second.receive_messages(max_message_count=20)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import storage
-from ..storage import maintenance
+from ..storage import commits, maintenance
 from . import retention
 from .catalog import Catalog
 from .registry import resolve
@@ -36,11 +36,12 @@ def sweep(catalog: Catalog, stopping: Callable[[], bool] = lambda: False) -> Swe
             break
         info = resolve(catalog.root, snap, row.path, KINDS)
         if info.kind != "topic":  # a topic's rows leave as its fan-out cursor moves (sparkbus.engine.fanout)
+            # opened once, then followed from partition to partition
+            locks = commits.LogView(storage.open_table(info.tables["locks"]))  # before messages: see retention
+            messages = commits.LogView(storage.open_table(info.tables["messages"]))
             for partition in range(info.partition_count):
-                if partition in info.avoided():
-                    continue
-                locks = storage.open_table(info.tables["locks"])  # before messages: see retention
-                result.removed += retention.run(info, storage.open_table(info.tables["messages"]), locks, partition)
+                if partition not in info.avoided():
+                    result.removed += retention.run_views(info, messages, locks, partition)
         for uri in info.tables.values():
             maintenance.compact(uri)
             maintenance.cleanup(uri)

@@ -10,28 +10,39 @@ Messages go first, their state rows after (a crash in between leaves state rows 
 removes). Receivers read `locks` before `messages` (receiver.ServiceBusReceiver._snapshot), so no
 reader ever sees a completed message without its state row, which would make it look active.
 
-A run handles one partition with two conditional deletes naming it; messages go only when the gone
-rows are at least a quarter of the partition (and MIN_REMOVED), so the files it rewrites stay
-proportional to what it removes. Both deletes conflict only with writers of the same partition, and a
-run that loses a race is simply skipped: the next one finds the same rows.
+A run handles one partition with two direct commits (sparkbus.storage.commits), each replacing the
+partition's files that hold leaving rows by one file of the rest and claiming only those files: sends
+appending meanwhile never conflict with it, a commit that rewrote one of them (a settlement, a compaction,
+another run) does, and a run that loses a race is simply skipped: the next one finds the same rows. Gone
+states are final, so what a run read of the `locks` table stays true while it commits. Messages go only
+when the gone rows are at least a quarter of the partition (and MIN_REMOVED), so the files it rewrites
+stay proportional to what it removes. (delta-rs' DELETE did the same with a query and a conflict-checked
+rewrite; under the soak's load a run took up to two minutes and was half of the namespace service's CPU.)
 """
 from __future__ import annotations
 
-from typing import Optional
+import functools
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..storage import CommitFailedError, DeltaError, DeltaTable, maintenance
+from ..storage import CommitFailedError, DeltaError, DeltaTable, commits, maintenance
+from ..storage.reader import PartitionReader
 from ..core import records
-from ..core.schemas import GONE_SQL
+from ..core.schemas import GONE_STATES, LOCKS, MESSAGES
 from .registry import EntityInfo
 from . import clock
 
 RUN_EVERY = 50  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
 MIN_REMOVED = 2_000
-MAX_RANGES = 256  # ranges per delete predicate; what remains goes in a later run
+
+
+@functools.cache
+def _gone_states() -> pa.Array:
+    """GONE_STATES as an Arrow array (made on first use: pa.array imports pandas, which an import of this
+    module must not)."""
+    return pa.array(GONE_STATES, pa.string())
 
 
 def due(version: int) -> bool:
@@ -44,10 +55,19 @@ def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: in
     """Remove gone rows of one partition: messages when at least max(minimum, a quarter of the partition)
     can go, then every state row left without a message (including those of an earlier run that was
     interrupted). Returns the message rows removed; 0 after a lost race."""
+    return run_views(info, commits.LogView(messages), commits.LogView(locks), partition, minimum=minimum)
+
+
+def run_views(info: EntityInfo, messages: commits.LogView, locks: commits.LogView, partition: int, *,
+              minimum: int = MIN_REMOVED) -> int:
+    """run() on views of the two tables (brought to their latest versions first), which a caller running
+    several partitions keeps between them."""
     try:
+        locks.advance()
+        messages.advance()
         removed = _remove_messages(info, messages, locks, partition, minimum)
         if removed:
-            _remove_states(storage.refresh(messages), storage.refresh(locks), partition)
+            _remove_states(messages, locks.advance(), partition)
         return removed
     except (CommitFailedError, DeltaError, FileNotFoundError) as error:
         if isinstance(error, CommitFailedError) or storage.is_expired_version(error):
@@ -55,61 +75,74 @@ def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: in
         raise
 
 
-def _remove_messages(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: int, minimum: int) -> int:
-    window = ""
-    if info.options.requires_duplicate_detection:
-        cutoff = clock.now() - info.options.duplicate_detection_history_time_window
-        window = f"AND CAST(m.enqueued_time_utc AS BIGINT) < {records.micros(cutoff)}"
-    rows = storage.query(f"""
-        SELECT m.sequence_number,
-               l.state IN ({GONE_SQL}) {window}
-                 AND m.sequence_number < MAX(m.sequence_number) OVER () AS removable
-        FROM messages m
-        LEFT JOIN locks l ON l.partition_id = {partition} AND l.sequence_number = m.sequence_number
-        WHERE m.partition_id = {partition}
-        ORDER BY m.sequence_number""", messages=messages, locks=locks)
-    removable = pc.sum(pc.fill_null(rows["removable"], False).cast(pa.int64())).as_py() or 0
-    if removable == 0 or removable < max(minimum, rows.num_rows // 4):
+def _remove_messages(info: EntityInfo, messages: commits.LogView, locks: commits.LogView, partition: int,
+                     minimum: int) -> int:
+    gone = _gone(locks, partition)
+    files = PartitionReader(MESSAGES, columns=("sequence_number", "enqueued_time_utc")).files(messages, partition)
+    if not files:
         return 0
-    ranges = runs(rows["sequence_number"].to_pylist(), rows["removable"].to_pylist())[:MAX_RANGES]
-    storage.delete_rows(messages, _ranges_predicate(partition, ranges))
-    maintenance.after_commit(messages)
-    return removable
+    numbers = pa.concat_arrays([data["sequence_number"].combine_chunks() for _, data in files])
+    removable = pc.and_(pc.is_in(numbers, value_set=gone), pc.less(numbers, pc.max(numbers)))
+    if info.options.requires_duplicate_detection:  # the rows within the history window are the history
+        cutoff = records.micros(clock.now() - info.options.duplicate_detection_history_time_window)
+        enqueued = pa.concat_arrays([data["enqueued_time_utc"].combine_chunks() for _, data in files])
+        removable = pc.and_(removable, pc.less(enqueued.cast(pa.int64()), cutoff))
+    count = pc.sum(removable.cast(pa.int64())).as_py() or 0
+    if count == 0 or count < max(minimum, len(numbers) // 4):
+        return 0
+    leaving = numbers.filter(removable)
+    paths = [path for path, data in files if pc.any(pc.is_in(data["sequence_number"], value_set=leaving)).as_py()]
+    _rewrite(messages, MESSAGES, partition, paths, leaving)
+    return count
 
 
-def _remove_states(messages: DeltaTable, locks: DeltaTable, partition: int) -> None:
-    rows = storage.query(f"""
-        SELECT l.sequence_number, l.state IN ({GONE_SQL}) AND m.sequence_number IS NULL AS removable
-        FROM locks l
-        LEFT JOIN messages m ON m.partition_id = {partition} AND m.sequence_number = l.sequence_number
-        WHERE l.partition_id = {partition}
-        ORDER BY l.sequence_number""", messages=messages, locks=locks)
-    ranges = runs(rows["sequence_number"].to_pylist(), rows["removable"].to_pylist())[:MAX_RANGES]
-    if ranges:
-        storage.delete_rows(locks, f"{_ranges_predicate(partition, ranges)} AND state IN ({GONE_SQL})")
-        maintenance.after_commit(locks)
+def _remove_states(messages: commits.LogView, locks: commits.LogView, partition: int) -> None:
+    present = pa.concat_arrays([data["sequence_number"].combine_chunks() for _, data in
+                                PartitionReader(MESSAGES, columns=("sequence_number",)).files(messages, partition)]
+                               or [pa.array([], pa.int64())])
+    files = PartitionReader(LOCKS, columns=("sequence_number", "state")).files(locks, partition)
+    leaving = []
+    paths = []
+    for path, data in files:
+        orphaned = pc.and_(pc.is_in(data["state"], value_set=_gone_states()),
+                           pc.invert(pc.is_in(data["sequence_number"], value_set=present)))
+        if pc.any(orphaned).as_py():
+            paths.append(path)
+            leaving.append(data["sequence_number"].filter(orphaned).combine_chunks())
+    if paths:
+        _rewrite(locks, LOCKS, partition, paths, pa.concat_arrays(leaving), only_gone=True)
 
 
-def runs(sequence_numbers: list[int], removable: list[Optional[bool]]) -> list[tuple[int, int]]:
-    """(first, last) of each run of consecutive removable rows, in sequence order: deleting every row
-    between first and last removes exactly the removable rows (the rows are all the partition has)."""
-    found: list[tuple[int, int]] = []
-    start: Optional[int] = None
-    last: Optional[int] = None
-    for seq, flag in zip(sequence_numbers, removable):
-        if flag:
-            start = seq if start is None else start
-            last = seq
-        elif start is not None:
-            assert last is not None  # set with start
-            found.append((start, last))
-            start = None
-    if start is not None:
-        assert last is not None
-        found.append((start, last))
-    return found
+def _rewrite(view: commits.LogView, schema: pa.Schema, partition: int, paths: list[str], leaving: pa.Array, *,
+             only_gone: bool = False) -> None:
+    """One direct commit replacing the partition's files at paths by one file of their rows without those
+    numbered in `leaving` (only_gone: and in a gone state). It claims the files it replaces: appends never
+    conflict with it, a commit that rewrote one of them (a settlement, a compaction, another run) does, and
+    then this run is skipped."""
+    reader = PartitionReader(schema)
+    parts = []
+    for data in reader.named(view, paths):
+        drop = pc.is_in(data["sequence_number"], value_set=leaving)
+        if only_gone:
+            drop = pc.and_(drop, pc.is_in(data["state"], value_set=_gone_states()))
+        parts.append(data.filter(pc.invert(drop)))
+    rows = pa.concat_tables(parts)
+    files: list[commits.AddedFile] = []
+    try:
+        if rows.num_rows:
+            files = commits.write_files(view.log, [partition], lambda _: rows)
+        done = commits.commit(view.log, view.position, files, paths, commits.Claim({}, frozenset(paths)),
+                              operation="DELETE")
+    except BaseException:
+        commits.discard(view.log, files)
+        raise
+    view.committed(done, files, paths)
+    maintenance.after_direct_commit(view.log.uri, done.version)
 
 
-def _ranges_predicate(partition: int, ranges: list[tuple[int, int]]) -> str:
-    spans = " OR ".join(f"(sequence_number >= {a} AND sequence_number <= {b})" for a, b in ranges)
-    return f"partition_id = {partition} AND ({spans})"
+def _gone(locks: commits.LogView, partition: int) -> pa.Array:
+    """The sequence numbers of the partition's messages whose state is gone (completed or cancelled: final)."""
+    files = PartitionReader(LOCKS, columns=("sequence_number", "state")).files(locks, partition)
+    parts = [data["sequence_number"].filter(pc.is_in(data["state"], value_set=_gone_states())).combine_chunks()
+             for _, data in files]
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.int64())

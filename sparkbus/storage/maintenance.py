@@ -72,9 +72,13 @@ _RACES = (CommitFailedError, DeltaError, FileNotFoundError)
 
 COMPACT, CHECKPOINT, CLEANUP, TASK = "compact", "checkpoint", "cleanup", "task"
 LEASE_SECONDS = 600  # an object-store compaction lease outlives any compaction; a dead holder's expires
-# (table uri, COMPACT | CHECKPOINT | CLEANUP) or (key, TASK) -> the job's work, in the order first asked
-# (see _run)
-_due: dict[tuple[str, str], Callable[[], object]] = {}
+# (table uri, COMPACT | CHECKPOINT | CLEANUP) or (key, TASK) -> (the job's work, when first asked), in the
+# order first asked (see _run)
+_due: dict[tuple[str, str], tuple[Callable[[], object], float]] = {}
+# A thread committing while this process's oldest waiting job has waited longer than BEHIND_SECONDS waits
+# for the line, up to BEHIND_WAIT_SECONDS per commit (_keep_pace).
+BEHIND_SECONDS = 5.0
+BEHIND_WAIT_SECONDS = 1.0
 _checkpoint_at: dict[str, int] = {}  # table uri -> the version its waiting checkpoint is of (the latest asked)
 _seen: dict[str, tuple[int, float]] = {}  # table uri -> (its latest checkpoint's version, when first seen here)
 _changed = threading.Condition()
@@ -91,6 +95,7 @@ def after_commit(table: DeltaTable) -> None:
     """Call after committing to `table` (the object is at the new version): makes the commit durable,
     writes the checkpoint this version is due, and asks the background thread for the log cleanup and
     compaction due. Never raises for races."""
+    _keep_pace()
     storage.sync_version(table)
     version = table.version()
     if version % CHECKPOINT_EVERY == 0:
@@ -109,6 +114,7 @@ def after_direct_commit(uri: str, version: int) -> None:
     """Call after a direct commit (sparkbus.storage.commits, durable already) made `version` of the table
     at uri: asks the background thread for the checkpoint, log cleanup and compaction due. The caller
     holds no table object to re-base, so the checkpoint runs on the thread too."""
+    _keep_pace()
     if version % CHECKPOINT_EVERY == 0:
         with _changed:
             at = _checkpoint_at[uri] = max(version, _checkpoint_at.get(uri, version))
@@ -129,8 +135,28 @@ def _ask(job: tuple[str, str], work: Callable[[], object]) -> None:
     with _changed:
         if _stopping:
             return
-        _due[job] = work  # an existing key keeps its position in a dict
+        waiting = _due.get(job)
+        _due[job] = (work, time.monotonic() if waiting is None else waiting[1])  # a key keeps its position
         _start()
+
+
+def _keep_pace() -> None:
+    """Hold the committing thread while this process's maintenance is behind (its oldest waiting job has
+    waited over BEHIND_SECONDS), up to BEHIND_WAIT_SECONDS. Maintenance must keep pace with the commits
+    that ask for it: under the soak's load, without this, commits went on at full speed while the
+    maintenance threads fell behind, every delta-rs open replayed more of the log, checkpoints took longer
+    still, and after a few minutes nothing but maintenance ran (a table 15,000 versions past its latest
+    checkpoint, a fan-out batch that never ended). The thread's own commits (compaction) never wait."""
+    if not _due or threading.current_thread() is _worker:
+        return
+    with _changed:
+        _changed.wait_for(lambda: _stopping or not _behind(), BEHIND_WAIT_SECONDS)
+
+
+def _behind() -> bool:
+    """Whether the oldest waiting job has waited over BEHIND_SECONDS (the caller holds _changed)."""
+    oldest = next(iter(_due.values()), None)
+    return oldest is not None and time.monotonic() - oldest[1] > BEHIND_SECONDS
 
 
 def _start() -> None:
@@ -322,6 +348,7 @@ def checkpoint(uri: str, version: Optional[int] = None) -> None:
         storage.sync_files(table, (f"{table.version():020d}.checkpoint.parquet", "_last_checkpoint"))
     except _RACES:
         return
+    _seen[uri] = (table.version(), time.monotonic())
     cleanup(uri)
 
 
@@ -378,7 +405,7 @@ def _run() -> None:
             _changed.wait_for(lambda: _due or _stopping)
             if _stopping:
                 return
-            job, work = next(iter(_due.items()))
+            job, (work, _) = next(iter(_due.items()))
             del _due[job]
             if job[1] == CHECKPOINT:
                 del _checkpoint_at[job[0]]
