@@ -218,3 +218,46 @@ def test_application_transaction_versions_are_read_from_the_checkpoint_and_the_e
     assert agrees(old)["p-1"] == 1  # an object behind the log: entries after it are left out
     storage.open_table(table.table_uri).create_checkpoint()
     assert agrees(old)["p-1"] == 1  # and behind the latest checkpoint: asked of delta-rs
+
+
+def test_a_put_retried_after_it_landed_finds_its_own_entry_and_succeeds(table, monkeypatch):
+    """A store client that retries a conditional PUT whose first attempt landed sees the entry existing:
+    the commit recognises its own entry (commitInfo.txnId) instead of taking it for a lost race, whose
+    files would then be discarded under a committed entry."""
+    original = commits._link_entry
+
+    def landed_then_retried(staged: str, target: str) -> bool:
+        assert original(staged, target)  # the first attempt landed...
+        return False                     # ...and the retry found the entry there
+    monkeypatch.setattr(commits, "_link_entry", landed_then_retried)
+    done = _append(table, 1, [5, 6])
+    monkeypatch.undo()
+    assert done.version == 1 and done.skipped == []
+    assert storage.open_table(table.table_uri).version() == 1
+    assert _read(table)["sequence_number"].to_pylist() == [5, 6]
+
+
+@pytest.mark.parametrize("store", ["azurite", "s3"])
+def test_on_a_contended_log_a_lost_race_costs_its_put_alone(request, store):
+    """A commit losing version N to another writer: it reads N and then tries N+1, three requests one after
+    another; on a log where it lost lately, N is read beside the PUT, and the same loss costs two."""
+    import uuid
+
+    from sparkbus.storage import requests
+
+    root = f"{request.getfixturevalue(store)}/{uuid.uuid4().hex[:12]}/locks"
+    created = storage.create_table(root, LOCKS, configuration=TABLE_CONFIGURATION["locks"])
+    rounds = {}
+    for contended in (False, True):
+        stale = storage.open_table(created.table_uri)
+        _append(stale, 1, [100 + stale.version()])  # the winner of the next version
+        log = commits.TableLog.of(stale)
+        added = commits.write_file(log, 2, _rows([7]))
+        commits._lost_at.pop(log.uri, None)
+        if contended:
+            commits._lost_at[log.uri] = time.monotonic()
+        with requests.counting() as tally:
+            done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (7, 7)}))
+        assert [e.version for e in done.skipped] == [stale.version() + 1]  # lost N, committed N+1
+        rounds[contended] = tally.sequential
+    assert rounds == {False: 3, True: 2}, rounds

@@ -35,6 +35,15 @@ fsyncs instead of four in a row); the log directory naming the entry is fsynced 
 the commit returns. The temporary entry is written once and linked again at the next version when one is
 taken. A PUT to an object store is durable when it returns.
 
+Contention (object stores). A commit that loses version N pays its PUT's round trip, then a read of N
+(and of the entries after it) before it can try N+1. On a log where a commit of this process lost a race
+in the last CONTENDED_SECONDS, the entry at N is read beside the PUT, so a lost race costs the PUT's round
+trip alone when that read finds the winner (read before the winner's PUT landed, it finds nothing and N is
+read again). A log without contention pays no extra request. Every entry names its commit
+(commitInfo.txnId): a store client that retried a conditional PUT whose first attempt had landed finds the
+entry its own, and the commit succeeds instead of taking it for a lost race (and discarding files that a
+committed entry names).
+
 A removed table (its entity deleted) is never created again by a commit: on local disk a data file's
 partition directory is made only inside the existing table directory, and a missing log directory fails
 the commit with TableRemovedError, which no retry mends (a missing log *entry* is an expired-version race,
@@ -109,6 +118,7 @@ class Entry:
     table_changed: bool = False  # a metaData or protocol action
     timestamp: Optional[int] = None  # the commitInfo's, in ms since the epoch
     operation: Optional[str] = None  # the commitInfo's (WRITE, MERGE, DELETE, OPTIMIZE...)
+    txn_id: Optional[str] = None  # the commitInfo's txnId: which commit wrote the entry
 
     def partitions(self) -> Optional[set[int]]:
         """The partitions whose files the entry adds or removes; None when a removed path names none."""
@@ -454,7 +464,8 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
     data_change=False marks a rewrite of the same rows (compaction): Delta streams skip its files.
     Raises CommitFailedError on a conflict or a stale base (nothing committed; the caller discards its
     files and re-plans), TableRemovedError when the table's directories are gone."""
-    payload = _entry_payload(added, list(removed), app_transactions or {}, operation, data_change)
+    txn_id = uuid.uuid4().hex
+    payload = _entry_payload(added, list(removed), app_transactions or {}, operation, data_change, txn_id)
     staged = _stage(log, added, payload)
     try:
         skipped: list[Entry] = []
@@ -465,11 +476,20 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
                 raise CommitFailedError(f"{log.uri}: stale snapshot: version {base.version} was read more than "
                                         f"{log.safe_seconds:.0f} s ago and later log entries may be cleaned up")
             target = log.entry_uri(version)
+            beside: Optional[Started[Optional[Entry]]] = None
+            if staged is None and started - _lost_at.get(log.uri, -math.inf) < CONTENDED_SECONDS:
+                beside = Started(functools.partial(read_entry, log, version), "entries")  # see Contention
             if (_link_entry(staged, target) if staged is not None else create_entry(target, payload)):
                 return Committed(version, skipped, Position(version, started))
-            taken, _ = read_entries(log, version)  # it and any written after it, read together
+            if staged is None:
+                _lost_at[log.uri] = time.monotonic()
+            winner = beside.result() if beside is not None else None
+            # the winner read beside the PUT (None: read before it landed), or it and any written after it
+            taken = [winner] if winner is not None else read_entries(log, version)[0]
             if not taken:  # taken and then cleaned up: this position is older than it looked
                 raise CommitFailedError(f"{log.uri}: stale snapshot: version {version} is gone from the log")
+            if taken[0].txn_id == txn_id:  # ours: a PUT the client retried after its first one had landed
+                return Committed(version, skipped, Position(version, started))
             for entry in taken:
                 reason = claim.conflict(entry)
                 if reason is not None:
@@ -528,6 +548,8 @@ def entries_after(table_uri: str, version: int) -> list[Entry]:
     return read_entries(table_uri, version + 1)[0]
 
 
+CONTENDED_SECONDS = 2.0  # a log where a commit lost a version race this recently counts as contended
+_lost_at: dict[str, float] = {}  # object-store log uri -> when a commit of this process last lost a race there
 WINDOW_FIRST, WINDOW_MOST = 2, 16  # log entries asked for at once on an object store: first, and at most
 
 
@@ -579,6 +601,7 @@ def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
         elif "commitInfo" in action:
             entry.timestamp = action["commitInfo"].get("timestamp")
             entry.operation = action["commitInfo"].get("operation")
+            entry.txn_id = action["commitInfo"].get("txnId")
     return entry
 
 
@@ -641,10 +664,11 @@ def create_entry(target: str, payload: bytes) -> bool:
 
 
 def _entry_payload(added: list[AddedFile], removed: list[str], app_transactions: dict[str, int],
-                   operation: str, data_change: bool = True) -> bytes:
+                   operation: str, data_change: bool, txn_id: str) -> bytes:
     now = int(time.time() * 1000)
-    lines = [{"commitInfo": {"timestamp": now, "operation": operation, "engineInfo": ENGINE,
-                             "operationParameters": {}, "clientVersion": ENGINE}}]
+    lines: list[dict[str, Any]] = [{"commitInfo": {"timestamp": now, "operation": operation, "engineInfo": ENGINE,
+                                                   "operationParameters": {}, "clientVersion": ENGINE,
+                                                   "txnId": txn_id}}]
     lines += [{"txn": {"appId": app, "version": v, "lastUpdated": now}} for app, v in app_transactions.items()]
     lines += [{"remove": {"path": path, "deletionTimestamp": now, "dataChange": data_change}} for path in removed]
     lines += [{"add": {"path": a.path, "partitionValues": {PARTITION_COLUMN: str(a.partition)}, "size": a.size,
