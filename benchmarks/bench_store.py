@@ -211,11 +211,23 @@ def _cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def throughput(root: str, processes: int, messages: int, threads: int) -> dict[str, float]:
+def _process_cpu(pid: Optional[int]) -> float:
+    """CPU seconds a process (the store's server) has used so far; 0 when there is none."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def throughput(root: str, processes: int, messages: int, threads: int,
+               server: Optional[int] = None) -> dict[str, float]:
     """msg/s of `processes` senders sharing the queue (one thread each, then `threads` threads each), then of
     `processes` receivers draining it; checks every message was received exactly once. Beside each rate,
     "cpu busy, <rate>": the share of the machine's cores busy meanwhile (every process: the workers, the
-    store's server, the latency proxy), which says whether the rate is bound by the CPU."""
+    store's server, the latency proxy), which says whether the rate is bound by the CPU; and "server cores,
+    <rate>": the cores the store's server process (pid `server`) kept busy (Azurite is one Node.js process:
+    at 1.0 it is saturated)."""
     import sparkbus
 
     sparkbus.ServiceBusAdministrationClient(root).create_queue("tp", enable_partitioning=True)
@@ -234,10 +246,12 @@ def throughput(root: str, processes: int, messages: int, threads: int) -> dict[s
             w.start()
         for _ in workers:  # imported, connected, and (receivers) the tables read once
             assert results.get(timeout=300)[0] == "ready"
-        before = _cpu_times()
+        before, server_before, began = _cpu_times(), _process_cpu(server), time.perf_counter()
         start.set()
         got = [results.get(timeout=600) for _ in workers]
-        after = _cpu_times()
+        after, server_after, ended = _cpu_times(), _process_cpu(server), time.perf_counter()
+        if server is not None:
+            out[f"server cores, {name}"] = (server_after - server_before) / (ended - began)
         elapsed = max(done for _, done, _ in got)  # until the last batch was sent, or received and completed
         out[f"cpu busy, {name}"] = (after[0] - before[0]) / max(1, after[1] - before[1])
         for w in workers:
@@ -273,7 +287,9 @@ def child(store: str, latency: float, samples: int, processes: list[int], messag
         sparkbus.create_namespace(root, credits_per_second=None)
         result: dict[str, Any] = {"store": store, "latency_ms": latency,
                                   "operations": measure(root, samples, requests) if samples else {}}
-        result["throughput"] = {n: throughput(root, n, messages, threads) for n in processes}
+        pid = os.environ.get({"azurite": "SPARKBUS_BENCH_AZURITE_PID", "s3": "SPARKBUS_BENCH_S3_PID"}.get(store, ""))
+        result["throughput"] = {n: throughput(root, n, messages, threads, int(pid) if pid else None)
+                                for n in processes}
     finally:
         if proxy:
             proxy.stop()
@@ -304,6 +320,7 @@ def _servers(stores: list[str]) -> tuple[dict[str, str], list[Callable[[], None]
             shutil.rmtree(data, ignore_errors=True)
         stops.append(stop_azurite)
         endpoint = f"http://127.0.0.1:{port}"
+        environment.update(SPARKBUS_BENCH_AZURITE_PID=str(server.pid))
         environment.update(AZURE_STORAGE_USE_EMULATOR="true", AZURE_STORAGE_ACCOUNT_NAME="devstoreaccount1",
                            AZURE_STORAGE_ACCOUNT_KEY=EMULATOR_KEY, AZURITE_BLOB_STORAGE_URL=endpoint)
         from azure.storage.blob import BlobServiceClient
@@ -323,7 +340,7 @@ def _servers(stores: list[str]) -> tuple[dict[str, str], list[Callable[[], None]
 
         s3 = S3Server("sparkbus")
         stops.append(s3.stop)
-        environment.update(s3.environment())
+        environment.update(s3.environment(), SPARKBUS_BENCH_S3_PID=str(s3.process.pid))
     return environment, stops
 
 
@@ -373,8 +390,9 @@ def report(results: list[dict[str, Any]]) -> None:
             if (store, latency) in by and by[(store, latency)].get("throughput"):
                 for n, t in by[(store, latency)]["throughput"].items():
                     def busy(name: str) -> str:
-                        share = t.get(f"cpu busy, {name}")
-                        return "" if share is None else f" (CPU {share:.0%})"
+                        share, server = t.get(f"cpu busy, {name}"), t.get(f"server cores, {name}")
+                        return "" if share is None else \
+                            f" (CPU {share:.0%}" + ("" if server is None else f", server {server:.2f} cores") + ")"
                     sends = ", ".join(f"{name.removeprefix('send msg/s').lstrip(', ') or '1 thread'} {rate:,.0f}"
                                       f"{busy(name)}" for name, rate in t.items() if name.startswith("send"))
                     print(f"  {n} process(es) @{latency:g} ms: send msg/s ({sends}), receive + complete "
