@@ -12,6 +12,8 @@ number must stay, or the high-water mark would fall and numbers would repeat.
 """
 from __future__ import annotations
 
+from typing import Iterable, Optional
+
 import numpy as np
 
 PARTITION_SHIFT = 48
@@ -24,6 +26,16 @@ def compose(partition_id: int, n: int) -> int:
 
 def partition_of_sequence(sequence_number: int) -> int:
     return sequence_number >> PARTITION_SHIFT
+
+
+def high_water_marks(tops: Iterable[tuple[int, Optional[int]]]) -> dict[int, int]:
+    """Per partition, the highest n (low bits) among (partition, a data file's max sequence number) pairs;
+    files without that statistic are skipped, partitions without any are absent."""
+    marks: dict[int, int] = {}
+    for partition, top in tops:
+        if top is not None:
+            marks[partition] = max(marks.get(partition, 0), int(top) & LOW_MASK)
+    return marks
 
 
 def number(partitions: np.ndarray, marks: dict[int, int]) -> tuple[np.ndarray, dict[int, tuple[int, int]]]:

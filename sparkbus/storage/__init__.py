@@ -386,13 +386,10 @@ def high_water_marks(table: DeltaTable) -> dict[int, int]:
     """Per partition: the highest n of its sequence numbers committed (sparkbus.core.sequencing), from the
     add actions' max statistics, no data read; partitions without rows are absent."""
     actions = pa.table(table.get_add_actions(flatten=True))
-    marks: dict[int, int] = {}
     if actions.num_rows == 0:
-        return marks
-    for pid, top in zip(actions["partition.partition_id"].to_pylist(), actions["max.sequence_number"].to_pylist()):
-        if top is not None:
-            marks[pid] = max(marks.get(pid, 0), top & sequencing.LOW_MASK)
-    return marks
+        return {}
+    return sequencing.high_water_marks(zip(actions["partition.partition_id"].to_pylist(),
+                                           actions["max.sequence_number"].to_pylist()))
 
 
 @guarded

@@ -73,7 +73,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from ..core.records import EPOCH
-from ..core.sequencing import LOW_MASK
+from ..core.sequencing import high_water_marks
 from . import (PARTITION_COLUMN, Started, concurrently, fsync_file, fsync_together, durable, pool as storage_pool, local_root, refresh,
                set_read_at,
                transaction_version as _transaction_version,
@@ -341,12 +341,7 @@ class LogView:
     def high_water_marks(self) -> dict[int, int]:
         """Per partition: the highest n of its sequence numbers (sparkbus.core.sequencing) among the live
         files' statistics; partitions without rows are absent."""
-        marks: dict[int, int] = {}
-        for added in self._files.values():
-            top = added.high.get("sequence_number")
-            if added.rows and top is not None:
-                marks[added.partition] = max(marks.get(added.partition, 0), int(top) & LOW_MASK)
-        return marks
+        return high_water_marks((f.partition, f.high.get("sequence_number")) for f in self._files.values() if f.rows)
 
     def last_commit_ms(self) -> Optional[int]:
         """The timestamp of the view's latest version (read once after a seed, then followed)."""
