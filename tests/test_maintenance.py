@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 import pytest
 from conftest import run_spawned, stored_messages
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
 
 from sparkbus import ServiceBusMessage, storage
 from sparkbus.storage import maintenance
@@ -84,10 +84,16 @@ def test_direct_compactions_of_the_same_files_never_both_commit(spawn, tmp_path)
     assert rows == sorted(w * 1000 + r * 10 + i for w in range(3) for r in range(6) for i in range(4))
 
 
+def _append_version(uri: str, n: int) -> None:
+    """One version more of a two-partition table (without delta-rs' own checkpoints)."""
+    write_deltalake(uri, pa.table({"partition_id": pa.array([n % 2], pa.int32()), "sequence_number": [n]}),
+                    mode="append", partition_by=["partition_id"],
+                    post_commithook_properties=PostCommitHookProperties(create_checkpoint=False))
+
+
 def _table_of_versions(uri: str, versions: int) -> None:
     for n in range(versions + 1):
-        write_deltalake(uri, pa.table({"partition_id": pa.array([n % 2], pa.int32()), "sequence_number": [n]}),
-                        mode="append", partition_by=["partition_id"])
+        _append_version(uri, n)
 
 
 def test_jobs_wait_in_the_order_first_asked_and_one_asked_again_keeps_its_place(tmp_path):
@@ -113,39 +119,39 @@ def test_jobs_wait_in_the_order_first_asked_and_one_asked_again_keeps_its_place(
             list(range(maintenance.COMPACT_EVERY + 1))
 
 
-def test_a_checkpoint_soon_after_another_is_skipped_unless_the_log_grew_long(tmp_path, monkeypatch):
+def test_a_checkpoint_soon_after_another_is_skipped_unless_the_log_grew_long(tmp_path):
+    every = maintenance.CHECKPOINT_EVERY
     uri = str(tmp_path / "t")
-    _table_of_versions(uri, 3 * maintenance.CHECKPOINT_EVERY)
-    maintenance.checkpoint(uri, maintenance.CHECKPOINT_EVERY)
-    assert _last_checkpoint(uri) == maintenance.CHECKPOINT_EVERY
-    maintenance.checkpoint(uri, 2 * maintenance.CHECKPOINT_EVERY)  # the latest is seconds old: early
-    assert _last_checkpoint(uri) == maintenance.CHECKPOINT_EVERY
-    maintenance.checkpoint(uri, maintenance.CHECKPOINT_EVERY - 5)  # older than the latest: never written
-    assert _last_checkpoint(uri) == maintenance.CHECKPOINT_EVERY
-    monkeypatch.setattr(maintenance, "CHECKPOINT_LAG", maintenance.CHECKPOINT_EVERY)
-    maintenance.checkpoint(uri, 2 * maintenance.CHECKPOINT_EVERY)  # as far behind as the lag allows: due
-    assert _last_checkpoint(uri) == 2 * maintenance.CHECKPOINT_EVERY
-    monkeypatch.setattr(maintenance, "CHECKPOINT_LAG", 1_000)
-    monkeypatch.setattr(maintenance, "CHECKPOINT_SECONDS", 0.0)
-    maintenance.checkpoint(uri, 3 * maintenance.CHECKPOINT_EVERY)  # old enough: due
-    assert _last_checkpoint(uri) == 3 * maintenance.CHECKPOINT_EVERY
+    _table_of_versions(uri, 3 * every)
+    maintenance.checkpoint(uri, every)
+    assert _last_checkpoint(uri) == every
+    maintenance.checkpoint(uri, 2 * every)  # the latest is under CHECKPOINT_SECONDS old: early
+    assert _last_checkpoint(uri) == every
+    maintenance.checkpoint(uri, every - 5)  # older than the latest: never written
+    assert _last_checkpoint(uri) == every
+    time.sleep(maintenance.CHECKPOINT_SECONDS)
+    maintenance.checkpoint(uri, 2 * every)  # old enough: due
+    assert _last_checkpoint(uri) == 2 * every
+    for n in range(3 * every + 1, 2 * every + maintenance.CHECKPOINT_LAG + 1):  # the log grows long at once
+        _append_version(uri, n)
+    maintenance.checkpoint(uri, 2 * every + maintenance.CHECKPOINT_LAG)  # seconds old, but CHECKPOINT_LAG behind
+    assert _last_checkpoint(uri) == 2 * every + maintenance.CHECKPOINT_LAG
 
 
-def test_a_commit_waits_while_the_maintenance_of_its_process_is_behind(monkeypatch):
-    monkeypatch.setattr(maintenance, "BEHIND_SECONDS", 0.0)
-    monkeypatch.setattr(maintenance, "BEHIND_WAIT_SECONDS", 120.0)
+def test_a_commit_waits_while_the_maintenance_of_its_process_is_behind():
     release = threading.Event()
     maintenance.run_later("hold the thread", release.wait)
     while ("hold the thread", maintenance.TASK) in maintenance._due:  # until the thread has taken it
         time.sleep(0.01)
     maintenance.run_later("wait in line", lambda: None)
+    time.sleep(maintenance.BEHIND_SECONDS + 0.2)  # that job has now waited longer than BEHIND_SECONDS
     committed = threading.Event()
     committer = threading.Thread(target=lambda: (maintenance.after_direct_commit("any table", 1), committed.set()))
     committer.start()
     try:
-        assert not committed.wait(0.5)  # held: a job has waited longer than BEHIND_SECONDS
+        assert not committed.wait(maintenance.BEHIND_WAIT_SECONDS / 2)  # held
+        assert committed.wait(60)  # for BEHIND_WAIT_SECONDS at most, then it goes on
     finally:
         release.set()
-    assert committed.wait(60)  # the line is done: the commit goes on
     committer.join()
     assert maintenance.wait_idle(60)
