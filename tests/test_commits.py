@@ -261,3 +261,46 @@ def test_on_a_contended_log_a_lost_race_costs_its_put_alone(request, store):
         assert [e.version for e in done.skipped] == [stale.version() + 1]  # lost N, committed N+1
         rounds[contended] = tally.sequential
     assert rounds == {False: 3, True: 2}, rounds
+
+
+@pytest.mark.parametrize("store", ["azurite", "s3"])
+def test_on_a_contended_log_a_commit_reads_the_tail_beside_its_data_file_and_loses_no_put(request, store):
+    """A writer whose view is three versions behind, on a log it lost a race on lately: the entries after
+    its view are read while its data file is written, checked against its claim, and its one entry PUT
+    aims past them: three requests one after another (the tail's two rounds of reads beside the data
+    file's PUT, then the entry), where PUTs into each taken version in turn wait for five. An entry in
+    the tail that conflicts fails the commit before any entry PUT."""
+    import uuid
+
+    from sparkbus.storage import requests
+
+    root = f"{request.getfixturevalue(store)}/{uuid.uuid4().hex[:12]}/locks"
+    created = storage.create_table(root, LOCKS, configuration=TABLE_CONFIGURATION["locks"])
+    stale = storage.open_table(created.table_uri)
+    for n in range(3):
+        _append(storage.open_table(created.table_uri), 1, [100 + n])  # three winners in partition 1
+    log = commits.TableLog.of(stale)
+    commits._lost_at[log.uri] = time.monotonic()
+    with requests.counting() as tally:
+        ahead = commits.tail_ahead(log, commits.position_of(stale))
+        added = commits.write_file(log, 2, _rows([7]))
+        done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (7, 7)}), ahead=ahead)
+    assert done.version == stale.version() + 4 and [e.version for e in done.skipped] == [1, 2, 3]
+    # the tail (windows of 2, then 4), the data file, the entry and the read of its version beside it
+    assert tally.kinds == {"GET": 7, "PUT": 2} and tally.sequential == 3, (tally.kinds, tally.sequential)
+    assert _read(created)["partition_id"].to_pylist() == [1, 1, 1, 2]
+
+    behind = storage.open_table(created.table_uri)
+    _append(storage.open_table(created.table_uri), 2, [8])  # a winner in the range the next claim reads
+    ahead = commits.tail_ahead(log, commits.position_of(behind))
+    added = commits.write_file(log, 2, _rows([8]))
+    with requests.counting() as tally, pytest.raises(storage.CommitFailedError, match="concurrent commit at version 5"):
+        commits.commit(log, commits.position_of(behind), [added], [], commits.Claim({2: (8, 8)}), ahead=ahead)
+    assert "PUT" not in tally.kinds  # no entry was tried
+    assert storage.open_table(created.table_uri).version() == 5
+
+
+def test_on_local_disk_or_an_uncontended_log_no_tail_is_read_ahead(table):
+    log = commits.TableLog.of(table)
+    commits._lost_at[log.uri] = time.monotonic()
+    assert commits.tail_ahead(log, commits.position_of(table)) is None  # a local read costs microseconds

@@ -393,12 +393,13 @@ class EntityWriter:
         claim = commits.Claim({p: (sequencing.compose(p, self._marks.get(p, 0) + 1), math.inf) for p in touched},
                               app_ids=frozenset(app_transactions or ()))
         assert self._log is not None and self._position is not None  # set by _view
+        ahead = commits.tail_ahead(self._log, self._position)
         # a filter per partition: 0.6 s for 1 GB, one Table.take grouping it 9 s (a table of many chunks)
         files = commits.write_files(self._log, touched, lambda p: data if len(touched) == 1
                                     else data.filter(pa.array(partitions == p)))
         transactions = dict(app_transactions) if app_transactions else None
         try:
-            done = commits.commit(self._log, self._position, files, [], claim, transactions)
+            done = commits.commit(self._log, self._position, files, [], claim, transactions, ahead=ahead)
         except BaseException:
             commits.discard(self._log, files)
             raise

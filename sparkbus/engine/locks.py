@@ -82,9 +82,10 @@ def commit_partitions(view: commits.LogView, rows: dict[int, pa.Table],
                           frozenset(t.app_id for t in app_transactions or ()))
     files: list[commits.AddedFile] = []
     try:
+        ahead = commits.tail_ahead(view.log, view.position)
         files = commits.write_files(view.log, partitions, lambda p: plans[p][0])
         done = commits.commit(view.log, view.position, files, removed_all, claim,
-                              {t.app_id: t.version for t in app_transactions or ()}, operation="MERGE")
+                              {t.app_id: t.version for t in app_transactions or ()}, operation="MERGE", ahead=ahead)
     except BaseException:
         commits.discard(view.log, files)
         raise

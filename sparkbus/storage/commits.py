@@ -39,7 +39,10 @@ Contention (object stores). A commit that loses version N pays its PUT's round t
 (and of the entries after it) before it can try N+1. On a log where a commit of this process lost a race
 in the last CONTENDED_SECONDS, the entry at N is read beside the PUT, so a lost race costs the PUT's round
 trip alone when that read finds the winner (read before the winner's PUT landed, it finds nothing and N is
-read again). A log without contention pays no extra request. Every entry names its commit
+read again). The data files' PUTs of such a commit go out beside a read of the entries written since its
+base (tail_ahead), so its first entry PUT aims past them instead of losing to each in turn: a writer
+whose view is k versions behind pays one round of reads that overlaps its data-file round trip, not k
+lost PUTs. A log without contention pays no extra request. Every entry names its commit
 (commitInfo.txnId): a store client that retried a conditional PUT whose first attempt had landed finds the
 entry its own, and the commit succeeds instead of taking it for a lost race (and discarding files that a
 committed entry names).
@@ -451,20 +454,30 @@ def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
             pass
 
 
+def tail_ahead(log: TableLog, base: Position) -> "Optional[Started[tuple[list[Entry], float]]]":
+    """On an object-store log contended lately (see Contention), the entries after base, read from now on
+    (started before the commit's data files are written, and handed to commit as `ahead`); None elsewhere."""
+    if location.is_local(log.uri) or time.monotonic() - _lost_at.get(log.uri, -math.inf) >= CONTENDED_SECONDS:
+        return None
+    return Started(functools.partial(read_entries, log, base.version + 1), "tail")
+
+
 def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Iterable[str], claim: Claim,
            app_transactions: Optional[dict[str, int]] = None, operation: str = "WRITE", *,
-           data_change: bool = True) -> Committed:
+           data_change: bool = True,
+           ahead: "Optional[Started[tuple[list[Entry], float]]]" = None) -> Committed:
     """Commit the files at the first free version after base, checking every entry in between against
     claim; the files and the entry are durable when it returns (see Durability in the module docstring).
     data_change=False marks a rewrite of the same rows (compaction): Delta streams skip its files.
+    ahead: the entries after base as tail_ahead reads them, checked first (the first PUT aims past them).
     Raises CommitFailedError on a conflict or a stale base (nothing committed; the caller discards its
     files and re-plans), TableRemovedError when the table's directories are gone."""
     txn_id = uuid.uuid4().hex
     payload = _entry_payload(added, list(removed), app_transactions or {}, operation, data_change, txn_id)
     staged = _stage(log, added, payload)
     try:
-        skipped: list[Entry] = []
-        version = base.version + 1
+        skipped = _checked(log, claim, ahead.result()[0]) if ahead is not None else []
+        version = base.version + 1 + len(skipped)
         while True:
             started = time.monotonic()
             if started - base.known_at > log.safe_seconds:  # checked for every version tried (see the docstring)
@@ -485,15 +498,21 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
                 raise CommitFailedError(f"{log.uri}: stale snapshot: version {version} is gone from the log")
             if taken[0].txn_id == txn_id:  # ours: a PUT the client retried after its first one had landed
                 return Committed(version, skipped, Position(version, started))
-            for entry in taken:
-                reason = claim.conflict(entry)
-                if reason is not None:
-                    raise CommitFailedError(f"{log.uri}: concurrent commit at version {entry.version}: {reason}")
-                skipped.append(entry)
+            skipped += _checked(log, claim, taken)
             version = taken[-1].version + 1
     finally:
         if staged is not None:
             os.unlink(staged)
+
+
+def _checked(log: TableLog, claim: Claim, entries: list[Entry]) -> list[Entry]:
+    """entries, written by others after the commit's base: CommitFailedError at the first the claim
+    conflicts with."""
+    for entry in entries:
+        reason = claim.conflict(entry)
+        if reason is not None:
+            raise CommitFailedError(f"{log.uri}: concurrent commit at version {entry.version}: {reason}")
+    return entries
 
 
 def _stage(log: TableLog, added: list[AddedFile], payload: bytes) -> Optional[str]:
