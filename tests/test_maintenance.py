@@ -155,3 +155,44 @@ def test_a_commit_waits_while_the_maintenance_of_its_process_is_behind():
         release.set()
     committer.join()
     assert maintenance.wait_idle(60)
+
+
+def _file(name: str, size: int) -> "maintenance.AddedFile":
+    return maintenance.AddedFile(name, 0, size, 1, {}, {})
+
+
+def test_compaction_merges_a_size_tier_once_it_gathered_fan_in_files():
+    small = [_file(f"s{i}", 6_000) for i in range(maintenance.COMPACT_FAN_IN - 1)]
+    big = _file("big", 2 << 20)
+    target = 16 << 20
+    assert maintenance.merged_together([big, *small], target) == []  # seven small files wait for an eighth
+    eighth = _file("s7", 6_000)
+    assert maintenance.merged_together([big, *small, eighth], target) == [*small, eighth]  # the big one stays
+    tier1 = [_file(f"m{i}", 200_000) for i in range(maintenance.COMPACT_FAN_IN)]
+    assert maintenance.merged_together([*tier1, *small], target) == tier1  # the smallest tier that is full
+    at_target = [_file(f"t{i}", target) for i in range(maintenance.COMPACT_FAN_IN)]
+    assert maintenance.merged_together(at_target, target) == []  # files at the target size are left alone
+    many = [_file(f"x{i}", 100) for i in range(maintenance.COMPACT_MAX_FILES + 5)]
+    assert len(maintenance.merged_together(many, target)) == maintenance.COMPACT_MAX_FILES
+
+
+def test_a_partition_fed_one_small_file_at_a_time_rewrites_each_row_a_few_times_and_keeps_few_files():
+    """Sends of one message each: with every compaction merging all small files, a partition's grown file
+    was rewritten again with every few new rows (bytes written grew with the square of the rows). Tiered,
+    each byte is written about once per tier, and the files a reader meets stay few."""
+    target, row_file = 16 << 20, 6_000
+    files: list = []
+    written = 0
+    for n in range(20_000):
+        files.append(_file(f"f{n}", row_file))
+        written += row_file
+        chosen = maintenance.merged_together(files, target)
+        if chosen:
+            size = sum(f.size for f in chosen)
+            files = [f for f in files if f not in chosen] + [_file(f"c{n}", size)]
+            written += size
+        assert len(files) <= maintenance.COMPACT_FAN_IN * 5
+    tiers = maintenance.size_tier(target) + 1
+    # its first write, once per tier, and once more in the first tier (eight one-row files still make a
+    # file of that tier): 5.2 here; merging every small file every twenty files wrote it 70 times over
+    assert written / (20_000 * row_file) <= tiers + 2, written / (20_000 * row_file)
