@@ -274,10 +274,24 @@ class LogView:
                    for c in ("path", f"partition.{PARTITION_COLUMN}", "size_bytes", "num_records",
                              "min.sequence_number", "max.sequence_number")]
         self._files: dict[str, AddedFile] = {}
+        # the same files by partition (each in the order added): a receive asks for sixteen partitions' files
+        self._partitions: dict[int, dict[str, AddedFile]] = {}
         for path, partition, size, rows, low, high in zip(*columns):
-            self._files[path] = AddedFile(path, int(partition), size or 0, rows or 0,
-                                          {} if low is None else {"sequence_number": low},
-                                          {} if high is None else {"sequence_number": high})
+            self._add(AddedFile(path, int(partition), size or 0, rows or 0,
+                                {} if low is None else {"sequence_number": low},
+                                {} if high is None else {"sequence_number": high}))
+
+    def _add(self, added: AddedFile) -> None:
+        self._files[added.path] = added
+        self._partitions.setdefault(added.partition, {})[added.path] = added
+
+    def _remove(self, path: str) -> None:
+        gone = self._files.pop(path, None)
+        if gone is not None:
+            files = self._partitions[gone.partition]
+            del files[path]
+            if not files:
+                del self._partitions[gone.partition]
 
     @property
     def version(self) -> int:
@@ -287,6 +301,7 @@ class LogView:
         """Another view at the same version, following the log on its own from there."""
         twin = copy.copy(self)
         twin._files = dict(self._files)
+        twin._partitions = {partition: dict(files) for partition, files in self._partitions.items()}
         twin._app_ids = dict(self._app_ids)
         return twin
 
@@ -314,9 +329,10 @@ class LogView:
     def apply(self, entry: Entry, position: Position) -> None:
         """Apply the entry that made version position.version (the next one)."""
         for path in entry.removed:
-            self._files.pop(path, None)
+            self._remove(path)
         for added in entry.added:
-            self._files[added.path] = added
+            self._remove(added.path)
+            self._add(added)
         for app, version in entry.app_ids.items():
             self._app_ids[app] = version
         if entry.timestamp is not None:
@@ -363,12 +379,12 @@ class LogView:
 
     def partitions(self) -> set[int]:
         """The partitions that have live files."""
-        return {f.partition for f in self._files.values()}
+        return set(self._partitions)
 
     def files(self, partition: int, low: Optional[int] = None, high: Optional[int] = None) -> list[AddedFile]:
         """The partition's live files, in the order they were added; only those whose sequence-number
         range overlaps [low, high] when given (a file without statistics always does)."""
-        found = [f for f in self._files.values() if f.partition == partition]
+        found = list(self._partitions.get(partition, {}).values())
         if low is None or high is None:
             return found
         return [f for f in found if f.sequence_range()[0] <= high and f.sequence_range()[1] >= low]

@@ -88,7 +88,10 @@ class PartitionReader:
 
     def prefetch(self, view: "LogView", partitions: Iterable[int]) -> None:
         """Load the files of these partitions not in memory yet, all at once (on an object store, concurrent
-        GETs); a partition whose files cannot be fetched is left for files() to report."""
+        GETs); a partition whose files cannot be fetched is left for files() to report. Nothing to do on a
+        local disk, where files() reads what it lacks (a read costs no round trip)."""
+        if location.is_local(view.log.uri):
+            return
         paths = [location.join(view.log.uri, unquote(f.path)) for p in partitions for f in view.files(p)]
         try:
             self._load(paths)
@@ -97,8 +100,10 @@ class PartitionReader:
 
     def missing(self, view: "LogView", partitions: Iterable[int]) -> list[str]:
         """The object-store files of these partitions at the view's version that this reader does not hold."""
+        if location.is_local(view.log.uri):
+            return []
         paths = [location.join(view.log.uri, unquote(f.path)) for p in partitions for f in view.files(p)]
-        return [path for path in paths if path not in self._files and not location.is_local(path)]
+        return [path for path in paths if path not in self._files]
 
     def _load(self, paths: list[str]) -> None:
         """Parse the object-store files among paths not in memory, fetched together."""
