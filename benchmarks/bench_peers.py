@@ -939,6 +939,62 @@ def table(rows: list[Row], figures: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Goal:
+    """A goal for the local engine: a figure of this run (a ratio to the durable-commit floor, to its own
+    p50, to PostgreSQL or to another row, or a rate) against a bound."""
+    title: str
+    numerator: str  # row key (sparkbus's figure)
+    denominator: Optional[str]  # row key ("postgres:" prefix: PostgreSQL's), "floor", "floor2" or None
+    bound: float
+    at_most: bool  # measured <= bound (latencies), else >= (throughput)
+
+
+GOALS = [
+    Goal("single send p50 / one durable commit", "send_single_p50", "floor", 2.0, True),
+    Goal("single send p99 / its p50", "send_single_p99", "send_single_p50", 3.0, True),
+    Goal("single receive+complete p50 / two durable commits", "receive_single_p50", "floor2", 2.0, True),
+    Goal("single receive+complete p99 / its p50", "receive_single_p99", "receive_single_p50", 3.0, True),
+    Goal("receive+complete in batches of 1,000, 1 process / PostgreSQL", "receive_batch_1p",
+         "postgres:receive_batch_1p", 1.0, False),
+    Goal("receive+complete in batches of 1,000, 4 processes / PostgreSQL", "receive_batch_4p",
+         "postgres:receive_batch_4p", 1.0, False),
+    Goal("receive+complete in batches of 1,000, 4 processes / 1 process", "receive_batch_4p", "receive_batch_1p",
+         1.0, False),
+    Goal("send in batches / PostgreSQL COPY", "send_batch", "postgres:send_batch", 0.5, False),
+    Goal("send_dataframe / one COPY", "bulk_send", "postgres:bulk_send", 1.0, False),
+    Goal("send_dataframe (msg/s)", "bulk_send", None, 200_000, False),
+]
+
+
+def goals(figures: dict, floor_ms: float) -> list[dict]:
+    """Each goal measured in this run (those whose figures it lacks are left out)."""
+    def value(key: str) -> Optional[float]:
+        system, _, key = key.rpartition(":")
+        return figures.get(key, {}).get(system or "sparkbus", {}).get("value")
+
+    found = []
+    for goal in GOALS:
+        top = value(goal.numerator)
+        bottom = {"floor": floor_ms, "floor2": 2 * floor_ms, None: 1.0}.get(goal.denominator) \
+            if goal.denominator in ("floor", "floor2", None) else value(goal.denominator)
+        if not top or not bottom:
+            continue
+        measured = top / bottom
+        found.append({"goal": goal.title, "measured": round(measured, 3),
+                      "bound": f"{'<=' if goal.at_most else '>='} {goal.bound:,g}",
+                      "met": measured <= goal.bound if goal.at_most else measured >= goal.bound})
+    return found
+
+
+def goals_table(found: list[dict]) -> str:
+    lines = ["| goal | this run | goal | met |", "|---|---:|---:|---|"]
+    for g in found:
+        shown = f"{g['measured']:,.0f}" if g["measured"] > 1000 else f"{g['measured']:.2f}x"
+        lines.append(f"| {g['goal']} | {shown} | {g['bound']} | {'yes' if g['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[Row], figures: dict, path: Path, title: str) -> None:
     """Grouped horizontal bars per workload, log scale: throughput above, latency below."""
     import matplotlib
@@ -1091,6 +1147,7 @@ def main() -> None:
                               "sparkbus_vs_rabbitmq": ratio(r, results.figures[r.key], "rabbitmq")}
                       for r in rows if r.key in results.figures},
     }
+    report["goals"] = goals(results.figures, report["machine"]["delta_commit_floor_ms_p50"])
     args.output.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(report, indent=2) + "\n"
@@ -1107,6 +1164,8 @@ def main() -> None:
           f"at p50 (Parquet file, log entry, their fsyncs; nothing else), a WAL append + fdatasync "
           f"{floor['wal_append_fdatasync_ms_p50']:.2f} ms: a single send is one such commit, a peek-lock "
           "receive + complete two.")
+    print(f"\nGoals for the local engine, measured in this run ({command}):\n")
+    print(goals_table(report["goals"]))
     print(f"\nwritten: {args.output / f'peers-{stamp}.json'}, peers-latest.json, peers-latest.png "
           f"({seconds:.0f} s)")
 
