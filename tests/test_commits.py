@@ -286,8 +286,11 @@ def test_on_a_contended_log_a_commit_reads_the_tail_beside_its_data_file_and_los
         added = commits.write_file(log, 2, _rows([7]))
         done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (7, 7)}), ahead=ahead)
     assert done.version == stale.version() + 4 and [e.version for e in done.skipped] == [1, 2, 3]
-    # the tail (windows of 2, then 4), the data file, the entry and the read of its version beside it
-    assert tally.kinds == {"GET": 7, "PUT": 2} and tally.sequential == 3, (tally.kinds, tally.sequential)
+    # the tail (windows of 2, then 4), the data file and the entry: no PUT lost; the read of the entry's
+    # version beside its PUT is sent while the log still counts as contended (CONTENDED_SECONDS after the
+    # loss noted above, which a slow machine can outlast)
+    assert tally.kinds["PUT"] == 2 and tally.kinds["GET"] in (6, 7) and tally.sequential == 3, \
+        (tally.kinds, tally.sequential)
     assert _read(created)["partition_id"].to_pylist() == [1, 1, 1, 2]
 
     behind = storage.open_table(created.table_uri)
