@@ -3,9 +3,9 @@
 delta-rs spends time per data file and per log file on every commit (measured: a one-row commit took
 17 ms with 50 data files and 60 ms with 400; 26.9 ms with 2,317 log files and 12.1 ms with 18), so the
 process that commits every CHECKPOINT_EVERY-th version writes a checkpoint and removes log files past
-the retention, and every COMPACT_EVERY-th compacts small files (size-tiered: merged_together). Commits themselves run without
-delta-rs' post-commit hooks (storage.NO_HOOKS): maintenance may lose a race with another process's,
-and that must never be mistaken for a failed commit. Compaction rewrites data without changing it;
+the retention, and every COMPACT_EVERY-th compacts small files (size-tiered: merged_together). Commits
+themselves run without delta-rs' post-commit hooks (storage.NO_HOOKS): maintenance may lose a race with
+another process's, and that must never be mistaken for a failed commit. Compaction rewrites data without changing it;
 whatever maintenance finally loses to a race is skipped (the next due version asks again).
 
 Compaction and log cleanup run on one background thread per process (started on first use): done
