@@ -182,8 +182,10 @@ class Delivery:
         # Choosing what to lock reads CHOOSING's narrow columns of a partition's messages; only the rows
         # chosen are then read whole (with 4 receivers on one queue, each had read every body of every
         # partition it visited, 4x the data, most of it for messages another receiver took).
-        self._readers = {"messages": PartitionReader(MESSAGES), "locks": PartitionReader(LOCKS),
-                         "choosing": PartitionReader(MESSAGES, columns=CHOOSING), "sessions": PartitionReader(SESSIONS)}
+        whole = PartitionReader(MESSAGES)
+        self._readers = {"messages": whole, "locks": PartitionReader(LOCKS),
+                         "choosing": PartitionReader(MESSAGES, columns=CHOOSING, whole=whole),
+                         "sessions": PartitionReader(SESSIONS)}
         self._guard = threading.RLock()
         self._wrote = False  # whether the operation `retrying` runs committed something
         self._writing_to: Optional[EntityInfo] = None  # the incarnation it runs on
