@@ -842,9 +842,9 @@ def fsync_ms(directory: Path) -> float:
 
 def commit_floor_ms(directory: Path, count: int = 500) -> dict[str, float]:
     """Medians on this disk of the least a durable one-row Delta commit costs, done as sparkbus commits
-    (a Parquet file of one 1 KiB row; the log entry staged in a temporary file; the file, the entry and the
-    partition directory fsynced concurrently; the entry linked to its version's name; the log directory
-    fsynced), with no other work; and of what a PostgreSQL commit pays (a WAL-style append to a
+    (a Parquet file of one 1 KiB row, encoded as sparkbus encodes it; the log entry staged in a temporary
+    file; the file, the entry and the partition directory fsynced concurrently; the entry linked to its
+    version's name; the log directory fsynced), with no other work; and of what a PostgreSQL commit pays (a WAL-style append to a
     preallocated file + fdatasync). A single send is at least the first; a peek-lock receive + complete two."""
     import concurrent.futures
     import uuid
@@ -865,7 +865,7 @@ def commit_floor_ms(directory: Path, count: int = 500) -> dict[str, float]:
             start = time.perf_counter()
             data = part / f"part-{uuid.uuid4()}.parquet"
             with pa.OSFile(str(data), "wb") as sink:
-                pq.write_table(row, sink)
+                pq.write_table(row, sink, compression="none", use_dictionary=False, store_schema=False)
             staged = log / f".{uuid.uuid4().hex}.json.tmp"
             staged.write_bytes(json.dumps({"add": {"path": data.name, "size": data.stat().st_size}}).encode())
             others = [pool.submit(fsync_file, str(p)) for p in (data, part)]

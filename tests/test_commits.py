@@ -60,6 +60,30 @@ def test_a_direct_commit_is_a_delta_version_delta_rs_reads_with_statistics(table
     assert history["operation"] == "WRITE" and history["engineInfo"] == "sparkbus"
 
 
+def _parquet(table: DeltaTable, added: commits.AddedFile):
+    import pyarrow.parquet as pq
+    from urllib.parse import unquote
+    return pq.ParquetFile(os.path.join(table.table_uri.removeprefix("file://"), unquote(added.path)))
+
+
+def test_a_hot_path_file_is_written_for_speed_and_reads_back_as_the_table_schema(table):
+    log = commits.TableLog.of(table)
+    rows, more = _rows([1, 2, 3]), _rows([4, 5])
+    added = commits.write_file(log, 2, rows)
+    meta = _parquet(table, added).metadata
+    columns = [meta.row_group(0).column(i) for i in range(meta.num_columns)]
+    assert {c.compression for c in columns} == {"UNCOMPRESSED"}
+    assert not any("DICTIONARY" in c.encodings for c in columns if c.path_in_schema == "state")
+    assert {c.path_in_schema for c in columns if c.is_stats_set} == set(log.stats_columns) == \
+        {"sequence_number", "locked_until_utc"}
+    assert b"ARROW:schema" not in (meta.metadata or {})
+    assert _parquet(table, added).read().equals(rows)  # every type as the table declares it
+    compressed = commits.write_file(log, 2, more, compress=True)
+    meta = _parquet(table, compressed).metadata
+    assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"SNAPPY"}
+    assert _parquet(table, compressed).read().equals(more)
+
+
 def test_a_commit_skips_other_writers_versions_that_do_not_touch_its_claim(table):
     stale = storage.open_table(table.table_uri)                      # at version 0
     write_deltalake(table, pa.table({"partition_id": pa.array([1], pa.int32()), **_rows([5]).to_pydict()},

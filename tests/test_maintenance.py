@@ -8,6 +8,7 @@ import threading
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import run_spawned, stored_messages
 from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
@@ -46,6 +47,8 @@ def test_a_compaction_merges_every_partition_in_one_commit_that_changes_no_row(a
     changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
     assert changes and not any(change["dataChange"] for change in changes)  # streams skip a rewrite
     assert len(after.file_uris()) == len(partitions)  # each partition's files merged into one
+    merged = [pq.ParquetFile(path.removeprefix("file://")).metadata for path in after.file_uris()]
+    assert {m.row_group(0).column(i).compression for m in merged for i in range(m.num_columns)} == {"SNAPPY"}
     assert stored_messages(admin, "q").sort_by("sequence_number").equals(rows_before)
     with client.get_queue_receiver("q", max_wait_time=2) as receiver:
         got = receiver.receive_messages(200)

@@ -228,7 +228,7 @@ def _compact_partitions(view: LogView, reader: PartitionReader) -> bool:
     removed = frozenset(f.path for chosen in merged.values() for f in chosen)
     files: list[AddedFile] = []
     try:
-        files = commits.write_files(view.log, sorted(merged), rows_of)
+        files = commits.write_files(view.log, sorted(merged), rows_of, compress=True)
         done = commits.commit(view.log, view.position, files, removed, commits.Claim({}, removed),
                               operation="OPTIMIZE", data_change=False)
     except BaseException:
