@@ -438,10 +438,10 @@ def _partition_directory(directory: str) -> None:
 def write_files(log: TableLog, partitions: list[int], rows_of: Callable[[int], pa.Table], *,
                 compress: bool = False) -> list[AddedFile]:
     """write_file(log, p, rows_of(p), compress=compress) for each partition (rows_of is called when its file
-    is written), in that order. Several files are written concurrently (Parquet encoding and uploads release the GIL): on
-    an object store up to 8 PUTs at once (in a row, a send to 16 partitions paid 16 round trips), on a
-    local disk one per core (a bulk send then holds that many partitions' copies at a time). If one fails,
-    the files already written are deleted and the error raised."""
+    is written), in that order. Several files are written concurrently (Parquet encoding and uploads
+    release the GIL): on an object store up to 8 PUTs at once (in a row, a send to 16 partitions paid 16
+    round trips), on a local disk one per core (a bulk send then holds that many partitions' copies at a
+    time). If one fails, the files already written are deleted and the error raised."""
     if len(partitions) < 2:
         return [write_file(log, p, rows_of(p), compress=compress) for p in partitions]
     pool = (storage_pool("write", min(4, os.cpu_count() or 1)) if location.is_local(log.uri)
