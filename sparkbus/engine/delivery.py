@@ -561,8 +561,9 @@ class Delivery:
         by_partition: dict[int, dict[int, Held]] = {}
         for seq, lock in held.items():
             by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = lock
+        grouped = {partition: _grouped(mine.values()) for partition, mine in by_partition.items()}
         try:
-            if len(by_partition) > 1 and not self._all_fresh(held, clock.now()):
+            if len(by_partition) > 1 and not all(_fresh(*group, clock.now()) for group in grouped.values()):
                 with self._guard:
                     lost = self._reading(info, lambda: [
                         seq for partition, mine in by_partition.items() for seq in transitions.not_held(
@@ -572,7 +573,7 @@ class Delivery:
                     raise MessageLockLostError(
                         f"the locks of messages {sorted(lost)[:10]} expired or were taken; nothing completed")
             written = self.retrying(info, lambda attempt: self._settle_partitions(
-                info, by_partition, change, session, attempt))
+                info, by_partition, change, session, grouped if attempt == 0 else None))
             self.retain(info, by_partition)
             return written
         except EntityDeleted as gone:
@@ -596,25 +597,28 @@ class Delivery:
         return info
 
     def _settle_partitions(self, info: EntityInfo, by_partition: dict[int, dict[int, Held]], change: Change,
-                           session: Optional[SessionLock], attempt: int) -> pa.Table:
+                           session: Optional[SessionLock],
+                           grouped: Optional[dict[int, tuple[list[_Group], list[Held]]]]) -> pa.Table:
         """Settle held locks (partition -> seq -> lock) in one commit; the state rows written. A settlement
-        with a table form (transitions.TABLE_FORMS) changes the rows as Arrow columns, others row by row."""
+        with a table form (transitions.TABLE_FORMS) changes the rows as Arrow columns, others row by row.
+        grouped: the locks of each partition as _grouped groups them, on a first attempt (a retry after a
+        lost commit reads the state rows instead)."""
         now = clock.now()
         whole = transitions.TABLE_FORMS.get(change)
-        grouped = _grouped(lock for held in by_partition.values() for lock in held.values()) if attempt == 0 else None
-        trusted = grouped is not None and _fresh(*grouped, now)
+        trusted = grouped is not None and all(_fresh(*group, now) for group in grouped.values())
         known = self._views.get(info.tables["locks"])
         # Settling fresh locks decides nothing on what the view holds: a view moved a moment ago is committed
         # on as it is (a commit walks past newer versions itself, checking each against its claim)
         state = self.view(info, "locks", advance=not (trusted and known is not None and
                                                       time.monotonic() - known.position.known_at < TRUSTED_VIEW))
         if session is not None:
-            self.check_session(info, session, now, read=attempt > 0)
+            self.check_session(info, session, now, read=grouped is None)  # (a retry reads it again)
         written: dict[int, pa.Table] = {}
         for partition, held in by_partition.items():
             rows: Union[pa.Table, list[Mapping[str, Any]]]
             if trusted:
-                rows = _locked_table(*_grouped(held.values())) if whole else [lock.row for lock in held.values()]
+                assert grouped is not None
+                rows = _locked_table(*grouped[partition]) if whole else [lock.row for lock in held.values()]
             else:
                 rows = locks.lock_rows(state, partition, list(held))
                 lost = transitions.not_held(rows, _tokens(held), now)
@@ -629,10 +633,6 @@ class Delivery:
                     records.as_rows(rows) if isinstance(rows, pa.Table) else rows)], LOCKS)
         self._commit_many(state, written)
         return pa.concat_tables(list(written.values())) if written else LOCKS.empty_table()
-
-    @staticmethod
-    def _all_fresh(held: dict[int, Held], now: datetime) -> bool:
-        return _fresh(*_grouped(held.values()), now)
 
     def extend_locks(self, session: SessionLock, held: dict[int, str], until: datetime) -> None:
         """Set the message locks still held (seq -> token) under session to end at `until` (a renewed or
