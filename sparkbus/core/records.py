@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional, cast
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
@@ -94,10 +94,12 @@ def _check_convertible(table: pa.Table) -> None:
     is not UTF-8: Parquet readers do not check; a time beyond datetime's range)."""
     try:
         table.validate(full=True)
-        for field in table.schema:
-            if pa.types.is_timestamp(field.type) and table[field.name].null_count < table.num_rows:
-                found = pc.min_max(table[field.name].cast(pa.int64()))
-                if found["min"].as_py() < _DATETIME_MICROS[0] or found["max"].as_py() > _DATETIME_MICROS[1]:
+        for field, column in zip(table.schema, table.columns):
+            if pa.types.is_timestamp(field.type) and column.null_count < len(column):
+                # numpy's min and max: Arrow's cast and kernel cost 5x as much on a single receive's row
+                values = (column.drop_null() if column.null_count else column).to_numpy()
+                micros = values.astype("datetime64[us]").view(np.int64)
+                if micros.min() < _DATETIME_MICROS[0] or micros.max() > _DATETIME_MICROS[1]:
                     raise OverflowError(f"{field.name} holds a time beyond datetime's range")
     except (pa.ArrowInvalid, OverflowError):
         as_rows(table)
