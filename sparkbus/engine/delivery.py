@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import threading
 import time
 from collections.abc import Mapping
@@ -482,8 +483,11 @@ class Delivery:
 
     def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int, decode: Decode[M],
                  session: Optional[SessionLock] = None) -> list[M]:
-        """Up to count messages from the available partitions, visited from the start-th on (a session
-        receiver visits its session's partition only), as decode makes them. Finding none, it confirms
+        """Up to count messages from the available partitions, visited in an order that start draws (a
+        permutation, not a rotation: receivers passing over drained partitions spread out instead of all
+        moving on to the same next one and racing for its oldest messages; four local receivers lost
+        13-17 commits of 95 that way instead of 17-23 of 100), a session receiver its session's partition
+        only, as decode makes them. Finding none, it confirms
         the incarnation (EntityDeleted when it is gone): files it had read and written are kept in
         memory, so a receive from a deleted queue may fail nowhere else, and the receiver must not go on
         serving what it prefetched there."""
@@ -492,8 +496,8 @@ class Delivery:
             available = [p for p in available if p == session.partition]
         if not available:
             return []
-        start %= len(available)
-        order = available[start:] + available[:start]
+        order = available[:]
+        random.Random(start).shuffle(order)
         got: list[M] = []
         if self._optimistic(info):  # first from what the views hold, without a look at the logs
             got = self._visit(info, order, queue, count, delete, decode, session,

@@ -58,8 +58,9 @@ class PartitionReader:
         if not len(sequence_numbers):
             return self.with_partition([], partition)
         wanted = sequence_numbers.to_numpy(zero_copy_only=False)
-        parts = [_rows_among(data, wanted)
-                 for _, data in self.files(view, partition, int(wanted.min()), int(wanted.max()))]
+        parts = [part for _, data in self.files(view, partition, int(wanted.min()), int(wanted.max()))
+                 if (part := _rows_among(data, wanted)).num_rows]
+        parts.sort(key=lambda part: part["sequence_number"][0].as_py())  # the files' ranges in order: no take
         found = self.with_partition(parts, partition)
         order = pc.index_in(sequence_numbers, value_set=found["sequence_number"])
         if order.null_count:
