@@ -15,7 +15,7 @@ import pyarrow as pa
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType, AmqpMessageHeader, AmqpMessageProperties
 from .core import amqp
 from .core.encoding import LENGTH_LIMITED, OUTGOING, STRING_PROPERTIES, header_size, suspect_rows
-from .core.values import check_properties, encode_properties
+from .core.values import check_properties, checked_encoding, encode_properties
 from .core.wire import MAX_AMQP_TTL_MS, check_amqp_ttl, check_id, check_text, encoded
 from .exceptions import MessageSizeExceededError
 
@@ -182,6 +182,8 @@ class ServiceBusMessage:
         for name, value in strings.items():
             check_string_property(name, value)
             setattr(self, name, value)
+        # the values checked here (str is immutable: the same object later needs no second check)
+        self._checked = tuple(strings[name] for name in STRING_PROPERTIES)
         check_time_to_live(time_to_live)
         self.time_to_live = time_to_live
         self.scheduled_enqueue_time_utc = to_utc(scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
@@ -282,8 +284,7 @@ def _check_each(messages: list[ServiceBusMessage], indices: Iterable[int]) -> No
     for i in indices:
         m = messages[i]
         try:
-            for name in STRING_PROPERTIES:
-                check_string_property(name, getattr(m, name))
+            _check_strings(m)
             check_properties(m.application_properties, "application_properties")
             check_time_to_live(m.time_to_live)
             to_utc(m.scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
@@ -291,6 +292,16 @@ def _check_each(messages: list[ServiceBusMessage], indices: Iterable[int]) -> No
             if len(messages) == 1:
                 raise
             raise type(error)(f"message {i} of {len(messages)}: {error}") from None
+
+
+def _check_strings(message: ServiceBusMessage) -> None:
+    """The exact check of the message's string properties, but those still holding the value its
+    constructor checked."""
+    checked = getattr(message, "_checked", (None,) * len(STRING_PROPERTIES))
+    for name, known in zip(STRING_PROPERTIES, checked):
+        value = getattr(message, name)
+        if value is not known:
+            check_string_property(name, value)
 
 
 def _from_epoch_ms(value: int, name: str) -> datetime:
@@ -310,12 +321,15 @@ def message_size(message: ServiceBusMessage) -> int:
 
 def _outgoing_row(message: ServiceBusMessage) -> tuple[Any, ...]:
     """The message's OUTGOING values, in the schema's order, checked exactly as a send checks them
-    (TypeError or ValueError naming the field)."""
-    _check_each([message], [0])
+    (TypeError or ValueError naming the field). The properties are checked as they are encoded."""
+    _check_strings(message)
+    properties = checked_encoding(message.application_properties, "application_properties")
     ttl = message.time_to_live
-    return (*(getattr(message, n) for n in STRING_PROPERTIES), encode_properties(message.application_properties),
-            message._body, message._body_type, None if ttl is None else ttl // timedelta(milliseconds=1),
-            message.scheduled_enqueue_time_utc)
+    check_time_to_live(ttl)
+    scheduled = message.scheduled_enqueue_time_utc
+    to_utc(scheduled, "scheduled_enqueue_time_utc")
+    return (*(getattr(message, n) for n in STRING_PROPERTIES), properties,
+            message._body, message._body_type, None if ttl is None else ttl // timedelta(milliseconds=1), scheduled)
 
 
 _NAMES = len(STRING_PROPERTIES)

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import sparkbus
-from sparkbus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusReceiveMode
+from sparkbus import ServiceBusMessage, ServiceBusMessageBatch, ServiceBusReceivedMessage, ServiceBusReceiveMode
 from sparkbus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader
 from sparkbus.core import amqp, wire
 from sparkbus.core.durations import MAX_DURATION, MAX_DURATION_TEXT, parse_duration
@@ -128,6 +128,10 @@ def test_a_message_changed_after_construction_is_checked_again_at_send(change, e
         assert says in str(raised.value)
         if count > 1:
             assert str(raised.value).startswith(f"message {count - 1} of {count}: ")
+    batch = ServiceBusMessageBatch(10 ** 6)  # a batch checks what changed since construction too
+    with pytest.raises(error) as raised:
+        batch.add_message(messages[-1])
+    assert says in str(raised.value) and len(batch) == 0
 
 
 def test_the_fast_check_flags_suspect_rows_only_and_the_exact_check_passes_valid_ones():

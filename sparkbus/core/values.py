@@ -30,20 +30,39 @@ def check_properties(props: object, name: str, *, allow_timedelta: bool = False)
         raise TypeError(f"{name} must be a dict, got {type(props).__name__}")
     allowed = PROPERTY_TYPES + ((timedelta,) if allow_timedelta else ())
     for k, v in props.items():
-        if not isinstance(k, str):
-            raise TypeError(f"{name} keys must be str, got {type(k).__name__} for {k!r}")
-        check_text(k, f"the {name} key {k!r}")
-        if not isinstance(v, allowed):
-            extra = ", timedelta" if allow_timedelta else ""
-            raise TypeError(f"{name}[{k!r}] has type {type(v).__name__}; allowed: {_NAMES}{extra}")
-        if isinstance(v, str):
-            check_text(v, f"{name}[{k!r}]")
-        elif isinstance(v, int) and not isinstance(v, bool):
-            check_long(v, f"{name}[{k!r}]")
-        elif isinstance(v, timedelta) and not timedelta(0) <= v <= MAX_DURATION:
-            raise ValueError(f"{name}[{k!r}] = {v} is outside the durations a rule parameter holds, PT0S to "
-                             f"{MAX_DURATION_TEXT}")
+        _check_item(k, v, name, allowed)
     return dict(props)
+
+
+def _check_item(k: object, v: object, name: str, allowed: tuple[type, ...]) -> None:
+    """One entry of check_properties."""
+    if not isinstance(k, str):
+        raise TypeError(f"{name} keys must be str, got {type(k).__name__} for {k!r}")
+    check_text(k, f"the {name} key {k!r}")
+    if not isinstance(v, allowed):
+        extra = ", timedelta" if timedelta in allowed else ""
+        raise TypeError(f"{name}[{k!r}] has type {type(v).__name__}; allowed: {_NAMES}{extra}")
+    if isinstance(v, str):
+        check_text(v, f"{name}[{k!r}]")
+    elif isinstance(v, int) and not isinstance(v, bool):
+        check_long(v, f"{name}[{k!r}]")
+    elif isinstance(v, timedelta) and not timedelta(0) <= v <= MAX_DURATION:
+        raise ValueError(f"{name}[{k!r}] = {v} is outside the durations a rule parameter holds, PT0S to "
+                         f"{MAX_DURATION_TEXT}")
+
+
+def checked_encoding(props: object, name: str) -> str | None:
+    """encode_properties(check_properties(props, name)) in one pass over the entries (what a message
+    batch does for every message it adds); raises as check_properties does."""
+    if props is None:
+        return None
+    if not isinstance(props, dict):
+        raise TypeError(f"{name} must be a dict, got {type(props).__name__}")
+    tagged = {}
+    for k, v in props.items():
+        _check_item(k, v, name, PROPERTY_TYPES)
+        tagged[k] = _encode(v)
+    return _ENCODER.encode(tagged) if tagged else None
 
 
 def _encode(v: object) -> list[Any]:
