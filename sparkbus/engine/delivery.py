@@ -183,9 +183,9 @@ class Delivery:
         # Choosing what to lock reads CHOOSING's narrow columns of a partition's messages; only the rows
         # chosen are then read whole (with 4 receivers on one queue, each had read every body of every
         # partition it visited, 4x the data, most of it for messages another receiver took).
-        whole = PartitionReader(MESSAGES)
-        self._readers = {"messages": whole, "locks": PartitionReader(LOCKS),
-                         "choosing": PartitionReader(MESSAGES, columns=CHOOSING, whole=whole),
+        choosing = PartitionReader(MESSAGES, columns=CHOOSING)
+        self._readers = {"messages": PartitionReader(MESSAGES, narrow=choosing), "locks": PartitionReader(LOCKS),
+                         "choosing": choosing,
                          "sessions": PartitionReader(SESSIONS)}
         self._guard = threading.RLock()
         self._wrote = False  # whether the operation `retrying` runs committed something
