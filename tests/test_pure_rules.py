@@ -138,3 +138,18 @@ def test_retry_backoff_is_exponential_or_fixed_capped_and_jittered():
         assert base * 0.8 <= min(waits) and max(waits) <= base * 1.2 and len(set(waits)) > 1
     fixed = RetryPolicy(backoff_factor=0.5, mode="fixed")
     assert all(0.4 <= fixed.backoff(retry) <= 0.6 for retry in (1, 5, 9))
+
+
+def test_conformed_orders_relabels_and_casts_to_a_schema_without_copying_a_table_already_in_it():
+    import pyarrow as pa
+
+    from sparkbus.core.records import conformed
+    schema = pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("s", pa.string())])
+    exact = pa.table({"n": [1], "s": ["x"]}, schema=schema)
+    assert conformed(exact, schema) is exact
+    relabelled = conformed(pa.table({"s": ["x"], "n": [1]}), schema)  # other order, nullable n
+    assert relabelled.schema.equals(schema) and relabelled.to_pylist() == [{"n": 1, "s": "x"}]
+    widened = conformed(pa.table({"n": pa.array([2], pa.int32()), "s": ["y"]}), schema)
+    assert widened.schema.equals(schema) and widened["n"].to_pylist() == [2]
+    with pytest.raises(ValueError, match="'n' with null values to non-nullable"):
+        conformed(pa.table({"n": pa.array([None], pa.int64()), "s": ["z"]}), schema)

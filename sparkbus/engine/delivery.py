@@ -929,7 +929,7 @@ def _fresh(tables: list[_Group], loose: list[Held], now: datetime) -> bool:
 
 def _locked_table(tables: list[_Group], loose: list[Held]) -> pa.Table:
     """The state rows (LOCKS) of locks known as written, as one table: one take per committed table."""
-    parts = [table.take(pa.array(at, pa.int64())).select(LOCKS.names).cast(LOCKS)
+    parts = [records.conformed(table.take(pa.array(at, pa.int64())), LOCKS)
              for table, at, _ in tables]
     known = [lock.row for lock in loose if lock.row is not None]  # all of them (_fresh)
     return pa.concat_tables([*parts, records.from_rows(known, LOCKS)])

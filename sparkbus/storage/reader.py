@@ -46,6 +46,7 @@ class PartitionReader:
         self._narrow = narrow
         self._schema = schema
         self._file_schema = pa.schema([f for f in schema if f.name != PARTITION_COLUMN])
+        self._partition_at = schema.get_field_index(PARTITION_COLUMN)
         self._max_bytes = max_bytes
         self._files: OrderedDict[str, pa.Table] = OrderedDict()
         self._bytes = 0
@@ -75,9 +76,10 @@ class PartitionReader:
 
     def with_partition(self, parts: list[pa.Table], partition: int) -> pa.Table:
         """File rows (without the partition column) as one table in the schema given."""
-        data = pa.concat_tables(parts) if parts else self._file_schema.empty_table()
-        column = pa.repeat(pa.scalar(partition, self._schema.field(PARTITION_COLUMN).type), data.num_rows)
-        return data.add_column(0, self._schema.field(PARTITION_COLUMN), column).select(self._schema.names)
+        data = parts[0] if len(parts) == 1 else pa.concat_tables(parts) if parts else self._file_schema.empty_table()
+        field = self._schema.field(self._partition_at)
+        column = pa.array(np.full(data.num_rows, partition, dtype=field.type.to_pandas_dtype()), field.type)
+        return data.add_column(self._partition_at, field, column)  # the schema's order: files hold the others in it
 
     def files(self, view: "LogView", partition: int, low: Optional[int] = None,
               high: Optional[int] = None) -> list[tuple[str, pa.Table]]:
