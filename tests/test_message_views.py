@@ -155,10 +155,13 @@ def decodes(text: str) -> bool:
 
 
 def engines_agree(text: Optional[str]) -> bool:
-    """Python's re (a few rows) and Arrow's RE2 (more rows) take the same view of text."""
+    """Python's re (a few distinct texts) and Arrow's RE2 (more) take the same view of text, which is
+    matched once however many rows repeat it."""
     alone = _plain_properties(pa.chunked_array([pa.array([text], pa.string())])).tolist()
-    many = _plain_properties(pa.chunked_array([pa.array([text] * (_FEW_ROWS + 1), pa.string())])).tolist()
-    return alone == many[:1] and len(set(many)) == 1
+    others = [encode_properties({"n": i}) for i in range(_FEW_ROWS + 1)]  # distinct, plain
+    many = _plain_properties(pa.chunked_array([pa.array([text] + others, pa.string())])).tolist()
+    repeated = _plain_properties(pa.chunked_array([pa.array([text] * (_FEW_ROWS + 1), pa.string())])).tolist()
+    return alone == many[:1] == repeated[:1] and all(many[1:]) and len(set(repeated)) == 1
 
 
 def test_plain_properties_of_every_type_skip_the_full_decode_and_the_others_do_not():
