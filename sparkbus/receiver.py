@@ -1053,8 +1053,9 @@ def _plain_properties(properties: pa.ChunkedArray) -> np.ndarray:
         plain = pc.fill_null(pc.match_substring_regex(distinct, _PLAIN_PROPERTIES), True).to_numpy(
             zero_copy_only=False)
     at = pc.index_in(properties, value_set=distinct)  # null rows: the null in distinct (plain)
-    return plain[np.asarray(pc.fill_null(at, 0).to_numpy(zero_copy_only=False), dtype=np.int64)] | \
+    matched: np.ndarray = plain[np.asarray(pc.fill_null(at, 0).to_numpy(zero_copy_only=False), dtype=np.int64)] | \
         np.asarray(pc.is_null(properties).to_numpy(zero_copy_only=False), dtype=bool)
+    return matched
 
 
 def _needs_check(rows: pa.Table) -> np.ndarray:
