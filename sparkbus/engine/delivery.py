@@ -483,14 +483,14 @@ class Delivery:
 
     def lock_any(self, info: EntityInfo, queue: str, count: int, *, delete: bool, start: int, decode: Decode[M],
                  session: Optional[SessionLock] = None) -> list[M]:
-        """Up to count messages from the available partitions, visited in an order that start draws (a
+        """Up to count messages from the available partitions, as decode makes them, the partitions visited
+        in an order that start draws (a session receiver visits its session's partition only). A
         permutation, not a rotation: receivers passing over drained partitions spread out instead of all
-        moving on to the same next one and racing for its oldest messages; four local receivers lost
-        13-17 commits of 95 that way instead of 17-23 of 100), a session receiver its session's partition
-        only, as decode makes them. Finding none, it confirms
-        the incarnation (EntityDeleted when it is gone): files it had read and written are kept in
-        memory, so a receive from a deleted queue may fail nowhere else, and the receiver must not go on
-        serving what it prefetched there."""
+        moving on to the same next one and racing for its oldest messages (four local receivers lost 13-17
+        commits of 95 that way instead of 17-23 of 100). Finding none, it confirms the incarnation
+        (EntityDeleted when it is gone): files it had read and written are kept in memory, so a receive
+        from a deleted queue may fail nowhere else, and the receiver must not go on serving what it
+        prefetched there."""
         available = available_partitions(info)
         if session is not None:
             available = [p for p in available if p == session.partition]

@@ -393,8 +393,8 @@ class LogView:
 def parquet_options(log: TableLog, *, compress: bool) -> dict[str, Any]:
     """How a data file is encoded. A queue's file lives until its messages are settled and retention
     removes it, so the hot paths write for speed: no compression and no dictionaries (on this machine
-    snappy and dictionaries took a third of a one-row file's encoding and three quarters of a
-    1,000-row one's), Parquet statistics only for the columns the log keeps statistics of, and no copy of
+    snappy and dictionaries took a third of a one-row file's encoding and most of a 1,000-row one's),
+    Parquet statistics only for the columns the log keeps statistics of, and no copy of
     the Arrow schema (the Parquet types read back as the table's schema). compress: what compaction
     writes, the files that linger, is compressed (snappy, as delta-rs writes)."""
     return {"compression": "snappy" if compress else "none", "use_dictionary": compress,
