@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..core.records import conformed
 from ..exceptions import PartitionUnavailableError
 from . import PARTITION_COLUMN, location
 from .commits import LogView
@@ -129,7 +130,7 @@ class PartitionReader:
     def remember(self, path: str, data: pa.Table) -> None:
         """Keep the rows of a data file this process just wrote (path as files() names it, data without the
         partition column): the next read of that file costs nothing."""
-        self._keep(path, data if data.schema.equals(self._file_schema) else data.cast(self._file_schema))
+        self._keep(path, conformed(data, self._file_schema))
 
     def _file(self, path: str, content: Optional[bytes] = None) -> pa.Table:
         cached = self._files.get(path)
