@@ -7,7 +7,8 @@
 For each store and latency, each operation's p50 and p99 (ms) and the storage requests it makes (counted by
 the proxy); from the p50s at 0 and at L ms, the number of requests it waits for one after another:
 (p50 at L - p50 at 0) / L. Then processes sharing one 16-partition queue at the highest latency: batches of
-200 sent, receives of 1,000 completed, every message exactly once. JSON under benchmarks/results/
+200 sent, receives of 1,000 completed, every message exactly once; and as many writers racing for one log's
+next version with nothing else to do (the ceiling of one entity's log). JSON under benchmarks/results/
 (store-<time>.json and store-latest.json) and a plot (store-latest.png).
 
 Each (store, latency) runs in a process of its own, so that its store clients are made for its endpoint.
@@ -203,6 +204,53 @@ def _worker(root: str, role: str, count: int, start: "multiprocessing.synchroniz
         results.put((role, done, seen))
 
 
+def _racer(uri: str, seconds: float, start: "multiprocessing.synchronize.Event",
+           results: "multiprocessing.Queue[Any]") -> None:
+    """Create the next entry of one log as fast as it can for `seconds`, reading what won after each lost
+    race (the least a commit does per version); reports (won, lost)."""
+    from sparkbus.storage import commits
+
+    payload = b'{"commitInfo":{"operation":"WRITE"}}\n'
+    version = commits.read_entries(uri, 0)[0][-1].version
+    results.put("ready")
+    start.wait()
+    won = lost = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if commits.create_entry(commits.entry_uri(uri, version + 1), payload):
+            won, version = won + 1, version + 1
+        else:
+            lost += 1
+            version += max(1, len(commits.read_entries(uri, version + 1)[0]))
+    results.put((won, lost))
+
+
+def log_ceiling(root: str, processes: int, seconds: float = 4.0) -> dict[str, float]:
+    """The ceiling of one entity's log on this store: `processes` writers racing for its next version with
+    nothing else to do (a conditional PUT, and a read of the winner after a lost race). Every message an
+    entity moves needs a share of these versions: a send of 200 one (fewer with group commit), a receive
+    of 1,000 and its settlement two."""
+    from sparkbus.storage import commits, location
+
+    uri = location.join(root, f"ceiling-{uuid.uuid4().hex[:8]}")
+    if location.is_local(uri):
+        os.makedirs(os.path.join(uri, "_delta_log"))
+    commits.create_entry(commits.entry_uri(uri, 0), b'{"commitInfo":{"operation":"CREATE"}}\n')
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Event(), context.Queue()
+    racers = [context.Process(target=_racer, args=(uri, seconds, start, results)) for _ in range(processes)]
+    for r in racers:
+        r.start()
+    for _ in racers:
+        assert results.get(timeout=300) == "ready"
+    start.set()
+    got = [results.get(timeout=300) for _ in racers]
+    for r in racers:
+        r.join(60)
+    won, lost = sum(g[0] for g in got), sum(g[1] for g in got)
+    return {"versions/s": won / seconds, "lost per version": lost / max(1, won)}
+
+
 def _cpu_times() -> tuple[int, int]:
     """(busy, total) jiffies of the whole machine, every core, from /proc/stat."""
     with open("/proc/stat") as handle:
@@ -290,6 +338,7 @@ def child(store: str, latency: float, samples: int, processes: list[int], messag
         pid = os.environ.get({"azurite": "SPARKBUS_BENCH_AZURITE_PID", "s3": "SPARKBUS_BENCH_S3_PID"}.get(store, ""))
         result["throughput"] = {n: throughput(root, n, messages, threads, int(pid) if pid else None)
                                 for n in processes}
+        result["log ceiling"] = {n: log_ceiling(root, n) for n in processes}
     finally:
         if proxy:
             proxy.stop()
@@ -397,6 +446,12 @@ def report(results: list[dict[str, Any]]) -> None:
                                       f"{busy(name)}" for name, rate in t.items() if name.startswith("send"))
                     print(f"  {n} process(es) @{latency:g} ms: send msg/s ({sends}), receive + complete "
                           f"{t['receive msg/s']:,.0f} msg/s{busy('receive msg/s')}")
+                    ceiling = by[(store, latency)].get("log ceiling", {}).get(n)
+                    if ceiling:  # a receive of RECEIVE_BATCH and its settlement: two versions
+                        print(f"    one log's ceiling, {n} writer(s): {ceiling['versions/s']:.1f} versions/s "
+                              f"({ceiling['lost per version']:.1f} lost races per version): receive + complete "
+                              f"at most {ceiling['versions/s'] * RECEIVE_BATCH / 2:,.0f} msg/s, "
+                              f"{t['receive msg/s'] / (ceiling['versions/s'] * RECEIVE_BATCH / 2):.0%} reached")
 
 
 def main() -> None:
