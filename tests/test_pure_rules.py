@@ -153,3 +153,63 @@ def test_conformed_orders_relabels_and_casts_to_a_schema_without_copying_a_table
     assert widened.schema.equals(schema) and widened["n"].to_pylist() == [2]
     with pytest.raises(ValueError, match="'n' with null values to non-nullable"):
         conformed(pa.table({"n": pa.array([None], pa.int64()), "s": ["z"]}), schema)
+
+
+def _choosing(rows: list[dict]) -> "pa.Table":
+    """Message rows with the columns a receive chooses on, in two chunks (as read from two files)."""
+    import pyarrow as pa
+
+    from sparkbus.core.schemas import MESSAGES
+
+    names = ("partition_id", "sequence_number", "session_id", "enqueued_time_utc", "scheduled_enqueue_time_utc",
+             "expires_at_utc", "born_dead_letter_reason", "born_dead_letter_description")
+    full = [{name: row.get(name) for name in names} for row in rows]
+    schema = pa.schema([MESSAGES.field(name) for name in names])
+    half = len(full) // 2
+    return pa.concat_tables([pa.Table.from_pylist(full[:half], schema), pa.Table.from_pylist(full[half:], schema)])
+
+
+def test_candidates_choose_what_each_queue_may_lock_oldest_first():
+    """transitions.candidates over messages in two chunks (out of order across them) and their state rows:
+    what an active, deferred and dead-letter receive may lock, and the prior state each carries."""
+    from sparkbus.core import transitions
+    from sparkbus.core.records import from_rows
+    from sparkbus.core.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    before, after = now - timedelta(minutes=1), now + timedelta(minutes=1)
+
+    def message(seq, **values):
+        return {"partition_id": 0, "sequence_number": seq, "enqueued_time_utc": before - timedelta(seconds=seq),
+                "expires_at_utc": after + timedelta(days=1), **values}
+
+    def state(seq, kind, count=1, until=None, reason=None):
+        return {"partition_id": 0, "sequence_number": seq, "state": kind, "delivery_count": count,
+                "lock_token": "t" if until else None, "locked_until_utc": until, "dead_letter_reason": reason,
+                "dead_letter_error_description": None, "dead_letter_source": None, "updated_at_utc": before}
+
+    messages = _choosing([
+        message(7), message(3, session_id="s"), message(9, scheduled_enqueue_time_utc=after),  # not yet due
+        message(5, born_dead_letter_reason="TTLExpiredException", born_dead_letter_description="born dead"),
+        message(1), message(4), message(2), message(8), message(6), message(10),
+    ])
+    states = from_rows([
+        state(1, ACTIVE, until=after),      # locked now
+        state(2, ACTIVE, count=3, until=before),  # its lock lapsed
+        state(4, DEFERRED), state(6, DEAD_LETTERED, reason="why"), state(8, "Completed"),
+    ], LOCKS)
+
+    def chosen(queue, limit=100, **options):
+        found = transitions.candidates(messages, states, queue, now, limit, **options)
+        return list(zip(found["sequence_number"].to_pylist(), found["lock_state"].to_pylist(),
+                        found["prior_deliveries"].to_pylist(), found["prior_reason"].to_pylist()))
+
+    assert chosen(ACTIVE) == [(2, ACTIVE, 3, None), (3, None, 0, None), (7, None, 0, None), (10, None, 0, None)]
+    assert chosen(ACTIVE, limit=2) == [(2, ACTIVE, 3, None), (3, None, 0, None)]
+    assert chosen(ACTIVE, session_id="s") == [(3, None, 0, None)]
+    assert chosen(ACTIVE, sequence_numbers=[7, 10, 1]) == [(7, None, 0, None), (10, None, 0, None)]
+    assert chosen(ACTIVE, enqueued_before=before - timedelta(seconds=7)) == [(10, None, 0, None)]
+    assert chosen(DEFERRED) == [(4, DEFERRED, 1, None)]
+    assert chosen(DEAD_LETTERED) == [(5, DEAD_LETTERED, 0, "TTLExpiredException"), (6, DEAD_LETTERED, 1, "why")]
+    assert transitions.candidates(messages, states.slice(0, 0), ACTIVE, now, 3)["sequence_number"].to_pylist() == \
+        [1, 2, 3]  # no state rows: every due message, the born-dead one aside

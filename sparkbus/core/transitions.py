@@ -151,44 +151,88 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     session_id to one session's messages.
     """
     now_us = micros(now)
-    position = pc.index_in(messages["sequence_number"], value_set=states["sequence_number"])
-    lock_state = states["state"].take(position)
-    born_dead = pc.and_(pc.is_null(position), pc.is_valid(messages["born_dead_letter_reason"]))
-    lock_state = pc.if_else(born_dead, DEAD_LETTERED, lock_state)  # its dead-lettered state row is on its way
-    until = states["locked_until_utc"].take(position).cast(pa.int64())
-    keep = pc.fill_null(pc.less_equal(until, now_us), True)  # no state row, no lock, or a lapsed one
+    numbers = _int64s(messages["sequence_number"])
+    position = _positions(numbers, _int64s(states["sequence_number"]))
+    has = position >= 0
+    born_dead = ~has & _valid(messages["born_dead_letter_reason"])  # its dead-lettered state row is on its way
+    state = states["state"]
+    keep = _per_message(_at_most(states["locked_until_utc"], now_us, True), position, True)  # no lock, or lapsed
     if queue == ACTIVE:
-        keep = pc.and_(keep, pc.fill_null(pc.equal(lock_state, ACTIVE), True))
-        scheduled = messages["scheduled_enqueue_time_utc"].cast(pa.int64())
-        keep = pc.and_(keep, pc.fill_null(pc.less_equal(scheduled, now_us), True))
+        keep &= _per_message(_equal(state, ACTIVE), position, ~born_dead)
+        keep &= _at_most(messages["scheduled_enqueue_time_utc"], now_us, True)
     else:
-        keep = pc.and_(keep, pc.fill_null(pc.equal(lock_state, queue), False))
+        keep &= _per_message(_equal(state, queue), position, born_dead & (queue == DEAD_LETTERED))
     if sequence_numbers:
-        keep = pc.and_(keep, pc.is_in(messages["sequence_number"], value_set=pa.array(sequence_numbers, pa.int64())))
+        keep &= np.isin(numbers, np.asarray(sequence_numbers, dtype=np.int64))
     if session_id is not None:
-        keep = pc.and_(keep, pc.fill_null(pc.equal(messages["session_id"], session_id), False))
+        keep &= np.asarray(pc.fill_null(pc.equal(messages["session_id"], session_id), False), dtype=bool)
     if enqueued_before is not None:
-        enqueued = messages["enqueued_time_utc"].cast(pa.int64())
-        keep = pc.and_(keep, pc.less(enqueued, micros(enqueued_before)))
-    chosen = pc.indices_nonzero(keep)
-    oldest = chosen.take(pc.sort_indices(messages["sequence_number"].take(chosen))[:limit])
+        keep &= _at_most(messages["enqueued_time_utc"], micros(enqueued_before) - 1, False)  # before it
+    chosen = np.flatnonzero(keep)
+    oldest = chosen[np.argsort(numbers[chosen], kind="stable")[:limit]]
     # filter, not take: take on a table of many chunks first concatenates every chunk (all the bodies)
     mask = np.zeros(messages.num_rows, dtype=bool)
-    mask[oldest.to_numpy()] = True
+    mask[oldest] = True
     found = messages.filter(pa.array(mask))
-    order = pc.sort_indices(found["sequence_number"]).to_numpy()
-    if not np.array_equal(order, np.arange(found.num_rows)):  # files hold rows in order: mostly no copy
+    order = np.argsort(numbers[mask], kind="stable")
+    rows = np.flatnonzero(mask)[order]
+    if not np.array_equal(order, np.arange(len(order))):  # files hold rows in order: mostly no copy
         found = found.take(pa.array(order))
-    at = pc.index_in(found["sequence_number"], value_set=states["sequence_number"])
-    born = pc.and_(pc.is_null(at), pc.is_valid(found["born_dead_letter_reason"]))
-    prior = {"lock_state": pc.if_else(born, DEAD_LETTERED, states["state"].take(at)),  # CANDIDATE_STATE_COLUMNS
-             "prior_deliveries": pc.fill_null(states["delivery_count"].take(at), 0),
-             "prior_reason": pc.if_else(born, found["born_dead_letter_reason"], states["dead_letter_reason"].take(at)),
+    taken = pa.array(position[rows], mask=~has[rows])  # each candidate's state row, null for none
+    born = pa.array(born_dead[rows])
+    prior = {"lock_state": pc.if_else(born, DEAD_LETTERED, state.take(taken)),  # CANDIDATE_STATE_COLUMNS
+             "prior_deliveries": pc.fill_null(states["delivery_count"].take(taken), 0),
+             "prior_reason": pc.if_else(born, found["born_dead_letter_reason"], states["dead_letter_reason"].take(taken)),
              "prior_description": pc.if_else(born, found["born_dead_letter_description"],
-                                              states["dead_letter_error_description"].take(at))}
+                                              states["dead_letter_error_description"].take(taken))}
     for name, column in prior.items():
         found = found.append_column(name, column)
     return found
+
+
+def _int64s(column: pa.ChunkedArray) -> np.ndarray:
+    """A column without nulls (sequence numbers) as int64 numpy values, copied only across chunks."""
+    chunks = [np.asarray(chunk.to_numpy(zero_copy_only=False), dtype=np.int64) for chunk in column.chunks]
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+
+
+def _positions(numbers: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """For each of numbers, its index in among (distinct values), or -1 where it is not there."""
+    if not len(among):
+        return np.full(len(numbers), -1, dtype=np.int64)
+    order = np.argsort(among, kind="stable")
+    ranked = among[order]
+    slot = np.minimum(np.searchsorted(ranked, numbers), len(ranked) - 1)
+    return np.where(ranked[slot] == numbers, order[slot], -1)
+
+
+def _per_message(values: np.ndarray, position: np.ndarray, otherwise: "np.ndarray | bool") -> np.ndarray:
+    """Per message, the value of its state row (position: -1 for none), `otherwise` where it has none."""
+    if not len(values):
+        return np.full(position.shape, otherwise, dtype=bool)
+    return np.where(position >= 0, values[np.maximum(position, 0)], otherwise)
+
+
+def _valid(column: pa.ChunkedArray) -> np.ndarray:
+    """Which values of a column are set (no kernel call when none or all are)."""
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    if column.null_count == len(column):
+        return np.zeros(len(column), dtype=bool)
+    return np.asarray(pc.is_valid(column), dtype=bool)
+
+
+def _at_most(column: pa.ChunkedArray, bound: int, unset: bool) -> np.ndarray:
+    """Which values of a timestamp column are at most bound (microseconds), `unset` where null."""
+    if column.null_count == len(column):
+        return np.full(len(column), unset, dtype=bool)
+    values = np.asarray(column.cast(pa.int64()).fill_null(0).to_numpy(), dtype=np.int64)
+    return np.where(_valid(column), values <= bound, unset)
+
+
+def _equal(column: pa.ChunkedArray, text: str) -> np.ndarray:
+    """Which values of a string column equal text (False where null)."""
+    return np.asarray(pc.fill_null(pc.equal(column, text), False), dtype=bool)
 
 
 def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: bool,
