@@ -204,8 +204,8 @@ def admin(ns_path):
 
 
 @pytest.fixture(scope="session")
-def spark(azurite):
-    """The one SparkSession of the test run (UI off, two local cores). Azurite's variables are set first:
+def spark(azurite, s3):
+    """The one SparkSession of the test run (UI off, two local cores). Azurite's and S3's variables are set first:
     Spark's Python workers (the streaming source's planner among them) keep the environment the JVM started
     with, as executors on a cluster do."""
     from sparkbus.spark import get_spark

@@ -145,3 +145,21 @@ def test_dataset_columns_as_properties_and_fields(spark, admin, sender):
     with pytest.raises(TypeError, match="application property column 'xs' has type array<int>"):
         sender.send_dataframe(messages_from_dataset(nested, property_columns=["xs"]))
     assert len(stored_messages(admin, "q")) == 1
+
+
+def test_each_distinct_set_of_properties_is_encoded_as_on_its_own():
+    """complete_batch encodes a property set once for all the rows that repeat it: every row's text is what
+    encoding it alone gives, whether the set repeats, differs in one value or type, is empty or null."""
+    from sparkbus.core.values import encode_properties
+    from sparkbus.spark.dataframes import complete_batch
+
+    sets = [{"kind": "a"}, {"kind": "a"}, {"kind": "b"}, None, {}, {"kind": "a", "n": "1"}, {"kind": "a"}]
+    maps = pa.array([None if s is None else list(s.items()) for s in sets], pa.map_(pa.string(), pa.string()))
+    structs = pa.array([{"flag": True, "n": 1, "x": float("nan")}, {"flag": True, "n": 1, "x": None},
+                        {"flag": False, "n": 1, "x": 2.5}, {"flag": True, "n": 1, "x": None}, None, None, None],
+                       pa.struct([("flag", pa.bool_()), ("n", pa.int64()), ("x", pa.float64())]))
+    for column, expected in ((maps, [None if s is None else encode_properties(s) for s in sets]),
+                             (structs, [None if s is None else encode_properties({k: v for k, v in s.items() if v is not None})
+                                        for s in structs.to_pylist()])):
+        batch = pa.RecordBatch.from_pydict({"body": pa.array([b"x"] * len(sets)), "application_properties": column})
+        assert complete_batch(batch, False, 4)["application_properties"].to_pylist() == expected

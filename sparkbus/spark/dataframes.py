@@ -184,16 +184,33 @@ def complete_batch(batch: pa.RecordBatch, requires_duplicate_detection: bool, pa
     if columns["message_id"].null_count:
         columns["message_id"] = pc.coalesce(columns["message_id"], new_message_ids(n))
     if "application_properties" in batch.schema.names:
-        maps = batch.column("application_properties").to_pylist()
-        if pa.types.is_struct(batch.schema.field("application_properties").type):  # columns: a null cell is no property
-            maps = [None if m is None else {k: v for k, v in m.items() if v is not None} for m in maps]
-        columns["application_properties"] = pa.array(
-            [None if m is None else encode_properties(dict(m)) for m in maps], pa.string())
+        columns["application_properties"] = _encoded_properties(batch.column("application_properties"))
     if "time_to_live" in batch.schema.names:
         columns["time_to_live_ms"] = pc.divide(pc.cast(batch.column("time_to_live"), pa.int64()), 1000)
     rows = pa.table([pc.cast(columns[f.name], f.type) for f in OUTGOING], schema=OUTGOING)
     codes = partitioning.table_codes(rows, requires_duplicate_detection, partition_count)
     return rows.append_column(CODE, pa.array(codes, pa.int32()))
+
+
+def _encoded_properties(column: pa.Array) -> pa.Array:
+    """A map or struct column of application properties as their stored JSON texts, each distinct set of
+    properties encoded once (a DataFrame's rows mostly repeat a few: encoding each row was most of a bulk
+    send's conversion). A struct's null cells are no property. Values equal in Python but not as
+    properties (1 and True) cannot meet: a map's values, and each struct field's, have one type."""
+    struct = pa.types.is_struct(column.type)
+    encoded: dict[tuple[Any, ...], str] = {}
+    texts: list[Optional[str]] = []
+    for cell in column.to_pylist():
+        if cell is None:
+            texts.append(None)
+            continue
+        key = tuple(cell.items()) if struct else tuple(cell)
+        text = encoded.get(key)
+        if text is None:
+            properties = {k: v for k, v in key if v is not None} if struct else dict(key)
+            text = encoded[key] = encode_properties(properties)
+        texts.append(text)
+    return pa.array(texts, pa.string())
 
 
 def write_staged(path: str, tables: Iterable[pa.Table]) -> bool:
