@@ -172,6 +172,8 @@ def _choosing(rows: list[dict]) -> "pa.Table":
 def test_candidates_choose_what_each_queue_may_lock_oldest_first():
     """transitions.candidates over messages in two chunks (out of order across them) and their state rows:
     what an active, deferred and dead-letter receive may lock, and the prior state each carries."""
+    import pyarrow as pa
+
     from sparkbus.core import transitions
     from sparkbus.core.records import from_rows
     from sparkbus.core.schemas import ACTIVE, DEAD_LETTERED, DEFERRED, LOCKS
@@ -199,10 +201,13 @@ def test_candidates_choose_what_each_queue_may_lock_oldest_first():
         state(4, DEFERRED), state(6, DEAD_LETTERED, reason="why"), state(8, "Completed"),
     ], LOCKS)
 
+    whole = messages.append_column("body", pa.array([b"x"] * messages.num_rows))  # rows with bodies: filtered
+
     def chosen(queue, limit=100, **options):
-        found = transitions.candidates(messages, states, queue, now, limit, **options)
-        return list(zip(found["sequence_number"].to_pylist(), found["lock_state"].to_pylist(),
-                        found["prior_deliveries"].to_pylist(), found["prior_reason"].to_pylist()))
+        found = [transitions.candidates(rows, states, queue, now, limit, **options) for rows in (messages, whole)]
+        assert found[1].drop_columns(["body"]).equals(found[0])
+        return list(zip(found[0]["sequence_number"].to_pylist(), found[0]["lock_state"].to_pylist(),
+                        found[0]["prior_deliveries"].to_pylist(), found[0]["prior_reason"].to_pylist()))
 
     assert chosen(ACTIVE) == [(2, ACTIVE, 3, None), (3, None, 0, None), (7, None, 0, None), (10, None, 0, None)]
     assert chosen(ACTIVE, limit=2) == [(2, ACTIVE, 3, None), (3, None, 0, None)]
