@@ -218,3 +218,26 @@ def test_candidates_choose_what_each_queue_may_lock_oldest_first():
     assert chosen(DEAD_LETTERED) == [(5, DEAD_LETTERED, 0, "TTLExpiredException"), (6, DEAD_LETTERED, 1, "why")]
     assert transitions.candidates(messages, states.slice(0, 0), ACTIVE, now, 3)["sequence_number"].to_pylist() == \
         [1, 2, 3]  # no state rows: every due message, the born-dead one aside
+
+
+def test_an_encoding_reused_for_an_equal_set_of_properties_is_the_one_encoding_it_gives():
+    """checked_encoding looks up sets of properties it encoded before: what it returns is always what
+    encoding that very set gives, with values equal in Python but not as properties (1, True, 1.0; 0.0
+    and -0.0; a str and its bytes) kept apart, and a set that breaks a rule still refused."""
+    from sparkbus.core import values
+
+    sets = [{"n": 1}, {"n": True}, {"n": 1.0}, {"n": 0.0}, {"n": -0.0}, {"k": "x"}, {"k": b"x"},
+            {"id": uuid.UUID(int=7)}, {"a": None}, {"a": "x" * 300}, {}]
+    for _ in range(2):  # the second round from what the first kept
+        for props in sets:
+            assert values.checked_encoding(dict(props), "p") == values.encode_properties(props)
+            assert values.decode_properties(values.checked_encoding(dict(props), "p")) == props
+    assert values.decode_properties(values.checked_encoding({"n": -0.0}, "p"))["n"].hex() == (-0.0).hex()
+    with pytest.raises(ValueError, match="surrogate"):
+        values.checked_encoding({"k": "\ud800"}, "p")
+    with pytest.raises(TypeError, match="keys must be str"):
+        values.checked_encoding({1: "x"}, "p")
+    with pytest.raises(TypeError, match="has type list"):
+        values.checked_encoding({"k": ["x"]}, "p")
+    with pytest.raises(ValueError):
+        values.checked_encoding({"n": 1 << 64}, "p")

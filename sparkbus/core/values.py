@@ -51,18 +51,39 @@ def _check_item(k: object, v: object, name: str, allowed: tuple[type, ...]) -> N
                          f"{MAX_DURATION_TEXT}")
 
 
+# Property values whose equal values always encode alike (not floats: -0.0 == 0.0; not datetimes: equal
+# instants at different offsets), so that an encoding may be reused for an equal set of them.
+_REUSABLE = (str, int, bool, type(None), bytes, uuid.UUID)
+_ENCODED_MOST, _ENCODED_LONGEST = 1024, 256  # sets kept at most, and the longest encoding kept (memory)
+_encoded: dict[tuple[tuple[Any, type, Any], ...], str | None] = {}  # (key, type, value)s -> encoding
+
+
 def checked_encoding(props: object, name: str) -> str | None:
     """encode_properties(check_properties(props, name)) in one pass over the entries (what a message
-    batch does for every message it adds); raises as check_properties does."""
+    batch does for every message it adds); raises as check_properties does. Messages mostly repeat a few
+    sets of properties: a small set of the _REUSABLE types checked and encoded before is looked up (the
+    key carries each value's type, so 1 and True stay apart)."""
     if props is None:
         return None
     if not isinstance(props, dict):
         raise TypeError(f"{name} must be a dict, got {type(props).__name__}")
+    entries = tuple((k, v.__class__, v) for k, v in props.items())
+    key = entries if all(entry[1] in _REUSABLE for entry in entries) else None  # (hashable values)
+    if key is not None:
+        try:
+            return _encoded[key]
+        except (KeyError, TypeError):  # new, or a key that is not hashable (refused below)
+            pass
     tagged = {}
     for k, v in props.items():
         _check_item(k, v, name, PROPERTY_TYPES)
         tagged[k] = _encode(v)
-    return _ENCODER.encode(tagged) if tagged else None
+    text = _ENCODER.encode(tagged) if tagged else None
+    if key is not None and len(text or "") <= _ENCODED_LONGEST:
+        if len(_encoded) >= _ENCODED_MOST:
+            _encoded.clear()
+        _encoded[key] = text
+    return text
 
 
 def _encode(v: object) -> list[Any]:

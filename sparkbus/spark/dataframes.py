@@ -198,18 +198,16 @@ def _encoded_properties(column: pa.Array) -> pa.Array:
     send's conversion). A struct's null cells are no property. Values equal in Python but not as
     properties (1 and True) cannot meet: a map's values, and each struct field's, have one type."""
     struct = pa.types.is_struct(column.type)
-    encoded: dict[tuple[Any, ...], str] = {}
+    encoded: dict[tuple[Any, ...], Optional[str]] = {}
     texts: list[Optional[str]] = []
     for cell in column.to_pylist():
         if cell is None:
             texts.append(None)
             continue
         key = tuple(cell.items()) if struct else tuple(cell)
-        text = encoded.get(key)
-        if text is None:
-            properties = {k: v for k, v in key if v is not None} if struct else dict(key)
-            text = encoded[key] = encode_properties(properties)
-        texts.append(text)
+        if key not in encoded:
+            encoded[key] = encode_properties({k: v for k, v in key if v is not None} if struct else dict(key))
+        texts.append(encoded[key])
     return pa.array(texts, pa.string())
 
 
