@@ -237,6 +237,15 @@ def test_an_encoding_reused_for_an_equal_set_of_properties_is_the_one_encoding_i
         values.checked_encoding({"k": "\ud800"}, "p")
     with pytest.raises(TypeError, match="keys must be str"):
         values.checked_encoding({1: "x"}, "p")
+
+    class Lookalike:  # a key equal to a str key met before, but not a str
+        def __hash__(self) -> int:
+            return hash("k")
+
+        def __eq__(self, other: object) -> bool:
+            return other == "k"
+    with pytest.raises(TypeError, match="keys must be str"):
+        values.checked_encoding({Lookalike(): "x"}, "p")
     with pytest.raises(TypeError, match="has type list"):
         values.checked_encoding({"k": ["x"]}, "p")
     with pytest.raises(ValueError):

@@ -68,7 +68,7 @@ def checked_encoding(props: object, name: str) -> str | None:
     if not isinstance(props, dict):
         raise TypeError(f"{name} must be a dict, got {type(props).__name__}")
     entries = tuple((k, v.__class__, v) for k, v in props.items())
-    key = entries if all(entry[1] in _REUSABLE for entry in entries) else None  # (hashable values)
+    key = entries if all(k.__class__ is str and kind in _REUSABLE for k, kind, _ in entries) else None
     if key is not None:
         try:
             return _encoded[key]
