@@ -1043,19 +1043,24 @@ def _plain_properties(properties: pa.ChunkedArray) -> np.ndarray:
     distinct text is matched once: a batch's messages mostly carry a few (matching every row of a receive
     of 1,000 took a tenth of it)."""
     if len(properties) <= _FEW_ROWS:
-        return np.array([text is None or _PLAIN_PROPERTIES_RE.fullmatch(text) is not None
-                         for text in properties.to_pylist()], dtype=bool)
+        return _plain_texts(properties)
     distinct = pc.unique(properties)
-    if len(distinct) <= _FEW_ROWS:
-        plain = np.array([text is None or _PLAIN_PROPERTIES_RE.fullmatch(text) is not None
-                          for text in distinct.to_pylist()], dtype=bool)
-    else:
-        plain = pc.fill_null(pc.match_substring_regex(distinct, _PLAIN_PROPERTIES), True).to_numpy(
-            zero_copy_only=False)
     at = pc.index_in(properties, value_set=distinct)  # null rows: the null in distinct (plain)
-    matched: np.ndarray = plain[np.asarray(pc.fill_null(at, 0).to_numpy(zero_copy_only=False), dtype=np.int64)] | \
+    matched: np.ndarray = _plain_texts(distinct)[np.asarray(pc.fill_null(at, 0).to_numpy(zero_copy_only=False),
+                                                             dtype=np.int64)] | \
         np.asarray(pc.is_null(properties).to_numpy(zero_copy_only=False), dtype=bool)
     return matched
+
+
+def _plain_texts(texts: "pa.Array | pa.ChunkedArray") -> np.ndarray:
+    """Per text, whether it matches _PLAIN_PROPERTIES (null: True): Python's compiled pattern for a few,
+    Arrow's kernel (which compiles it on every call) for many."""
+    if len(texts) <= _FEW_ROWS:
+        return np.array([text is None or _PLAIN_PROPERTIES_RE.fullmatch(text) is not None
+                         for text in texts.to_pylist()], dtype=bool)
+    plain: np.ndarray = pc.fill_null(pc.match_substring_regex(texts, _PLAIN_PROPERTIES), True).to_numpy(
+        zero_copy_only=False)
+    return plain
 
 
 def _needs_check(rows: pa.Table) -> np.ndarray:
