@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import pyarrow as pa
 
 from .amqp import AmqpAnnotatedMessage, AmqpMessageBodyType, AmqpMessageHeader, AmqpMessageProperties
-from .core import amqp
+from .core import amqp, records
 from .core.encoding import LENGTH_LIMITED, OUTGOING, STRING_PROPERTIES, header_size, suspect_rows
 from .core.values import check_properties, checked_encoding, encode_properties
 from .core.wire import MAX_AMQP_TTL_MS, check_amqp_ttl, check_id, check_text, encoded
@@ -271,7 +271,10 @@ def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
         columns["time_to_live_ms"] = [None if m.time_to_live is None else m.time_to_live // timedelta(milliseconds=1)
                                       for m in messages]
         columns["scheduled_enqueue_time_utc"] = [m.scheduled_enqueue_time_utc for m in messages]
-        rows = pa.table(columns, schema=OUTGOING)
+        count = len(messages)  # (a column of Nones made once and kept: most of a single message's are)
+        rows = pa.Table.from_arrays([records.nulls(count, field.type) if values.count(None) == count
+                                     else pa.array(values, field.type)
+                                     for field, values in ((f, columns[f.name]) for f in OUTGOING)], schema=OUTGOING)
     except (TypeError, ValueError, AttributeError):  # a value of the wrong type or without a wire form
         _check_each(messages, range(len(messages)))
         raise

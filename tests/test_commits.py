@@ -363,3 +363,22 @@ def test_on_local_disk_or_an_uncontended_log_no_tail_is_read_ahead(table):
     log = commits.TableLog.of(table)
     commits._lost_at[log.uri] = time.monotonic()
     assert commits.tail_ahead(log, commits.position_of(table)) is None  # a local read costs microseconds
+
+
+def test_statistics_of_a_few_rows_and_of_many_are_the_same_bounds():
+    """A file's statistics are computed from a few rows as Python values and from many with numpy: the same
+    minimum, maximum and null count either way (timestamps at millisecond precision, widened to stay
+    bounds; nulls left out)."""
+    base = 1_764_331_200_123_456  # microseconds
+    for count in (3, 40):
+        numbers = list(range(100, 100 + count))[::-1]
+        until = [None if n % 3 == 0 else base + n * 1_000_001 for n in range(count)]
+        data = pa.table({"sequence_number": pa.array(numbers, pa.int64()),
+                         "locked_until_utc": pa.array(until, pa.int64()).view(LOCKS.field("locked_until_utc").type)})
+        low, high, text = commits._statistics(data, ("sequence_number", "locked_until_utc"))
+        present = [u for u in until if u is not None]
+        assert low["sequence_number"] == 100 and high["sequence_number"] == 100 + count - 1
+        assert low["locked_until_utc"] == commits._iso_millis(min(present) // 1000)
+        assert high["locked_until_utc"] == commits._iso_millis(-(-max(present) // 1000))
+        assert json.loads(text)["nullCount"] == {"sequence_number": 0, "locked_until_utc": until.count(None)}
+    assert commits._iso_millis(1_764_331_200_123) == "2025-11-28T12:00:00.123Z"

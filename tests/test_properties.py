@@ -88,8 +88,8 @@ def test_a_message_size_is_its_body_and_header_bytes_and_grows_with_what_it_carr
                                 time_to_live=timedelta(seconds=30) if ttl else None)
     rows = to_outgoing([message])
     body_bytes = len(body.encode("utf-8") if isinstance(body, str) else body)
-    assert body_sizes(rows).to_pylist() == [body_bytes]
-    assert message.size_in_bytes == body_bytes + header_sizes(rows).to_pylist()[0]
+    assert body_sizes(rows).tolist() == [body_bytes]
+    assert message.size_in_bytes == body_bytes + header_sizes(rows).tolist()[0]
     bare = ServiceBusMessage(body, message_id=message.message_id)
     extra = sum(len(k.encode("utf-8")) for k in properties) + len((subject or "").encode("utf-8")) + (8 if ttl else 0)
     assert message.size_in_bytes >= bare.size_in_bytes + extra  # every property, subject and TTL counts

@@ -206,6 +206,8 @@ def test_candidates_choose_what_each_queue_may_lock_oldest_first():
     def chosen(queue, limit=100, **options):
         found = [transitions.candidates(rows, states, queue, now, limit, **options) for rows in (messages, whole)]
         assert found[1].drop_columns(["body"]).equals(found[0])
+        one_chunk = transitions.candidates(messages.combine_chunks(), states, queue, now, limit, **options)
+        assert one_chunk.equals(found[0])  # (taken in one step there, filtered and ordered here)
         return list(zip(found[0]["sequence_number"].to_pylist(), found[0]["lock_state"].to_pylist(),
                         found[0]["prior_deliveries"].to_pylist(), found[0]["prior_reason"].to_pylist()))
 
@@ -250,3 +252,85 @@ def test_an_encoding_reused_for_an_equal_set_of_properties_is_the_one_encoding_i
         values.checked_encoding({"k": ["x"]}, "p")
     with pytest.raises(ValueError):
         values.checked_encoding({"n": 1 << 64}, "p")
+
+
+def test_plan_locks_the_oldest_deliverable_and_moves_expired_and_overdelivered_ones_on_the_way():
+    """transitions.plan over candidates: the delivered rows come first, locked with distinct uuid4 tokens
+    (or completed when deleting), and messages met before the count is reached that expired or reached
+    the delivery limit are dead-lettered (or completed, for an expiry without dead-lettering)."""
+    import pyarrow as pa
+
+    from sparkbus.core import transitions
+    from sparkbus.core.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, LOCKS, TS
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    micros = lambda moment: (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    expires = [None, micros(now - timedelta(seconds=1)), micros(now + timedelta(days=1)), None, None]
+    found = pa.table({"partition_id": pa.array([2] * 5, pa.int32()), "sequence_number": pa.array([1, 2, 3, 4, 5], pa.int64()),
+                      "expires_at_utc": pa.array(expires, pa.int64()).view(TS),
+                      "lock_state": pa.array([None, None, ACTIVE, None, None], pa.string()),
+                      "prior_deliveries": pa.array([0, 0, 10, 1, 0], pa.int32()),
+                      "prior_reason": pa.nulls(5, pa.string()), "prior_description": pa.nulls(5, pa.string())})
+    policy = transitions.Policy(lock_duration=timedelta(seconds=30), max_delivery_count=10, dead_letter_on_expiry=True)
+    rows, deliver = transitions.plan(found, policy, now, ACTIVE, False, 2)
+    assert rows.schema.equals(LOCKS) and deliver.tolist() == [0, 3]
+    assert rows["sequence_number"].to_pylist() == [1, 4, 2, 3]  # delivered first, then those moved on the way
+    assert rows["state"].to_pylist() == [ACTIVE, ACTIVE, DEAD_LETTERED, DEAD_LETTERED]
+    assert rows["delivery_count"].to_pylist() == [1, 2, 0, 10]
+    assert rows["dead_letter_reason"].to_pylist() == [None, None, transitions.EXPIRED_REASON,
+                                                      transitions.MAX_DELIVERY_REASON]
+    tokens = rows["lock_token"].to_pylist()[:2]
+    assert len(set(tokens)) == 2 and all(uuid.UUID(token).version == 4 and str(uuid.UUID(token)) == token
+                                         for token in tokens)
+    assert rows["locked_until_utc"].to_pylist()[:2] == [now + timedelta(seconds=30)] * 2
+    assert rows["updated_at_utc"].to_pylist() == [now] * 4
+    removed, deliver = transitions.plan(found, transitions.Policy(timedelta(seconds=30), 10, False), now, ACTIVE, True, 5)
+    assert deliver.tolist() == [0, 3, 4] and removed["sequence_number"].to_pylist() == [1, 4, 5, 2, 3]
+    assert removed["state"].to_pylist() == [COMPLETED] * 4 + [DEAD_LETTERED]  # the expired one just completed
+    assert removed["lock_token"].null_count == 5
+    many = transitions.lock_token_array(20).to_pylist()  # (formatted vectorised past a few)
+    assert len(set(many)) == 20 and all(str(uuid.UUID(token)) == token and uuid.UUID(token).version == 4
+                                        for token in many)
+
+
+def test_all_fresh_answers_alike_for_a_few_rows_and_for_many():
+    """all_fresh compares a few rows as Python values and many with Arrow kernels: the same answer either
+    way, for matching tokens, a wrong token, a lock too close to its end and a row without a lock."""
+    from sparkbus.core import transitions
+    from sparkbus.core.records import from_rows
+    from sparkbus.core.schemas import ACTIVE, LOCKS
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def rows(count, until):
+        return from_rows([{"partition_id": 0, "sequence_number": n, "state": ACTIVE, "delivery_count": 1,
+                           "lock_token": f"t{n}", "locked_until_utc": until(n), "dead_letter_reason": None,
+                           "dead_letter_error_description": None, "dead_letter_source": None,
+                           "updated_at_utc": now} for n in range(count)], LOCKS)
+
+    for count in (3, 40):
+        tokens = [f"t{n}" for n in range(count)]
+        held = rows(count, lambda n: now + timedelta(seconds=30))
+        assert transitions.all_fresh(held, tokens, now)
+        assert not transitions.all_fresh(held, [*tokens[:-1], "other"], now)
+        assert not transitions.all_fresh(rows(count, lambda n: now + (transitions.FRESH_MARGIN if n == 1
+                                                                      else timedelta(seconds=30))), tokens, now)
+        assert not transitions.all_fresh(rows(count, lambda n: None if n == 2 else now + timedelta(seconds=30)),
+                                         tokens, now)
+        assert transitions.all_fresh(held.slice(1, count - 1), tokens[1:], now)  # a slice: its own offset
+
+
+def test_stored_int64s_reads_a_columns_values_from_its_buffers_and_nulls_are_shared_arrays():
+    import pyarrow as pa
+
+    from sparkbus.core.records import nulls, stored_int64s
+    from sparkbus.core.schemas import TS
+
+    base = pa.array([10, 11, 12, 13, 14], pa.int64())
+    column = pa.chunked_array([base.slice(1, 3).view(TS), pa.nulls(2, TS), pa.array([None, 20], pa.int64()).view(TS)])
+    values = stored_int64s(column)
+    valid = column.is_valid().to_pylist()
+    assert [int(v) for v, ok in zip(values, valid) if ok] == [11, 12, 13, 20]
+    assert stored_int64s(pa.chunked_array([], TS)).tolist() == []
+    assert nulls(3, pa.string()) is nulls(3, pa.string()) and nulls(3, pa.string()).equals(pa.nulls(3, pa.string()))
+    assert nulls(100, TS).equals(pa.nulls(100, TS))

@@ -50,7 +50,7 @@ def estimate_header_size(application_properties: Optional[dict[str, Any]] = None
     properties = check_properties(application_properties, "application_properties")
     row = pa.Table.from_pylist([{"message_id": new_message_ids(1)[0].as_py(),
                                  "application_properties": encode_properties(properties)}], schema=OUTGOING)
-    return int(header_sizes(row)[0].as_py())
+    return int(header_sizes(row)[0])
 
 
 def _count(value: object, name: str, minimum: int) -> int:

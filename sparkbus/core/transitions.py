@@ -12,6 +12,7 @@ conditional commit would still reject it if that reasoning were ever wrong.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from collections.abc import Callable, Mapping
@@ -21,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .records import conformed, from_rows, micros
+from .records import conformed, from_rows, micros, stored_int64s
 from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TRANSFER_DEAD_LETTERED, TS
 from .wire import MAX_DEAD_LETTER_TEXT
 
@@ -65,10 +66,15 @@ def all_fresh(rows: pa.Table, tokens: list[str], now: datetime) -> bool:
     order, with a lock that is certainly still this receiver's."""
     if not rows.num_rows:
         return True
-    if not pc.all(pc.fill_null(pc.equal(rows["lock_token"], pa.array(tokens, pa.string())), False)).as_py():
+    until = rows["locked_until_utc"]
+    if until.null_count:
         return False
-    until = rows["locked_until_utc"].cast(pa.int64())
-    return not until.null_count and pc.min(until).as_py() - micros(now) > FRESH_MARGIN // timedelta(microseconds=1)
+    if rows.num_rows <= 16:  # a few: compared as Python values (the kernels' calls cost more)
+        if rows["lock_token"].to_pylist() != tokens:
+            return False
+    elif not pc.all(pc.fill_null(pc.equal(rows["lock_token"], pa.array(tokens, pa.string())), False)).as_py():
+        return False
+    return int(stored_int64s(until).min()) - micros(now) > FRESH_MARGIN // timedelta(microseconds=1)
 
 
 def unlocked(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
@@ -90,10 +96,9 @@ def completed_table(rows: pa.Table, now: datetime) -> pa.Table:
     """`completed` of many state rows (LOCKS) at once, in one Arrow operation per column."""
     n = rows.num_rows
     rows = conformed(rows, LOCKS)
-    for name, column in (("state", pa.array([COMPLETED] * n, pa.string())), ("lock_token", pa.nulls(n, pa.string())),
-                         ("locked_until_utc", pa.nulls(n, TS)), ("updated_at_utc", times(now, n))):
-        rows = rows.set_column(LOCKS.get_field_index(name), LOCKS.field(name), column)
-    return rows
+    changed = {"state": pa.array([COMPLETED] * n, pa.string()), "lock_token": pa.nulls(n, pa.string()),
+               "locked_until_utc": pa.nulls(n, TS), "updated_at_utc": times(now, n)}
+    return pa.Table.from_arrays([changed.get(name, rows.column(i)) for i, name in enumerate(LOCKS.names)], schema=LOCKS)
 
 
 # The settlements that have a table form: settling many messages (complete_messages) writes their rows
@@ -169,23 +174,32 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     if enqueued_before is not None:
         keep &= _at_most(messages["enqueued_time_utc"], micros(enqueued_before) - 1, False)  # before it
     chosen = np.flatnonzero(keep)
-    oldest = chosen[np.argsort(numbers[chosen], kind="stable")[:limit]]
-    # filter, not take: take on a table of many chunks first concatenates every chunk (all the bodies)
-    mask = np.zeros(messages.num_rows, dtype=bool)
-    mask[oldest] = True
-    found = messages.filter(pa.array(mask))
-    order = np.argsort(numbers[mask], kind="stable")
-    rows = np.flatnonzero(mask)[order]
-    if not np.array_equal(order, np.arange(len(order))):  # files hold rows in order: mostly no copy
-        found = found.take(pa.array(order))
-    taken = pa.array(position[rows], mask=~has[rows])  # each candidate's state row, null for none
-    born = pa.array(born_dead[rows])
-    prior = {"lock_state": pc.if_else(born, DEAD_LETTERED, state.take(taken)),  # CANDIDATE_STATE_COLUMNS
-             "prior_deliveries": pc.fill_null(states["delivery_count"].take(taken), 0),
-             "prior_reason": pc.if_else(born, found["born_dead_letter_reason"], states["dead_letter_reason"].take(taken)),
-             "prior_description": pc.if_else(born, found["born_dead_letter_description"],
-                                              states["dead_letter_error_description"].take(taken))}
-    for name, column in prior.items():
+    rows = chosen[np.argsort(numbers[chosen], kind="stable")[:limit]]  # the oldest, in order
+    if messages.column(0).num_chunks <= 1:
+        found = messages.take(pa.array(rows, pa.int64()))
+    else:  # filter, not take: take on a table of many chunks first concatenates every chunk (all the bodies)
+        mask = np.zeros(messages.num_rows, dtype=bool)
+        mask[rows] = True
+        found = messages.filter(pa.array(mask))
+        order = np.argsort(numbers[mask], kind="stable")
+        if not np.array_equal(order, np.arange(len(order))):  # files hold rows in order: mostly no copy
+            found = found.take(pa.array(order))
+    # CANDIDATE_STATE_COLUMNS: each candidate's state row's (none: active, never delivered), or a dead
+    # letter's on its way (born_dead)
+    at = position[rows]
+    prior = states.select(["state", "dead_letter_reason", "dead_letter_error_description"]).take(
+        pa.array(at, mask=at < 0))
+    lock_state, reason, description = prior.columns
+    born = born_dead[rows]
+    if born.any():
+        chosen_born = pa.array(born)
+        lock_state = pc.if_else(chosen_born, DEAD_LETTERED, lock_state)
+        reason = pc.if_else(chosen_born, found["born_dead_letter_reason"], reason)
+        description = pc.if_else(chosen_born, found["born_dead_letter_description"], description)
+    counts = _int64s(states["delivery_count"])
+    deliveries = np.where(at >= 0, counts[np.maximum(at, 0)] if len(counts) else 0, 0)
+    for name, column in (("lock_state", lock_state), ("prior_deliveries", pa.array(deliveries, pa.int32())),
+                         ("prior_reason", reason), ("prior_description", description)):
         found = found.append_column(name, column)
     return found
 
@@ -226,13 +240,14 @@ def _at_most(column: pa.ChunkedArray, bound: int, unset: bool) -> np.ndarray:
     """Which values of a timestamp column are at most bound (microseconds), `unset` where null."""
     if column.null_count == len(column):
         return np.full(len(column), unset, dtype=bool)
-    values = np.asarray(column.cast(pa.int64()).fill_null(0).to_numpy(), dtype=np.int64)
-    return np.where(_valid(column), values <= bound, unset)
+    values = stored_int64s(column)
+    return np.where(_valid(column), values <= bound, unset) if column.null_count else values <= bound
 
 
 def _equal(column: pa.ChunkedArray, text: str) -> np.ndarray:
     """Which values of a string column equal text (False where null)."""
-    return np.asarray(pc.fill_null(pc.equal(column, text), False), dtype=bool)
+    equal = pc.equal(column, text)
+    return np.asarray(pc.fill_null(equal, False) if column.null_count else equal, dtype=bool)
 
 
 def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: bool,
@@ -245,31 +260,30 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
     delivered messages, which are also the first rows of the returned table's delivered part).
     """
     n = found.num_rows
-    deliveries = np.asarray(found["prior_deliveries"].to_numpy(zero_copy_only=False), dtype=np.int64)
-    expired = np.zeros(n, dtype=bool)
-    over = np.zeros(n, dtype=bool)
+    deliveries = _int64s(found["prior_deliveries"])
     if queue == ACTIVE:
-        expires = pc.fill_null(found["expires_at_utc"].cast(pa.int64()), np.iinfo(np.int64).max)
-        expired = np.asarray(expires.to_numpy(zero_copy_only=False)) <= micros(now)
+        expired = _at_most(found["expires_at_utc"], micros(now), False)  # (unset: never expires)
         over = ~expired & (deliveries >= policy.max_delivery_count)
+    else:
+        expired = over = np.zeros(n, dtype=bool)
     deliverable = ~expired & ~over
     reached = np.flatnonzero(np.cumsum(deliverable) == count)
     within = np.arange(n) <= (reached[0] if reached.size else n)
     deliver, moved = np.flatnonzero(deliverable & within), np.flatnonzero(~deliverable & within)
 
-    taken = found.select(["partition_id", "sequence_number", "lock_state", "prior_reason", "prior_description"]).take(
-        pa.array(deliver, pa.int64()))  # not the bodies
-    k = taken.num_rows
-    prior_state = pc.fill_null(taken["lock_state"], ACTIVE) if k else pa.array([], pa.string())
-    delivered = pa.table({
-        "partition_id": taken["partition_id"], "sequence_number": taken["sequence_number"],
-        "state": pa.array([COMPLETED] * k) if delete else prior_state,
-        "delivery_count": pa.array(deliveries[deliver] + 1, pa.int32()),
-        "lock_token": pa.nulls(k, pa.string()) if delete else lock_token_array(k),
-        "locked_until_utc": pa.nulls(k, TS) if delete else times(now + policy.lock_duration, k),
-        "dead_letter_reason": taken["prior_reason"], "dead_letter_error_description": taken["prior_description"],
-        "dead_letter_source": pa.nulls(k, pa.string()), "updated_at_utc": times(now, k),
-    })
+    k = len(deliver)
+    # (the candidates' first rows, as mostly: a slice; take copies)
+    taken = found.select(["partition_id", "sequence_number", "lock_state", "prior_reason", "prior_description"])
+    taken = taken.slice(0, k) if k == 0 or deliver[-1] == k - 1 else taken.take(pa.array(deliver, pa.int64()))
+    state = pa.array([COMPLETED] * k, pa.string()) if delete else taken["lock_state"]
+    if state.null_count:
+        state = pc.fill_null(state, ACTIVE)
+    # the LOCKS columns, in its order and types (non-nullable ones set here)
+    rows = pa.Table.from_arrays([
+        taken["partition_id"], taken["sequence_number"], state, pa.array(deliveries[deliver] + 1, pa.int32()),
+        pa.nulls(k, pa.string()) if delete else lock_token_array(k),
+        pa.nulls(k, TS) if delete else times(now + policy.lock_duration, k),
+        taken["prior_reason"], taken["prior_description"], pa.nulls(k, pa.string()), times(now, k)], schema=LOCKS)
     moved_rows = []
     for i in moved.tolist():
         pid, seq = found["partition_id"][i].as_py(), found["sequence_number"][i].as_py()
@@ -281,7 +295,6 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
         else:
             moved_rows.append(new_state(pid, seq, DEAD_LETTERED, int(deliveries[i]), now, reason=MAX_DELIVERY_REASON,
                                         description=f"Message could not be consumed after {deliveries[i]} delivery attempts."))
-    rows = conformed(delivered, LOCKS)
     return (pa.concat_tables([rows, from_rows(moved_rows, LOCKS)]) if moved_rows else rows), deliver
 
 
@@ -325,7 +338,10 @@ def new_lock_tokens(count: int) -> list[str]:
 
 
 def lock_token_array(count: int) -> pa.Array:
-    """new_lock_tokens as an Arrow string array (made without a Python str per token)."""
+    """new_lock_tokens as an Arrow string array (made without a Python str per token, but for a few: there
+    uuid4's are quicker than the vectorised formatting)."""
+    if count <= 8:
+        return pa.array([str(uuid.uuid4()) for _ in range(count)], pa.string())
     raw = np.frombuffer(os.urandom(16 * count), dtype=np.uint8).reshape(count, 16).copy()
     raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
     raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant

@@ -567,7 +567,7 @@ class Delivery:
             by_partition.setdefault(sequencing.partition_of_sequence(seq), {})[seq] = lock
         grouped = {partition: _grouped(mine.values()) for partition, mine in by_partition.items()}
         try:
-            if len(by_partition) > 1 and not all(_fresh(*group, clock.now()) for group in grouped.values()):
+            if len(by_partition) > 1 and any(_fresh(*group, clock.now()) is None for group in grouped.values()):
                 with self._guard:
                     lost = self._reading(info, lambda: [
                         seq for partition, mine in by_partition.items() for seq in transitions.not_held(
@@ -609,7 +609,8 @@ class Delivery:
         lost commit reads the state rows instead)."""
         now = clock.now()
         whole = transitions.TABLE_FORMS.get(change)
-        trusted = grouped is not None and all(_fresh(*group, now) for group in grouped.values())
+        fresh = {partition: _fresh(*group, now) for partition, group in grouped.items()} if grouped else {}
+        trusted = grouped is not None and all(rows is not None for rows in fresh.values())
         known = self._views.get(info.tables["locks"])
         # Settling fresh locks decides nothing on what the view holds: a view moved a moment ago is committed
         # on as it is (a commit walks past newer versions itself, checking each against its claim)
@@ -621,8 +622,9 @@ class Delivery:
         for partition, held in by_partition.items():
             rows: Union[pa.Table, list[Mapping[str, Any]]]
             if trusted:
-                assert grouped is not None
-                rows = _locked_table(*grouped[partition]) if whole else [lock.row for lock in held.values()]
+                known_rows = fresh[partition]
+                assert known_rows is not None  # (trusted: every partition's are known)
+                rows = known_rows if whole else [lock.row for lock in held.values()]
             else:
                 rows = locks.lock_rows(state, partition, list(held))
                 lost = transitions.not_held(rows, _tokens(held), now)
@@ -919,20 +921,17 @@ def _grouped(held: Iterable[Held]) -> tuple[list[_Group], list[Held]]:
     return list(tables.values()), loose
 
 
-def _fresh(tables: list[_Group], loose: list[Held], now: datetime) -> bool:
-    """Whether every lock is known as written and certainly still held (transitions.is_fresh)."""
-    return all(lock.row is not None and lock.row["lock_token"] == lock.token
-               and transitions.is_fresh(lock.row["locked_until_utc"], now) for lock in loose) and all(
-        transitions.all_fresh(table.take(pa.array(at, pa.int64())), tokens, now)
-        for table, at, tokens in tables)
-
-
-def _locked_table(tables: list[_Group], loose: list[Held]) -> pa.Table:
-    """The state rows (LOCKS) of locks known as written, as one table: one take per committed table."""
-    parts = [records.conformed(table.take(pa.array(at, pa.int64())), LOCKS)
-             for table, at, _ in tables]
-    known = [lock.row for lock in loose if lock.row is not None]  # all of them (_fresh)
-    return pa.concat_tables([*parts, records.from_rows(known, LOCKS)])
+def _fresh(tables: list[_Group], loose: list[Held], now: datetime) -> Optional[pa.Table]:
+    """The locks' state rows (LOCKS: one take per committed table, then the other locks' rows) when every
+    one is known as written and certainly still held (transitions.all_fresh); None otherwise."""
+    if any(lock.row is None for lock in loose):
+        return None
+    parts = [records.conformed(table.take(pa.array(at, pa.int64())), LOCKS) for table, at, _ in tables]
+    if loose:
+        parts.append(records.from_rows([lock.row for lock in loose if lock.row is not None], LOCKS))  # (all)
+    rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    tokens = [token for _, _, held in tables for token in held] + [lock.token for lock in loose]
+    return rows if transitions.all_fresh(rows, tokens, now) else None
 
 
 def _rows_at(table: pa.Table, positions: np.ndarray) -> pa.Table:

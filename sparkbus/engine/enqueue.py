@@ -93,8 +93,8 @@ def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[
         missing = _first_rows(np.asarray(pc.is_null(rows["session_id"])), rows)
         raise InvalidOperationError(
             f"{info.kind} {info.path!r} requires sessions: the messages at {missing} have no session_id")
-    body = np.asarray(body_sizes(rows), dtype=np.int64)
-    header = np.asarray(header_sizes(rows), dtype=np.int64)
+    body = body_sizes(rows)
+    header = header_sizes(rows)
     size = body + header
     _reject_oversized(rows, header, info.max_header_bytes, "message header of {} bytes exceeds the {}-byte limit")
     _reject_oversized(rows, size, info.max_message_bytes, "message of {} bytes exceeds the {}-byte message size limit")
@@ -242,8 +242,8 @@ class EntityWriter:
         rows = pa.concat_tables([m.rows for m in group])
         counts = [m.rows.num_rows for m in group]  # each at least 1: senders skip empty sends
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        body = np.asarray(body_sizes(rows), dtype=np.int64)
-        header = np.asarray(header_sizes(rows), dtype=np.int64)
+        body = body_sizes(rows)
+        header = header_sizes(rows)
         broken = (header > info.max_header_bytes) | (body + header > info.max_message_bytes)
         if info.options.requires_session:
             broken |= np.asarray(pc.is_null(rows["session_id"]))
@@ -503,12 +503,12 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
     count = len(sequence)
     for name in (*TRANSFER_COLUMNS, *BORN_DEAD_LETTER_COLUMNS):  # no transfer made; not a dead-letter copy
         if name not in columns:
-            columns[name] = pa.nulls(count, MESSAGES.field(name).type)
+            columns[name] = records.nulls(count, MESSAGES.field(name).type)
     columns.update(partition_id=pa.array(partitions, pa.int32()), sequence_number=pa.array(sequence, pa.int64()),
                    enqueued_time_utc=pa.array(np.full(count, now_us), pa.int64()).view(_TIME),
                    expires_at_utc=pa.array(expires, pa.int64()).view(_TIME),
                    body_size=pa.array(body, pa.int64()), header_size=pa.array(header, pa.int64()))
-    return pa.table([columns[name] for name in MESSAGES.names], schema=MESSAGES)
+    return pa.Table.from_arrays([columns[name] for name in MESSAGES.names], schema=MESSAGES)
 
 
 _TIME = MESSAGES.field("enqueued_time_utc").type

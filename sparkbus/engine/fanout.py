@@ -332,7 +332,7 @@ def _changed_rows(view: MessageView) -> pa.Table:
     table = table.set_column(table.schema.get_field_index("application_properties"), "application_properties", encoded)
     for column, values in view.system_overrides().items():
         table = table.set_column(table.schema.get_field_index(column), column, values.cast(pa.string()))
-    sizes = header_sizes(table)
+    sizes = pa.array(header_sizes(table), pa.int64())
     return table.set_column(table.schema.get_field_index("header_size"), "header_size", sizes).cast(MESSAGES)
 
 

@@ -258,7 +258,7 @@ def _refusals(root: str, snap: Snapshot, info: EntityInfo, kind: str, taken: pa.
     refused = {}
     hops = pc.fill_null(taken["transfer_hop_count"], 0).to_pylist()
     sessions = taken["session_id"].to_pylist()
-    sizes = (np.asarray(body_sizes(taken), dtype=np.int64) + np.asarray(header_sizes(taken), dtype=np.int64)).tolist()
+    sizes = (body_sizes(taken) + header_sizes(taken)).tolist()
     for n, hop, session, size in zip(numbers, hops, sessions, sizes):
         if hop >= rules.MAX_TRANSFER_HOPS:
             refused[n] = (rules.HOP_LIMIT_REASON, rules.hop_limit_description(hop, target))
