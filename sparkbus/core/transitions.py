@@ -175,7 +175,9 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
         keep &= _at_most(messages["enqueued_time_utc"], micros(enqueued_before) - 1, False)  # before it
     chosen = np.flatnonzero(keep)
     rows = chosen[np.argsort(numbers[chosen], kind="stable")[:limit]]  # the oldest, in order
-    if messages.column(0).num_chunks <= 1:
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and (len(rows) < 2 or (np.diff(rows) == 1).all()):
+        found = messages.slice(int(rows[0]), len(rows))  # consecutive rows, as the oldest mostly are: no copy
+    elif messages.column(0).num_chunks <= 1:
         found = messages.take(pa.array(rows, pa.int64()))
     else:  # filter, not take: take on a table of many chunks first concatenates every chunk (all the bodies)
         mask = np.zeros(messages.num_rows, dtype=bool)

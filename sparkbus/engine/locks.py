@@ -63,16 +63,17 @@ def commit_partitions(view: commits.LogView, rows: dict[int, pa.Table],
         if not part.num_rows:
             continue
         part = records.conformed(part, LOCKS)
-        numbers = pa.array(sorted(set(part["sequence_number"].to_pylist())), pa.int64())
-        low, high = numbers[0].as_py(), numbers[-1].as_py()
+        listed = sorted(set(part["sequence_number"].to_pylist()))
+        numbers = pa.array(listed, pa.int64())
+        low, high = listed[0], listed[-1]
         with _reading:
             overlapping = _reader.files(view, partition, low, high)
         removed, kept = [], []
         for path, data in overlapping:
-            hit = pc.is_in(data["sequence_number"], value_set=numbers)
-            if pc.any(hit).as_py():
+            rest = _without(data, numbers, listed)
+            if rest is not None:
                 removed.append(path)
-                kept.append(data.filter(pc.invert(hit)))
+                kept.append(rest)
         plans[partition] = (pa.concat_tables([*kept, part.drop_columns([storage.PARTITION_COLUMN])]), removed,
                             (low, high))
     if not plans:
@@ -98,6 +99,23 @@ def commit_partitions(view: commits.LogView, rows: dict[int, pa.Table],
         if reader is not None:
             reader.remember(path, plans[partition][0])
     maintenance.after_direct_commit(view.log.uri, done.version)
+
+
+def _without(data: pa.Table, numbers: pa.Array, listed: list[int]) -> Optional[pa.Table]:
+    """A file's rows without those of these sequence numbers (numbers, and listed as ints), or None when it
+    holds none of them. A file of a few rows (a single message's lock) is looked at as Python values: the
+    kernel calls cost it more."""
+    column = data["sequence_number"]
+    if len(column) <= 16:
+        wanted = set(listed)
+        keep = [n not in wanted for n in column.to_pylist()]
+        if all(keep):
+            return None
+        return data.filter(pa.array(keep)) if any(keep) else data.slice(0, 0)
+    hit = pc.is_in(column, value_set=numbers)
+    if not pc.any(hit).as_py():
+        return None
+    return data.filter(pc.invert(hit))
 
 
 def rows_predicate(partition: int, sequence_numbers: list[int]) -> str:
