@@ -199,3 +199,33 @@ def test_a_partition_fed_one_small_file_at_a_time_rewrites_each_row_a_few_times_
     # its first write, once per tier, and once more in the first tier (eight one-row files still make a
     # file of that tier): 5.2 here; merging every small file every twenty files wrote it 70 times over
     assert written / (20_000 * row_file) <= tiers + 2, written / (20_000 * row_file)
+
+
+def test_compaction_takes_the_rows_this_process_wrote_and_reads_the_others(admin, client):
+    """The compaction reader merges files this process wrote from the rows it kept when writing them (each
+    taken once), and reads the files others wrote: the same rows, per partition, as reading every file."""
+    from urllib.parse import unquote
+
+    from sparkbus.core.schemas import MESSAGES
+    from sparkbus.storage import commits, fetched
+    from sparkbus.storage.reader import PartitionReader
+
+    admin.create_queue("q", enable_partitioning=True)
+    uri = admin.get_entity_tables("q")["messages"]
+    with client.get_queue_sender("q") as sender:
+        for i in range(6):
+            sender.send_messages([ServiceBusMessage(f"m{i}", partition_key="a", subject="s" if i % 2 else None),
+                                  ServiceBusMessage(f"n{i}", partition_key="b", application_properties={"i": i})])
+    view = commits.LogView(storage.open_table(uri))
+    paths = {p: [f.path for f in view.files(p)] for p in view.partitions()}
+    assert len(paths) == 2 and all(len(listed) == 6 for listed in paths.values())
+    first = next(iter(paths))
+    taken = fetched.rows_written(os.path.join(uri, unquote(paths[first][0])))  # as if another process wrote it
+    assert taken is not None and taken.num_rows == 1
+    merged = PartitionReader(MESSAGES, written=True).merged(view, paths)
+    read = PartitionReader(MESSAGES).merged(view, paths)
+    for p in paths:
+        assert merged[p].schema.equals(read[p].schema) and merged[p].equals(read[p])
+        assert merged[p].num_rows == 6
+    assert all(fetched.rows_written(os.path.join(uri, unquote(path))) is None for listed in paths.values()
+               for path in listed)  # each taken once

@@ -425,6 +425,7 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
         location.put(target, payload)
         fetched.written(target, payload)
         size = len(payload)
+    fetched.wrote_rows(target, data)
     low, high, stats = _statistics(data, log.stats_columns)
     return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats)
 

@@ -218,10 +218,10 @@ def _compact_partitions(view: LogView, reader: PartitionReader) -> bool:
             total += sum(f.size for f in chosen)
     if not merged:
         return False
-    reader.named(view, [f.path for chosen in merged.values() for f in chosen])  # on an object store: one round
+    rows = reader.merged(view, {p: [f.path for f in chosen] for p, chosen in merged.items()})  # (one round)
 
     def rows_of(partition: int) -> pa.Table:
-        data = pa.concat_tables(reader.named(view, [f.path for f in merged[partition]]))
+        data = rows.pop(partition)
         return data.take(pc.sort_indices(data["sequence_number"])) if "sequence_number" in data.column_names \
             else data
 
@@ -294,7 +294,8 @@ def _followed(uri: str) -> Optional[tuple[LogView, PartitionReader]]:
         table = _latest(uri)
         if storage.PARTITION_COLUMN not in table.metadata().partition_columns:
             return None
-        followed = (LogView(table), PartitionReader(pa.schema(table.schema().to_arrow()), max_bytes=READER_BYTES))
+        followed = (LogView(table), PartitionReader(pa.schema(table.schema().to_arrow()), max_bytes=READER_BYTES,
+                                                    written=True))
     kept[uri] = followed
     while len(kept) > TABLES_KEPT:
         kept.popitem(last=False)
