@@ -261,3 +261,19 @@ def test_receivers_trigger_retention_on_their_own(admin, client):
     assert {m.delivery_count for m in got} == {1}  # nothing completed came back, nothing was delivered twice
     (again,) = receiver.receive_deferred_messages([deferred.sequence_number])
     assert str(again) == str(deferred) and again.delivery_count == 2
+
+
+def test_a_partition_too_small_for_a_run_is_not_run_unless_a_file_lacks_statistics():
+    """may_remove decides from a view's file statistics whether a run could remove anything: not from a
+    partition holding fewer rows than a run's minimum; always when a file's row count is unknown."""
+    from sparkbus.storage.commits import AddedFile
+
+    def file(rows, stats=True):
+        return AddedFile(f"f{rows}", 0, 100, rows, {"sequence_number": 1} if stats else {},
+                         {"sequence_number": rows} if stats else {})
+
+    small = retention.MIN_REMOVED // 2
+    assert not retention.may_remove([file(small), file(small - 1)])
+    assert retention.may_remove([file(small), file(small)])
+    assert retention.may_remove([file(1), file(1, stats=False)])
+    assert not retention.may_remove([])

@@ -200,7 +200,7 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
         description = pc.if_else(chosen_born, found["born_dead_letter_description"], description)
     counts = _int64s(states["delivery_count"])
     deliveries = np.where(at >= 0, counts[np.maximum(at, 0)] if len(counts) else 0, 0)
-    for name, column in (("lock_state", lock_state), ("prior_deliveries", pa.array(deliveries, pa.int32())),
+    for name, column in (("lock_state", lock_state), ("prior_deliveries", pa.array(deliveries.astype(np.int32))),
                          ("prior_reason", reason), ("prior_description", description)):
         found = found.append_column(name, column)
     return found
@@ -282,7 +282,7 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
         state = pc.fill_null(state, ACTIVE)
     # the LOCKS columns, in its order and types (non-nullable ones set here)
     rows = pa.Table.from_arrays([
-        taken["partition_id"], taken["sequence_number"], state, pa.array(deliveries[deliver] + 1, pa.int32()),
+        taken["partition_id"], taken["sequence_number"], state, pa.array((deliveries[deliver] + 1).astype(np.int32)),
         pa.nulls(k, pa.string()) if delete else lock_token_array(k),
         pa.nulls(k, TS) if delete else times(now + policy.lock_duration, k),
         taken["prior_reason"], taken["prior_description"], pa.nulls(k, pa.string()), times(now, k)], schema=LOCKS)

@@ -331,6 +331,9 @@ class Delivery:
         if not touched or not retention.due(version):
             return
         partition = touched[(version // retention.RUN_EVERY) % len(touched)]
+        messages = self._views.get(info.tables["messages"])
+        if messages is not None and not retention.may_remove(messages.files(partition)):
+            return
         maintenance.run_later(f"retention {info.tables['locks']} {partition}", lambda: self.entity.confirmed(
             info, lambda: retention.run(info, storage.open_table(info.tables["messages"]),
                                         storage.open_table(info.tables["locks"]), partition)))

@@ -22,6 +22,7 @@ rewrite; under the soak's load a run took up to two minutes and was half of the 
 from __future__ import annotations
 
 import functools
+from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +49,15 @@ def _gone_states() -> pa.Array:
 def due(version: int) -> bool:
     """Whether the commit that brought the locks table to `version` should be followed by a retention run."""
     return version % RUN_EVERY == RUN_EVERY // 2
+
+
+def may_remove(files: Iterable[commits.AddedFile]) -> bool:
+    """Whether a run could remove anything from a partition of these message files: not when their
+    statistics say it holds fewer than MIN_REMOVED rows (a run never removes fewer). Deciding that from
+    the log view a receiver holds spares it the run's reads: a small queue's receives paid 10 ms of
+    maintenance every 25th completion, for nothing."""
+    listed = list(files)
+    return not all("sequence_number" in f.high for f in listed) or sum(f.rows for f in listed) >= MIN_REMOVED
 
 
 def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: int, *,
