@@ -5,6 +5,7 @@ is constructed and again when it is sent or scheduled (to_outgoing), since its a
 between; a refused message raises TypeError or ValueError naming the field before anything is written."""
 from __future__ import annotations
 
+import operator
 import uuid
 from datetime import datetime, timedelta, timezone
 from itertools import chain
@@ -176,14 +177,17 @@ class ServiceBusMessage:
         self._encoding = encoding
         self.application_properties = check_properties(str_keys(application_properties, "application_properties"),
                                                        "application_properties")
-        strings = dict(session_id=session_id, message_id=message_id or uuid.uuid4().hex, partition_key=partition_key,
-                       content_type=content_type, correlation_id=correlation_id, subject=subject, to=to,
-                       reply_to=reply_to, reply_to_session_id=reply_to_session_id)
-        for name, value in strings.items():
-            check_string_property(name, value)
-            setattr(self, name, value)
-        # the values checked here (str is immutable: the same object later needs no second check)
-        self._checked = tuple(strings[name] for name in STRING_PROPERTIES)
+        message_id = message_id or uuid.uuid4().hex
+        # the values checked here, in STRING_PROPERTIES' order (str is immutable: the same object later
+        # needs no second check)
+        self._checked = (message_id, session_id, partition_key, correlation_id, content_type, subject, to,
+                         reply_to, reply_to_session_id)
+        for name, value in zip(STRING_PROPERTIES, self._checked):
+            if value is not None:
+                check_string_property(name, value)
+        self.message_id, self.session_id, self.partition_key = message_id, session_id, partition_key
+        self.correlation_id, self.content_type, self.subject, self.to = correlation_id, content_type, subject, to
+        self.reply_to, self.reply_to_session_id = reply_to, reply_to_session_id
         check_time_to_live(time_to_live)
         self.time_to_live = time_to_live
         self.scheduled_enqueue_time_utc = to_utc(scheduled_enqueue_time_utc, "scheduled_enqueue_time_utc")
@@ -297,14 +301,20 @@ def _check_each(messages: list[ServiceBusMessage], indices: Iterable[int]) -> No
             raise type(error)(f"message {i} of {len(messages)}: {error}") from None
 
 
-def _check_strings(message: ServiceBusMessage) -> None:
-    """The exact check of the message's string properties, but those still holding the value its
-    constructor checked."""
-    checked = getattr(message, "_checked", (None,) * len(STRING_PROPERTIES))
-    for name, known in zip(STRING_PROPERTIES, checked):
-        value = getattr(message, name)
-        if value is not known:
-            check_string_property(name, value)
+_STRINGS = operator.attrgetter(*STRING_PROPERTIES)
+_UNCHECKED = (None,) * len(STRING_PROPERTIES)
+
+
+def _check_strings(message: ServiceBusMessage) -> tuple[Any, ...]:
+    """The message's string properties (in STRING_PROPERTIES' order), each checked exactly but those still
+    holding the value its constructor checked."""
+    values: tuple[Any, ...] = _STRINGS(message)
+    checked = getattr(message, "_checked", _UNCHECKED)
+    if any(map(operator.is_not, values, checked)):
+        for name, value, known in zip(STRING_PROPERTIES, values, checked):
+            if value is not known:
+                check_string_property(name, value)
+    return values
 
 
 def _from_epoch_ms(value: int, name: str) -> datetime:
@@ -325,14 +335,14 @@ def message_size(message: ServiceBusMessage) -> int:
 def _outgoing_row(message: ServiceBusMessage) -> tuple[Any, ...]:
     """The message's OUTGOING values, in the schema's order, checked exactly as a send checks them
     (TypeError or ValueError naming the field). The properties are checked as they are encoded."""
-    _check_strings(message)
+    strings = _check_strings(message)
     properties = checked_encoding(message.application_properties, "application_properties")
     ttl = message.time_to_live
     check_time_to_live(ttl)
     scheduled = message.scheduled_enqueue_time_utc
     to_utc(scheduled, "scheduled_enqueue_time_utc")
-    return (*(getattr(message, n) for n in STRING_PROPERTIES), properties,
-            message._body, message._body_type, None if ttl is None else ttl // timedelta(milliseconds=1), scheduled)
+    return (*strings, properties, message._body, message._body_type,
+            None if ttl is None else ttl // timedelta(milliseconds=1), scheduled)
 
 
 _NAMES = len(STRING_PROPERTIES)
