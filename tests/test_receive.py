@@ -292,3 +292,22 @@ def test_a_commit_walking_past_a_retention_run_never_redelivers_a_completed_mess
     assert receiver.receive_messages(5, max_wait_time=0) == []  # "held" is locked, "done" is gone
     peeked = client.get_queue_receiver("q").peek_messages(10)
     assert [(str(m), m.state.name) for m in peeked] == [("held", "ACTIVE")]
+
+
+def test_messages_of_one_receive_completed_in_any_order_and_in_parts_each_complete_once(admin, client):
+    """A receive's messages settled as they came (their state rows one slice of the receive's), in another
+    order, and a part then the rest: every one completed once, the others untouched until settled."""
+    admin.create_queue("q")
+    with client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}") for i in range(12)])
+    with client.get_queue_receiver("q", max_wait_time=1) as receiver:
+        got = receiver.receive_messages(12)
+        assert len(got) == 12
+        receiver.complete_messages(got[2:5])  # consecutive, in order
+        receiver.complete_messages([got[7], got[0], got[11]])  # out of order
+        with pytest.raises(MessageAlreadySettled):
+            receiver.complete_messages([got[3]])
+        left = [m for i, m in enumerate(got) if i not in (0, 2, 3, 4, 7, 11)]
+        assert admin.get_queue_runtime_properties("q").active_message_count == 6  # (locked ones count as active)
+        receiver.complete_messages(left[::-1])
+    assert admin.get_queue_runtime_properties("q").total_message_count == 0

@@ -941,7 +941,7 @@ def _fresh(tables: list[_Group], loose: list[Held], now: datetime) -> Optional[p
     one is known as written and certainly still held (transitions.all_fresh); None otherwise."""
     if any(lock.row is None for lock in loose):
         return None
-    parts = [records.conformed(table.take(pa.array(at, pa.int64())), LOCKS) for table, at, _ in tables]
+    parts = [records.conformed(_rows_in_order(table, at), LOCKS) for table, at, _ in tables]
     if loose:
         parts.append(records.from_rows([lock.row for lock in loose if lock.row is not None], LOCKS))  # (all)
     rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -953,6 +953,14 @@ def _rows_at(table: pa.Table, positions: np.ndarray) -> pa.Table:
     """The table's rows at ascending positions: a slice (no copy of the bodies) when they are its first rows."""
     if positions.size and positions[-1] == positions.size - 1:
         return table.slice(0, positions.size)
+    return table.take(pa.array(positions, pa.int64()))
+
+
+def _rows_in_order(table: pa.Table, positions: list[int]) -> pa.Table:
+    """The table's rows at positions, in their order: a slice when they are consecutive rows in order (a
+    batch settled as it was received), a take otherwise."""
+    if positions and positions == list(range(positions[0], positions[0] + len(positions))):
+        return table.slice(positions[0], len(positions))
     return table.take(pa.array(positions, pa.int64()))
 
 
