@@ -266,7 +266,8 @@ def test_plan_locks_the_oldest_deliverable_and_moves_expired_and_overdelivered_o
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     micros = lambda moment: (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
     expires = [None, micros(now - timedelta(seconds=1)), micros(now + timedelta(days=1)), None, None]
-    found = pa.table({"partition_id": pa.array([2] * 5, pa.int32()), "sequence_number": pa.array([1, 2, 3, 4, 5], pa.int64()),
+    found = pa.table({"partition_id": pa.array([2] * 5, pa.int32()),
+                      "sequence_number": pa.array([1, 2, 3, 4, 5], pa.int64()),
                       "expires_at_utc": pa.array(expires, pa.int64()).view(TS),
                       "lock_state": pa.array([None, None, ACTIVE, None, None], pa.string()),
                       "prior_deliveries": pa.array([0, 0, 10, 1, 0], pa.int32()),
@@ -284,7 +285,8 @@ def test_plan_locks_the_oldest_deliverable_and_moves_expired_and_overdelivered_o
                                          for token in tokens)
     assert rows["locked_until_utc"].to_pylist()[:2] == [now + timedelta(seconds=30)] * 2
     assert rows["updated_at_utc"].to_pylist() == [now] * 4
-    removed, deliver = transitions.plan(found, transitions.Policy(timedelta(seconds=30), 10, False), now, ACTIVE, True, 5)
+    removed, deliver = transitions.plan(found, transitions.Policy(timedelta(seconds=30), 10, False), now, ACTIVE,
+                                        True, 5)
     assert deliver.tolist() == [0, 3, 4] and removed["sequence_number"].to_pylist() == [1, 4, 5, 2, 3]
     assert removed["state"].to_pylist() == [COMPLETED] * 4 + [DEAD_LETTERED]  # the expired one just completed
     assert removed["lock_token"].null_count == 5

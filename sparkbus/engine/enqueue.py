@@ -504,7 +504,8 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
     for name in (*TRANSFER_COLUMNS, *BORN_DEAD_LETTER_COLUMNS):  # no transfer made; not a dead-letter copy
         if name not in columns:
             columns[name] = records.nulls(count, MESSAGES.field(name).type)
-    columns.update(partition_id=pa.array(partitions.astype(np.int32, copy=False)), sequence_number=pa.array(sequence, pa.int64()),
+    columns.update(partition_id=pa.array(partitions.astype(np.int32, copy=False)),
+                   sequence_number=pa.array(sequence, pa.int64()),
                    enqueued_time_utc=pa.array(np.full(count, now_us), pa.int64()).view(_TIME),
                    expires_at_utc=pa.array(expires, pa.int64()).view(_TIME),
                    body_size=pa.array(body, pa.int64()), header_size=pa.array(header, pa.int64()))
