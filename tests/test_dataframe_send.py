@@ -163,3 +163,8 @@ def test_each_distinct_set_of_properties_is_encoded_as_on_its_own():
                                         for s in structs.to_pylist()])):
         batch = pa.RecordBatch.from_pydict({"body": pa.array([b"x"] * len(sets)), "application_properties": column})
         assert complete_batch(batch, False, 4)["application_properties"].to_pylist() == expected
+    signed = pa.array([[("x", 0.0)], [("x", -0.0)], [("x", 0.0)]], pa.map_(pa.string(), pa.float64()))  # equal, apart
+    batch = pa.RecordBatch.from_pydict({"body": pa.array([b"x"] * 3), "application_properties": signed})
+    assert complete_batch(batch, False, 4)["application_properties"].to_pylist() == [
+        encode_properties({"x": 0.0}), encode_properties({"x": -0.0}), encode_properties({"x": 0.0})]
+    assert encode_properties({"x": 0.0}) != encode_properties({"x": -0.0})

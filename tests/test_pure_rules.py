@@ -334,5 +334,7 @@ def test_stored_int64s_reads_a_columns_values_from_its_buffers_and_nulls_are_sha
     valid = column.is_valid().to_pylist()
     assert [int(v) for v, ok in zip(values, valid) if ok] == [11, 12, 13, 20]
     assert stored_int64s(pa.chunked_array([], TS)).tolist() == []
+    narrow = pa.chunked_array([pa.array([1, 2, 3, 4], pa.int32()).slice(1, 2), pa.array([-5], pa.int32())])
+    assert stored_int64s(narrow).tolist() == [2, 3, -5] and stored_int64s(narrow).dtype.name == "int64"
     assert nulls(3, pa.string()) is nulls(3, pa.string()) and nulls(3, pa.string()).equals(pa.nulls(3, pa.string()))
     assert nulls(100, TS).equals(pa.nulls(100, TS))

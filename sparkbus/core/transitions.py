@@ -156,8 +156,8 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     session_id to one session's messages.
     """
     now_us = micros(now)
-    numbers = _int64s(messages["sequence_number"])
-    position = _positions(numbers, _int64s(states["sequence_number"]))
+    numbers = stored_int64s(messages["sequence_number"])
+    position = _positions(numbers, stored_int64s(states["sequence_number"]))
     has = position >= 0
     born_dead = ~has & _valid(messages["born_dead_letter_reason"])  # its dead-lettered state row is on its way
     state = states["state"]
@@ -198,18 +198,12 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
         lock_state = pc.if_else(chosen_born, DEAD_LETTERED, lock_state)
         reason = pc.if_else(chosen_born, found["born_dead_letter_reason"], reason)
         description = pc.if_else(chosen_born, found["born_dead_letter_description"], description)
-    counts = _int64s(states["delivery_count"])
+    counts = stored_int64s(states["delivery_count"])
     deliveries = np.where(at >= 0, counts[np.maximum(at, 0)] if len(counts) else 0, 0)
     for name, column in (("lock_state", lock_state), ("prior_deliveries", pa.array(deliveries.astype(np.int32))),
                          ("prior_reason", reason), ("prior_description", description)):
         found = found.append_column(name, column)
     return found
-
-
-def _int64s(column: pa.ChunkedArray) -> np.ndarray:
-    """A column without nulls (sequence numbers) as int64 numpy values, copied only across chunks."""
-    chunks = [np.asarray(chunk.to_numpy(zero_copy_only=False), dtype=np.int64) for chunk in column.chunks]
-    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
 
 
 def _positions(numbers: np.ndarray, among: np.ndarray) -> np.ndarray:
@@ -262,7 +256,7 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
     delivered messages, which are also the first rows of the returned table's delivered part).
     """
     n = found.num_rows
-    deliveries = _int64s(found["prior_deliveries"])
+    deliveries = stored_int64s(found["prior_deliveries"])
     if queue == ACTIVE:
         expired = _at_most(found["expires_at_utc"], micros(now), False)  # (unset: never expires)
         over = ~expired & (deliveries >= policy.max_delivery_count)

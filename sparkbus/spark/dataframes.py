@@ -196,7 +196,8 @@ def _encoded_properties(column: pa.Array) -> pa.Array:
     """A map or struct column of application properties as their stored JSON texts, each distinct set of
     properties encoded once (a DataFrame's rows mostly repeat a few: encoding each row was most of a bulk
     send's conversion). A struct's null cells are no property. Values equal in Python but not as
-    properties (1 and True) cannot meet: a map's values, and each struct field's, have one type."""
+    properties cannot meet: a map's values, and each struct field's, have one type (so 1 and True never
+    meet), and a float is looked up by its exact bits (0.0 and -0.0 encode apart)."""
     struct = pa.types.is_struct(column.type)
     encoded: dict[tuple[Any, ...], Optional[str]] = {}
     texts: list[Optional[str]] = []
@@ -204,9 +205,10 @@ def _encoded_properties(column: pa.Array) -> pa.Array:
         if cell is None:
             texts.append(None)
             continue
-        key = tuple(cell.items()) if struct else tuple(cell)
+        pairs = tuple(cell.items()) if struct else tuple(cell)
+        key = tuple((k, v.hex() if isinstance(v, float) else v) for k, v in pairs)
         if key not in encoded:
-            encoded[key] = encode_properties({k: v for k, v in key if v is not None} if struct else dict(key))
+            encoded[key] = encode_properties({k: v for k, v in pairs if v is not None} if struct else dict(pairs))
         texts.append(encoded[key])
     return pa.array(texts, pa.string())
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict
-from typing import Iterable
-
-from typing import Optional
+from typing import Iterable, Optional
 
 import pyarrow as pa
 
