@@ -6,6 +6,8 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import stored_messages
 
 from sparkbus import InvalidOperationError, MessageSizeExceededError, ServiceBusClient
@@ -144,6 +146,10 @@ def test_dataset_columns_as_properties_and_fields(spark, admin, sender):
     nested = spark.createDataFrame([("a", [1])], "body string, xs array<int>")
     with pytest.raises(TypeError, match="application property column 'xs' has type array<int>"):
         sender.send_dataframe(messages_from_dataset(nested, property_columns=["xs"]))
+    listed = spark.createDataFrame([("a", {"k": [1]})], "body string, application_properties map<string,array<int>>")
+    with pytest.raises(TypeError, match=r"application_properties has type map<string,array<int>>; a map of "
+                                        r"properties has string keys and values of one type"):
+        sender.send_dataframe(listed)
     assert len(stored_messages(admin, "q")) == 1
 
 
@@ -168,3 +174,32 @@ def test_each_distinct_set_of_properties_is_encoded_as_on_its_own():
     assert complete_batch(batch, False, 4)["application_properties"].to_pylist() == [
         encode_properties({"x": 0.0}), encode_properties({"x": -0.0}), encode_properties({"x": 0.0})]
     assert encode_properties({"x": 0.0}) != encode_properties({"x": -0.0})
+
+
+_FLOATS = st.sampled_from([0.0, -0.0, 1.5, float("nan"), float("inf"), None])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.tuples(st.sampled_from("abc"), _FLOATS), max_size=3)), max_size=12),
+       st.lists(st.one_of(st.none(), st.tuples(st.sampled_from([True, False, None]), st.sampled_from([1, 2, None]),
+                                               _FLOATS, st.sampled_from(["", "x", None]))), max_size=12),
+       st.integers(0, 3))
+def test_rows_that_share_a_code_share_a_set_of_properties(maps, structs, skip):
+    """Whatever the rows (repeated, differing in one value, type or float sign, null, empty, a slice of a
+    longer array), each row's stored text is the one encoding that row alone gives."""
+    from sparkbus.core.values import encode_properties
+    from sparkbus.spark.dataframes import _encoded_properties
+
+    def alone(cell, struct):
+        if cell is None:
+            return None
+        return encode_properties({k: v for k, v in cell.items() if v is not None} if struct else dict(cell))
+
+    struct_type = pa.struct([("flag", pa.bool_()), ("n", pa.int64()), ("x", pa.float64()), ("s", pa.string())])
+    columns = (pa.array(maps, pa.map_(pa.string(), pa.float64())),
+               pa.array([None if s is None else dict(zip(("flag", "n", "x", "s"), s)) for s in structs], struct_type))
+    for column in columns:
+        column = column.slice(min(skip, len(column)))
+        struct = pa.types.is_struct(column.type)
+        texts = _encoded_properties(column).to_pylist()
+        assert texts == [alone(cell, struct) for cell in column.to_pylist()]

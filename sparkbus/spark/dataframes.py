@@ -97,10 +97,15 @@ def check_columns(schema: "StructType") -> dict[str, DataType]:
             raise TypeError(f"column {name!r} has type {dtype.simpleString()}; expected "
                             f"{' or '.join(a.__name__.replace('Type', '').lower() for a in allowed)}")
     properties = fields.get("application_properties")
+    kinds = "a string, boolean, integer, floating-point, binary or timestamp"
     for field in properties.fields if isinstance(properties, T.StructType) else ():
         if not isinstance(field.dataType, _property_spark_types()):
             raise TypeError(f"application property column {field.name!r} has type {field.dataType.simpleString()}; "
-                            "a property column is a string, boolean, integer, floating-point, binary or timestamp")
+                            f"a property column is {kinds}")
+    if isinstance(properties, T.MapType) and not (isinstance(properties.keyType, T.StringType)
+                                                  and isinstance(properties.valueType, _property_spark_types())):
+        raise TypeError(f"application_properties has type {properties.simpleString()}; a map of properties has "
+                        f"string keys and values of one type, {kinds}")
     return fields
 
 
@@ -192,25 +197,64 @@ def complete_batch(batch: pa.RecordBatch, requires_duplicate_detection: bool, pa
     return rows.append_column(CODE, pa.array(codes, pa.int32()))
 
 
-def _encoded_properties(column: pa.Array) -> pa.Array:
+def _encoded_properties(column: "pa.Array | pa.ChunkedArray") -> pa.Array:
     """A map or struct column of application properties as their stored JSON texts, each distinct set of
     properties encoded once (a DataFrame's rows mostly repeat a few: encoding each row was most of a bulk
-    send's conversion). A struct's null cells are no property. Values equal in Python but not as
-    properties cannot meet: a map's values, and each struct field's, have one type (so 1 and True never
-    meet), and a float is looked up by its exact bits (0.0 and -0.0 encode apart)."""
+    send's conversion). Which rows repeat a set is found in Arrow (_set_codes), so Python sees only the
+    distinct sets. A struct's null cells are no property."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    codes, first = _set_codes(column)
     struct = pa.types.is_struct(column.type)
-    encoded: dict[tuple[Any, ...], Optional[str]] = {}
     texts: list[Optional[str]] = []
-    for cell in column.to_pylist():
+    for cell in column.take(pa.array(first)).to_pylist():
         if cell is None:
             texts.append(None)
-            continue
-        pairs = tuple(cell.items()) if struct else tuple(cell)
-        key = tuple((k, v.hex() if isinstance(v, float) else v) for k, v in pairs)
-        if key not in encoded:
-            encoded[key] = encode_properties({k: v for k, v in pairs if v is not None} if struct else dict(pairs))
-        texts.append(encoded[key])
-    return pa.array(texts, pa.string())
+        else:
+            texts.append(encode_properties({k: v for k, v in cell.items() if v is not None} if struct else dict(cell)))
+    return pa.array(texts, pa.string()).take(pa.array(codes))
+
+
+def _set_codes(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, first): rows with one code hold the same set of properties, and first[c] is a row of code c.
+    Each row's key is its validity and its values' codes (_value_codes) in order (a map's keys and items),
+    combined column by column and renumbered densely after each, so it stays below the row count squared.
+    Equal keys mean equal sets: a map's values, and each struct field's, have one type (so 1 and True
+    never meet), and 0.0 and -0.0 stay apart."""
+    n = len(column)
+    key = np.asarray(column.is_valid(), dtype=np.int64)
+    if pa.types.is_struct(column.type):
+        for field in column.flatten():
+            key = _combined(key, _value_codes(field))
+    else:
+        offsets = column.offsets.to_numpy()
+        lengths = np.diff(offsets)
+        keys, items = _value_codes(column.keys), _value_codes(column.items)
+        key = _combined(key, lengths)
+        for length in np.unique(lengths[lengths > 0]).tolist():
+            rows = np.flatnonzero(lengths == length)
+            for i in range(length):
+                for values in (keys, items):
+                    part = np.zeros(n, dtype=np.int64)  # rows of another length share 0: their lengths differ
+                    part[rows] = values[offsets[rows] + i]
+                    key = _combined(key, part)
+    codes = pc.dictionary_encode(pa.array(key)).indices.to_numpy()
+    first = np.empty(int(codes.max()) + 1 if n else 0, dtype=np.int64)
+    first[codes[::-1]] = np.arange(n - 1, -1, -1)  # (the last write wins: each code's first row)
+    return codes, first
+
+
+def _combined(key: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """key and codes (both from 0) as one dense code per row: equal exactly where both are equal."""
+    joined = key * (int(codes.max(initial=0)) + 1) + codes
+    return np.asarray(pc.dictionary_encode(pa.array(joined)).indices.to_numpy(), dtype=np.int64)
+
+
+def _value_codes(values: pa.Array) -> np.ndarray:
+    """A code per value, equal exactly where the values are (a null its own code). Arrow's hashing keeps
+    0.0 and -0.0 apart (it compares floats by their bits, all NaNs as one: they encode alike)."""
+    encoded = pc.dictionary_encode(values, null_encoding="encode")
+    return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def write_staged(path: str, tables: Iterable[pa.Table]) -> bool:
