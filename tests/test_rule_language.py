@@ -192,6 +192,24 @@ def test_syntax_errors_name_position_and_expectation(text, position, expected):
     assert expected in str(error.value)
 
 
+def test_identifiers_may_be_letters_of_any_script_without_brackets():
+    """A regular identifier starts with a letter of any script (or _) and goes on with letters, digits and _,
+    as Service Bus's grammar allows: `café = 1` needs no brackets and means what `[café] = 1` means."""
+    rows = to_outgoing([ServiceBusMessage("a", application_properties={"café": 1, "Größe": "L", "数量": 3}),
+                        ServiceBusMessage("b", application_properties={"café": 2})])
+    n = rows.num_rows
+    rows = rows.append_column("sequence_number", pa.array(range(n), pa.int64())).append_column(
+        "enqueued_time_utc", pa.array([WHEN] * n, pa.timestamp("us", tz="UTC")))
+    for plain, bracketed, expected in (("café = 1", "[café] = 1", [True, False]),
+                                       ("Größe = 'L' AND 数量 > 2", "[Größe] = 'L' AND [数量] > 2", [True, False]),
+                                       ("user.café_2 IS NULL", "user.[café_2] IS NULL", [True, True])):
+        for text in (plain, bracketed):
+            matched, failed, _ = condition(check_filter_text(text, {}), MessageView(rows), {})
+            assert matched.tolist() == expected and not failed.any(), text
+    with pytest.raises(ValueError, match=r"position 0: unexpected character '²'"):
+        parse_filter("²x = 1")
+
+
 def test_limits_and_parameters():
     with pytest.raises(ValueError, match="at most 1024"):
         parse_filter("a = 1 OR " * 120 + "a = 1")

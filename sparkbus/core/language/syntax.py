@@ -156,7 +156,8 @@ class Token:
 
 _DIGITS = "0123456789"  # str.isdigit() also accepts characters such as '²' that are not numbers here
 _NUMBER = re.compile(r"(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
-_REGULAR = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+_REGULAR = re.compile(r"[^\W\d][\w$]*")  # a letter (any script) or _, then letters, digits, _ and $ (the
+# first character is also checked with str.isalpha: \w takes signs such as '²' that are no letters)
 _OPERATORS = ("<>", "!=", ">=", "<=", "=", ">", "<", "+", "-", "*", "/", "%", "(", ")", ",", ".", ";")
 
 
@@ -218,7 +219,7 @@ def tokenize(text: str) -> list[Token]:
                 raise _error(text, i, "expected a parameter name after '@'")
             tokens.append(Token("param", "@" + m.group(0), i))
             i = m.end()
-        elif (word_match := _REGULAR.match(text, i)) is not None:
+        elif (c.isalpha() or c == "_") and (word_match := _REGULAR.match(text, i)) is not None:
             word = word_match.group(0)
             if word.lower() in KEYWORDS:
                 tokens.append(Token("keyword", word.lower(), i))
