@@ -23,6 +23,7 @@ from .core.schemas import METRICS_COUNTERS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 FINE = timedelta(seconds=BUCKET_SECONDS)
@@ -66,7 +67,7 @@ def metrics_table(namespace: str) -> pa.Table:
 
 def format_metrics(report: Metrics) -> str:
     """Totals and one line per period (a minute unless the report was read per another), as `sparkbus
-    metrics` prints them."""
+    metrics` prints them; cpu % and mem % only where a premium namespace measures them."""
     scope = report.entity or "namespace"
     lines = [f"{scope}: " + "  ".join(f"{name}={getattr(report, name)}" for name in METRICS_COUNTERS)]
     if report.cpu_percent is not None:
@@ -79,7 +80,9 @@ def format_metrics(report: Metrics) -> str:
                      p.throttled_requests, p.incoming_messages, p.outgoing_messages, p.credits_used,
                      "" if p.cpu_percent is None else f"{p.cpu_percent:.1f}",
                      "" if p.memory_percent is None else f"{p.memory_percent:.1f}"))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
+    if all(p.cpu_percent is None and p.memory_percent is None for p in report.points):
+        rows = [r[:-2] for r in rows]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(str(v).rjust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)
 
@@ -193,19 +196,25 @@ _STATES = (("active", "tab:blue"), ("scheduled", "tab:purple"), ("dead_letter", 
 
 
 def plot_backlog(backlog: Sequence[Backlog], path: str, *, namespace: Optional[str] = None) -> str:
-    """Render the backlog as a PNG at path: one stacked bar per entity by state (left), and each entity's
-    messages per partition as a grid of counts shaded by the partition's share of the entity (right; a
-    partition the entity does not have is blank). Returns path."""
+    """Render the backlog (backlog_figure) as a PNG at path. Returns path."""
+    backlog_figure(backlog, namespace=namespace).savefig(path, dpi=100)
+    return path
+
+
+def backlog_figure(backlog: Sequence[Backlog], *, namespace: Optional[str] = None) -> Figure:
+    """The backlog as a figure: one stacked bar per entity by state (left), and each entity's messages per
+    partition as a grid of counts shaded by the partition's share of the entity (right; a partition the
+    entity does not have is blank). The states' legend sits under both, where it covers no bar."""
     from matplotlib.figure import Figure
 
     rows = max(len(backlog), 1)
     figure = Figure(figsize=(12, 1.5 + 0.45 * rows), layout="constrained")
     bars, grid = figure.subplots(1, 2, width_ratios=(1, 1.3))
     _draw_backlog(backlog, bars, grid)
+    figure.legend(*bars.get_legend_handles_labels(), loc="outside lower left", ncol=len(_STATES), frameon=False)
     where = f" in {namespace}" if namespace else ""
     figure.suptitle(f"sparkbus backlog{where}")
-    figure.savefig(path, dpi=100)
-    return path
+    return figure
 
 
 def _draw_backlog(backlog: Sequence[Backlog], bars: Axes, grid: Axes) -> None:
@@ -225,7 +234,6 @@ def _draw_backlog(backlog: Sequence[Backlog], bars: Axes, grid: Axes) -> None:
     bars.set_xlim(0, _headroom(list(left)))
     bars.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     bars.set_xlabel("messages")
-    bars.legend(loc="lower right")
     bars.set_title("messages by state")
     width = max([max(b.partitions, default=0) + 1 for b in backlog] or [1])
     shares = np.full((len(backlog), width), np.nan)

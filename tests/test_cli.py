@@ -91,7 +91,7 @@ def test_send_peek_and_receive_from_the_command_line(admin, ns_path, tmp_path, c
     assert capsys.readouterr().out.splitlines() == ["sent 2 message(s) to q", '{"sent": 2}']
     assert main(["peek", "--namespace", ns_path, "--entity", "q", "--count", "10"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:2] == ["sequence_number", "enqueued_time_utc"] and len(table) == 2 + 4
+    assert table[0].split()[:3] == ["sequence_number", "state", "enqueued_time_utc"] and len(table) == 2 + 4
     assert main(["receive", "--namespace", ns_path, "--entity", "q", "--count", "2", "--json"]) == 0
     got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(m["body"], m["subject"], m["application_properties"]) for m in got] == [
@@ -288,11 +288,9 @@ def test_show_plots_each_entitys_backlog_by_state_and_per_partition(admin, ns_pa
     partition named), and `show --plot` draws them: bars as long as each state's count, a grid of counts."""
     from datetime import datetime, timedelta, timezone
 
-    from matplotlib.figure import Figure
-
     from sparkbus import ServiceBusClient, ServiceBusMessage
     from sparkbus.core.partitioning import partition_of
-    from sparkbus.metrics import _draw_backlog, namespace_backlog
+    from sparkbus.metrics import backlog_figure, namespace_backlog
 
     admin.create_queue("orders", enable_partitioning=True)
     admin.create_topic("events")
@@ -318,12 +316,16 @@ def test_show_plots_each_entitys_backlog_by_state_and_per_partition(admin, ns_pa
     assert (orders.active, orders.scheduled, orders.dead_letter, orders.transfer) == (26, 1, 4, 0)
     assert backlog["events"].awaiting_fanout == 5 and backlog["events"].partitions == {0: 5}
     assert backlog["events/Subscriptions/all"].partitions == {0: 0}
-    bars, grid = Figure().subplots(1, 2)
-    _draw_backlog(list(backlog.values()), bars, grid)
+    figure = backlog_figure(list(backlog.values()))
+    bars, grid = figure.axes[:2]
     widths = [round(patch.get_width()) for patch in bars.patches]  # per state, then per entity
     assert widths[:3] == [26, 5, 0] and widths[3:6] == [1, 0, 0] and widths[6:9] == [4, 0, 0]
     shown = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in grid.texts}
     assert all(shown[(p, 0)] == str(n) for p, n in expected.items()) and shown[(0, 1)] == "5" and shown[(0, 2)] == "0"
+    figure.draw_without_rendering()  # the legend is under the bars, covering none of them
+    [legend] = figure.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["active", "scheduled", "dead-letter", "transfer"]
+    assert not legend.get_window_extent().overlaps(bars.get_window_extent())
     png = tmp_path / "backlog.png"
     assert main(["show", "--namespace", ns_path, "--plot", str(png)]) == 0
     assert f"plot written to {png}" in capsys.readouterr().out

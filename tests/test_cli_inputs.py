@@ -144,7 +144,7 @@ USAGE = [
 USAGE_CASES = [([*argv, "--namespace", "{ns}"], 2, says) for argv, says in USAGE] + [
     (["show"], 2, "required: --namespace"),
     (["dead-letter"], 2, "required: action"),
-    ([], 2, "required: command"),
+    ([], 2, "required: <command>"),
     (["capacity"], 2, "capacity needs --body-size"),
     (["capacity", "--body-size", "-5"], 2, "argument --body-size: takes a whole number from 0"),
     (["capacity", "--body-size", "1", "--max-size-mb", "0"], 2, "argument --max-size-mb"),

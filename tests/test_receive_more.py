@@ -6,7 +6,8 @@ import pytest
 from chispa import assert_df_equality
 from conftest import run_spawned, wait_until
 
-from sparkbus import AutoLockRenewer, MessageLockLostError, ServiceBusClient, ServiceBusMessage
+from sparkbus import (AutoLockRenewer, MessageLockLostError, MessageNotFoundError, ServiceBusClient,
+                      ServiceBusMessage, ServiceBusSubQueue)
 
 
 def test_auto_lock_renewer_keeps_a_lock_past_its_duration(admin, client, clock):
@@ -113,3 +114,29 @@ def test_crashed_receivers_locks_expire_and_messages_come_back(spawn, admin, cli
     again = receiver.receive_messages(max_message_count=3, max_wait_time=0)
     assert sorted(m.sequence_number for m in again) == sorted(taken)
     assert all(m.delivery_count == 2 for m in again)
+
+
+def test_receive_messages_by_sequence_number_locks_exactly_those_or_none(admin, client):
+    """A user picks messages from a peek and acts on them: the active ones by number, or a dead-lettered one
+    from the dead-letter sub-queue; a number that is not such a message (settled, deferred, locked, or in
+    the other queue) is refused naming it, with nothing locked."""
+    admin.create_queue("q")
+    client.get_queue_sender("q").send_messages([ServiceBusMessage(f"m{i}") for i in range(4)])
+    numbers = {str(m): m.sequence_number for m in client.get_queue_receiver("q").peek_messages(4)}
+    receiver = client.get_queue_receiver("q")
+    second, first = receiver.receive_messages_by_sequence_number([numbers["m2"], numbers["m0"]])
+    assert (str(second), str(first)) == ("m2", "m0") and second.locked_until_utc is not None
+    with pytest.raises(MessageNotFoundError, match=rf"no active, unlocked message with sequence number\(s\) \[{numbers['m0']}\]"):
+        receiver.receive_messages_by_sequence_number([numbers["m1"], numbers["m0"]])  # m0 is locked
+    assert sorted(str(m) for m in client.get_queue_receiver("q").receive_messages(4, max_wait_time=1)) == ["m1", "m3"]
+    receiver.complete_message(first)
+    receiver.dead_letter_message(second, reason="picked")
+    with pytest.raises(MessageNotFoundError):
+        receiver.receive_messages_by_sequence_number(numbers["m2"])  # dead-lettered: not in the active queue
+    dead = client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    with pytest.raises(MessageNotFoundError, match="no dead-lettered, unlocked message"):
+        dead.receive_messages_by_sequence_number(numbers["m0"])  # completed
+    [again] = dead.receive_messages_by_sequence_number(numbers["m2"])
+    assert (str(again), again.dead_letter_reason) == ("m2", "picked")
+    dead.complete_message(again)
+    assert admin.get_queue_runtime_properties("q").dead_letter_message_count == 0

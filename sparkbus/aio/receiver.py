@@ -182,6 +182,13 @@ class ServiceBusReceiver:
         receiver = await self._handler()
         return self._renewed(await self._runner.call(receiver.receive_deferred_messages, sequence_numbers))
 
+    async def receive_messages_by_sequence_number(self, sequence_numbers: Union[int, Iterable[int]]
+                                                  ) -> list[ServiceBusReceivedMessage]:
+        """As the sync receiver's: these messages of the receiver's queue (active, or its dead-letter
+        sub-queue's), locked, or none."""
+        receiver = await self._handler()
+        return self._renewed(await self._runner.call(receiver.receive_messages_by_sequence_number, sequence_numbers))
+
     peek_messages = on_pool(SyncReceiver.peek_messages)
     complete_message = on_pool(SyncReceiver.complete_message)
     complete_messages = on_pool(SyncReceiver.complete_messages)

@@ -284,7 +284,10 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         choice = _INVALID_CHOICE.search(message)
         if choice is not None:
-            message += _did_you_mean(choice["word"], re.findall(r"'([^']*)'", choice["choices"]))
+            choices = re.findall(r"'([^']*)'", choice["choices"])
+            if len(choices) > 8:  # (the commands: --help lists them by group)
+                message = message[:choice.end("word") + 1]
+            message += _did_you_mean(choice["word"], choices)
         raise UsageError(message, self.prog)
 
 
@@ -381,10 +384,37 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     return code if isinstance(code, int) else 0
 
 
+NAMESPACE_VARIABLE = "SPARKBUS_NAMESPACE"  # the namespace of every command not given --namespace
+# The commands as `sparkbus --help` lists them: by what they are for, in the order people reach for them.
+COMMAND_GROUPS = (
+    ("messages", ("send", "peek", "receive", "dead-letter", "send-batch")),
+    ("entities", ("queue", "topic", "subscription", "rule", "apply")),
+    ("looking at a namespace", ("show", "metrics", "capacity")),
+    ("running a namespace", ("namespace", "update-namespace", "serve", "fanout", "forward", "maintain", "partition",
+                             "submit")),
+)
+
+
+def _grouped(commands: "argparse._SubParsersAction[_Parser]") -> str:
+    """The command list of the top-level help, by COMMAND_GROUPS, each command once with its help line
+    (argparse's own list is left out: it named every command twice, in the order they were added)."""
+    helps = {action.dest: action.help or "" for action in commands._choices_actions}
+    listed = [name for _, names in COMMAND_GROUPS for name in names]
+    assert sorted(listed) == sorted(helps), "every command is in one group"
+    width = max(map(len, listed)) + 2
+    lines = []
+    for title, names in COMMAND_GROUPS:
+        lines += [f"{title}:"] + [f"  {name.ljust(width)}{helps[name]}" for name in names] + [""]
+    commands._choices_actions.clear()
+    return "\n".join(lines) + f"A command on a namespace takes --namespace, by default ${NAMESPACE_VARIABLE}; " \
+        "sparkbus <command> --help says more."
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sparkbus", description="Azure Service Bus on Spark and Delta Lake")
+    parser = _Parser(prog="sparkbus", description="Azure Service Bus on Spark and Delta Lake",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sparkbus {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="<command>", help=argparse.SUPPRESS)
     apply = commands.add_parser("apply", help="create or update entities from a namespace definition (TOML)")
     apply.add_argument("file")
     apply.set_defaults(run=_apply)
@@ -464,11 +494,15 @@ def _parser() -> argparse.ArgumentParser:
     management = cli_entities.register(commands)
     for sub in (apply, show, met, upd, part, cap, batch):
         sub.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    default = os.environ.get(NAMESPACE_VARIABLE) or None
     for sub in (apply, show, met, upd, part, fan, forward, batch, serve, *messaging, *management):
-        sub.add_argument("--namespace", required=True,
-                         help="namespace directory, file:// URI or object-store URI (az://, abfss://, s3://)")
+        sub.add_argument("--namespace", required=default is None, default=default,
+                         help="namespace directory, file:// URI or object-store URI (az://, abfss://, s3://); "
+                              f"default: ${NAMESPACE_VARIABLE}" + (f" ({default})" if default else " (not set)"))
         sub.add_argument("--storage-option", action="append", type=pair, metavar="KEY=VALUE",
                          help="a storage option of an object-store namespace (account_key, sas_token, ...); "
                               "default: the environment's credentials (repeatable)")
+    parser.epilog = _grouped(commands)
+    parser.usage = "%(prog)s [-h] [--version] <command> ..."  # (set once the commands' prog is made without it)
     return parser
 

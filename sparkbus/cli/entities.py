@@ -1,7 +1,8 @@
 """The management commands of the `sparkbus` CLI: `namespace create|show`, `queue`, `topic`,
-`subscription` and `rule` with `list|show|create|delete` (and `runtime` for the first three), and
-`maintain`. Tables or `key  value` lines for people, `--json` for scripts (one object; lists one object per
-line). Entity settings are given as `--set NAME=VALUE` with the administration client's keyword names.
+`subscription` and `rule` with `list|show|create|delete` (`runtime` for the first three, `purge` for queues
+and subscriptions), and `maintain`. Tables or `key  value` lines for people, `--json` for scripts (one
+object; lists one object per line). Entity settings are given as `--set NAME=VALUE` with the
+administration client's keyword names; a duration as seconds or ISO 8601 (lock_duration=30 or PT30S).
 
 """
 from __future__ import annotations
@@ -13,7 +14,9 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Sequence, TypeVar, Union
 
+from ..client import ServiceBusClient
 from ..core.durations import MAX_DURATION, MAX_DURATION_TEXT, format_duration
+from ..core.entities import DURATION_OPTIONS
 from ..core.filters import (
     CORRELATION_FIELDS,
     CorrelationRuleFilter,
@@ -27,7 +30,8 @@ from ..core.filters import (
 from ..engine.housekeeping import sweep
 from ..engine.namespace import NamespaceProperties, create_namespace, open_catalog
 from ..management import ServiceBusAdministrationClient
-from .text import correlation, credits_argument, format_table, setting, whole
+from ..receiver import ServiceBusSubQueue
+from .text import correlation, credits_argument, duration, format_table, setting, whole
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -162,8 +166,11 @@ def entity_command(args: argparse.Namespace) -> None:
     if action == "list":
         print_records(getattr(admin, f"list_{kind}s")(*parent), kind, args.json)
         return
+    if action == "purge":
+        purge(args)
+        return
     if action == "create":
-        options = dict(args.set or ())
+        options = {k: duration(k, v) if k in DURATION_OPTIONS else v for k, v in (args.set or ())}
         if kind == "rule":
             options.update(_rule_options(args))
         created = getattr(admin, f"create_{kind}")(*parent, args.name, **options)
@@ -174,6 +181,19 @@ def entity_command(args: argparse.Namespace) -> None:
     else:
         read = f"get_{kind}_runtime_properties" if action == "runtime" else f"get_{kind}"
         print_record(getattr(admin, read)(*parent, args.name), args.json)
+
+
+def purge(args: argparse.Namespace) -> None:
+    """Remove every message of a queue or subscription (or of its dead-letter sub-queue) enqueued before
+    the command started: the receiver's purge_messages; locked messages stay."""
+    sub_queue = ServiceBusSubQueue.DEAD_LETTER if args.dead_letter else None
+    with ServiceBusClient(args.namespace) as client:
+        receiver = (client.get_subscription_receiver(args.topic, args.name, sub_queue=sub_queue)
+                    if args.kind == "subscription" else client.get_queue_receiver(args.name, sub_queue=sub_queue))
+        with receiver:
+            removed = receiver.purge_messages()
+    where = ("the dead-letter sub-queue of " if args.dead_letter else "") + f"{args.kind} {args.name}"
+    print(json.dumps({"purged": removed}) if args.json else f"purged {removed} message(s) from {where}")
 
 
 def namespace_command(args: argparse.Namespace) -> None:
@@ -212,9 +232,11 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
     for kind in KINDS:
         parser = commands.add_parser(kind, help=f"list, show, create or delete {kind}s")
         actions = parser.add_subparsers(dest="action", required=True)
-        names = ["list", "show", "create", "delete"] + ([] if kind == "rule" else ["runtime"])
+        names = ["list", "show", "create", "delete"] + ([] if kind == "rule" else ["runtime"]) + \
+            (["purge"] if kind in ("queue", "subscription") else [])
         for action in names:
-            leaf = actions.add_parser(action, help={"list": f"list {kind}s", "runtime": f"runtime properties of a {kind}"}
+            leaf = actions.add_parser(action, help={"list": f"list {kind}s", "runtime": f"runtime properties of a {kind}",
+                                                    "purge": f"remove every message of a {kind} (locked ones stay)"}
                                      .get(action, f"{action} a {kind}"))
             leaf.set_defaults(run=entity_command, kind=kind)
             if action != "list":
@@ -223,10 +245,13 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
                 leaf.add_argument("--topic", required=True)
             if kind == "rule":
                 leaf.add_argument("--subscription", required=True)
+            if action == "purge":
+                leaf.add_argument("--from-dead-letter", dest="dead_letter", action="store_true",
+                                  help="purge the dead-letter sub-queue instead")
             if action == "create":
                 leaf.add_argument("--set", action="append", type=setting, metavar="NAME=VALUE",
-                                  help="a creation keyword of the administration client (repeatable), "
-                                       "e.g. max_delivery_count=5, lock_duration=PT30S, requires_session=true")
+                                  help="a creation keyword of the administration client (repeatable), e.g. "
+                                       "max_delivery_count=5, lock_duration=30 (seconds) or PT30S, requires_session=true")
                 if kind == "rule":
                     rule_filter = leaf.add_mutually_exclusive_group()
                     rule_filter.add_argument("--sql", help="a SQL filter expression")

@@ -1,5 +1,6 @@
-"""The message commands of the `sparkbus` CLI: send (arguments, a JSON-lines file or stdin), peek and
-receive (receive completes what it prints), and `dead-letter list|resubmit`. Tables for people, `--json`
+"""The message commands of the `sparkbus` CLI: send (arguments, a JSON-lines file or stdin), peek (from a
+sequence number, with each message's state) and receive (settled as --settle says; deferred messages by
+sequence number), and `dead-letter list|resubmit` (all, or chosen by sequence number). Tables for people, `--json`
 (one object per line) for scripts, progress bars on stderr when it is a terminal. An entity is a queue or
 topic to send to, a queue or '<topic>/Subscriptions/<name>' to read.
 
@@ -31,12 +32,13 @@ from ..exceptions import MessageSizeExceededError, ServiceBusError
 from ..message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
 from ..sender import ServiceBusSender
-from .text import UsageError, format_table, seconds, whole
+from .text import UsageError, cut, format_table, property_argument, seconds, sequence_number, whole
 
 MESSAGE_FIELDS = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
                   "reply_to", "reply_to_session_id")
 TIMED_FIELDS = ("time_to_live", "scheduled_enqueue_time_utc")  # JSON has no durations or times: see _timed
-SHOWN = ("sequence_number", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count", "body")
+SHOWN = ("sequence_number", "state", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count",
+         "body")
 DEAD_LETTER_SHOWN = ("dead_letter_reason", "dead_letter_error_description")
 Numbered = tuple[str, ServiceBusMessage]  # (where the message came from, e.g. "messages.jsonl line 3", message)
 ParserT = TypeVar("ParserT", bound=argparse.ArgumentParser)
@@ -129,7 +131,9 @@ def _file_lines(name: str) -> Iterator[tuple[str, str]]:
 
 
 def _messages(args: argparse.Namespace) -> Iterator[Numbered]:
-    extra = {name: getattr(args, name) for name in ("session_id", "subject") if getattr(args, name)}
+    extra: dict[str, Any] = {name: getattr(args, name) for name in ("session_id", "subject") if getattr(args, name)}
+    if args.property:
+        extra["application_properties"] = dict(args.property)
     for number, body in enumerate(args.body or (), 1):
         yield f"--body {number}", ServiceBusMessage(body, **extra)
     if args.file:
@@ -222,21 +226,27 @@ def pack(sender: ServiceBusSender, messages: Iterable[Numbered]) -> list[tuple[S
 
 
 def _receiver(args: argparse.Namespace, client: ServiceBusClient) -> ServiceBusReceiver:
+    """A receiver of --entity (or its dead-letter sub-queue), waiting --wait for a first message (the
+    commands that receive take --wait; a peek does not wait)."""
     sub_queue = ServiceBusSubQueue.DEAD_LETTER if args.dead_letter else None
     subscription = split_subscription_path(args.entity)
+    wait = vars(args).get("wait")
     if subscription is None:
-        return client.get_queue_receiver(args.entity, sub_queue=sub_queue, max_wait_time=args.wait)
-    return client.get_subscription_receiver(*subscription, sub_queue=sub_queue, max_wait_time=args.wait)
+        return client.get_queue_receiver(args.entity, sub_queue=sub_queue, max_wait_time=wait)
+    return client.get_subscription_receiver(*subscription, sub_queue=sub_queue, max_wait_time=wait)
 
 
 def peek(args: argparse.Namespace) -> None:
+    """Browse up to --count messages from --from-sequence-number (default: the first), in order."""
     with ServiceBusClient(args.namespace) as client, _receiver(args, client) as receiver:
         found: list[ServiceBusReceivedMessage] = []
+        start = args.from_sequence_number
         while len(found) < args.count:
-            more = receiver.peek_messages(args.count - len(found))
+            more = receiver.peek_messages(args.count - len(found), sequence_number=start)
             if not more:
                 break
             found += more
+            start = 0  # then on from where the last peek ended
     _print(found, args.json, args.dead_letter)
 
 
@@ -244,13 +254,17 @@ SETTLEMENTS = ("complete", "abandon", "dead-letter", "defer")
 
 
 def receive(args: argparse.Namespace) -> None:
-    """Receive up to --count messages and settle them as --settle says: complete (they leave the entity),
-    abandon (available again at once, their delivery count raised), dead-letter (with --reason and
-    --description) or defer (kept, to be received by sequence number)."""
+    """Receive up to --count messages (or with --sequence-number the deferred messages of those numbers,
+    all or none) and settle them as --settle says: complete (they leave the entity), abandon (available
+    again at once, their delivery count raised), dead-letter (with --reason and --description) or defer
+    (kept, to be received by sequence number)."""
     if args.settle != "dead-letter" and (args.reason is not None or args.description is not None):
         raise UsageError("--reason and --description go with --settle dead-letter")
     with ServiceBusClient(args.namespace) as client, _receiver(args, client) as receiver:
-        got = receiver.receive_messages(max_message_count=args.count)
+        if args.sequence_number:
+            got = receiver.receive_deferred_messages(args.sequence_number)
+        else:
+            got = receiver.receive_messages(max_message_count=args.count)
         if args.settle == "complete":
             receiver.complete_messages(got)
         for message in got if args.settle != "complete" else ():
@@ -280,9 +294,9 @@ def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
 
 
 def resubmit(args: argparse.Namespace) -> None:
-    """Move up to --count dead-lettered messages back: each copy is sent to --to (default: the queue itself,
-    or the topic of a subscription, whose rules then route it again), then the dead-lettered message is
-    completed. The target is checked before anything is received, and each round's copies are packed and
+    """Move up to --count dead-lettered messages back (or those of --sequence-number, all or none): each
+    copy is sent to --to (default: the queue itself, or the topic of a subscription, whose rules then route
+    it again), then the dead-lettered message is completed. The target is checked before anything is received, and each round's copies are packed and
     checked before they are sent (refused: the round's messages are abandoned, back in the dead-letter
     sub-queue at once). A crash between sending and completing leaves the message dead-lettered and its
     copy sent: resubmitting again sends a second copy unless the destination detects duplicates (the
@@ -292,10 +306,14 @@ def resubmit(args: argparse.Namespace) -> None:
     moved = 0
     with ServiceBusClient(args.namespace) as client, client.get_queue_sender(destination) as sender:
         check_target(sender)
-        with _receiver(args, client) as receiver, progress("resubmitting", args.count) as bar:
-            while moved < args.count:
-                got = receiver.receive_messages(min(args.count - moved, 100),
-                                                max_wait_time=args.wait if not moved else 0)
+        chosen = list(args.sequence_number or ())
+        wanted = len(chosen) or args.count
+        with _receiver(args, client) as receiver, progress("resubmitting", wanted) as bar:
+            while moved < wanted:
+                if chosen:
+                    got, chosen = receiver.receive_messages_by_sequence_number(chosen[:100]), chosen[100:]
+                else:
+                    got = receiver.receive_messages(min(wanted - moved, 100), max_wait_time=args.wait if not moved else 0)
                 if not got:
                     break
                 try:
@@ -323,8 +341,9 @@ def _abandon(receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedMess
             pass
 
 
-def _record(message: ServiceBusReceivedMessage) -> dict[str, object]:
-    record: dict[str, object] = {name: getattr(message, name) for name in SHOWN}
+def _record(message: ServiceBusReceivedMessage, dead_letter: bool = False) -> dict[str, object]:
+    record: dict[str, object] = {name: getattr(message, name) for name in SHOWN if name != "state"}
+    record["state"] = "dead-lettered" if dead_letter else message.state.name.lower()
     enqueued = message.enqueued_time_utc
     record.update(body=str(message), enqueued_time_utc=None if enqueued is None else enqueued.isoformat(),
                   application_properties=message.str_application_properties,
@@ -334,20 +353,19 @@ def _record(message: ServiceBusReceivedMessage) -> dict[str, object]:
 
 
 def _print(messages: list[ServiceBusReceivedMessage], as_json: bool, dead_letter: bool = False) -> None:
-    """Messages as a table (bodies, properties and dead-letter texts cut at 40 characters) or JSON lines;
-    dead-lettered ones with their reason and description."""
+    """Messages as a table (bodies, properties and dead-letter texts cut at 40 characters, ending in '…'
+    where cut) or JSON lines (whole); dead-lettered ones with their reason and description."""
     if as_json:
         for message in messages:
-            print(json.dumps(_record(message), default=str))
+            print(json.dumps(_record(message, dead_letter), default=str))
         return
     if not messages:
         print("no messages")
         return
     columns = SHOWN + ("application_properties",) + (DEAD_LETTER_SHOWN if dead_letter else ())
-    rows = [{**_record(m), "body": str(m)[:40],
-             "application_properties": json.dumps(m.str_application_properties, default=str)[:40]
+    rows = [{**_record(m, dead_letter), "application_properties": json.dumps(m.str_application_properties, default=str)
              if m.str_application_properties else ""} for m in messages]
-    print(format_table([{k: ("" if v is None else str(v)[:40]) for k, v in r.items()} for r in rows], columns))
+    print(format_table([{k: ("" if v is None else cut(v)) for k, v in r.items()} for r in rows], columns))
 
 
 def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
@@ -359,6 +377,9 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
     snd.add_argument("--file", help="JSON lines: a string body, or {\"body\": ..., \"session_id\": ..., ...}")
     snd.add_argument("--session-id", help="session id of the --body messages")
     snd.add_argument("--subject", help="subject of the --body messages")
+    snd.add_argument("--property", action="append", type=property_argument, metavar="KEY=VALUE",
+                     help="an application property of the --body messages (repeatable); true/false, whole and "
+                          "decimal numbers and none are typed, anything else is text")
     snd.set_defaults(run=send)
     made = [snd]
     for name, run, text in (("peek", peek, "browse messages without locking them"),
@@ -368,9 +389,15 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
         cmd.add_argument("--count", type=whole(1), default=10, help="at most this many messages")
         cmd.add_argument("--from-dead-letter", dest="dead_letter", action="store_true",
                          help="read the entity's dead-letter sub-queue instead of the entity")
-        cmd.add_argument("--wait", type=seconds(zero=True), default=1.0,
-                         help="seconds to wait for a first message (receive)")
+        if name == "peek":
+            cmd.add_argument("--from-sequence-number", type=sequence_number(0), default=0, metavar="N",
+                             help="start at this sequence number (default: the first message)")
         if name == "receive":
+            cmd.add_argument("--wait", type=seconds(zero=True), default=1.0,
+                             help="seconds (or an ISO 8601 duration such as PT5S) to wait for a first message")
+            cmd.add_argument("--sequence-number", type=sequence_number(0), action="append", metavar="N",
+                             help="receive the deferred message of this sequence number instead (repeatable; "
+                                  "all or none)")
             cmd.add_argument("--settle", choices=SETTLEMENTS, default="complete",
                              help="what to do with the received messages (default: complete)")
             cmd.add_argument("--reason", help="dead-letter reason (--settle dead-letter)")
@@ -384,9 +411,16 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
         cmd = dead_actions.add_parser(name, help=text)
         cmd.add_argument("--entity", required=True, help="queue or '<topic>/Subscriptions/<name>'")
         cmd.add_argument("--count", type=whole(1), default=10 if name == "list" else 1000, help="at most this many")
-        cmd.add_argument("--wait", type=seconds(zero=True), default=1.0, help="seconds to wait for a first message")
         if name == "resubmit":
+            cmd.add_argument("--wait", type=seconds(zero=True), default=1.0,
+                             help="seconds (or an ISO 8601 duration such as PT5S) to wait for a first message")
             cmd.add_argument("--to", help="queue or topic to send to; default: the queue, or the subscription's topic")
+            cmd.add_argument("--sequence-number", type=sequence_number(0), action="append", metavar="N",
+                             help="resubmit the dead-lettered message of this sequence number (repeatable; all or "
+                                  "none), instead of the first --count")
+        else:
+            cmd.add_argument("--from-sequence-number", type=sequence_number(0), default=0, metavar="N",
+                             help="start at this sequence number (default: the first message)")
         cmd.set_defaults(run=run, dead_letter=True)
         made.append(cmd)
     for cmd in made:

@@ -1,5 +1,5 @@
-"""What every command of the `sparkbus` CLI shares: the argument types (whole numbers, seconds, KEY=VALUE
-pairs, typed option values), UsageError (what a command line gets wrong in itself is refused before anything
+"""What every command of the `sparkbus` CLI shares: the argument types (whole numbers, seconds or ISO 8601
+durations, KEY=VALUE pairs, typed option values), UsageError (what a command line gets wrong in itself is refused before anything
 is opened, with exit code 2) and the aligned text tables people read.
 """
 from __future__ import annotations
@@ -7,7 +7,12 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from datetime import timedelta
 from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ..core.durations import parse_duration
+from ..core.filters import CORRELATION_FIELDS
+from ..core.wire import MAX_SEQUENCE_NUMBER
 
 MAX_NUMBER = 2**31 - 1  # the largest whole number any option takes (Service Bus's counts are 32-bit)
 MAX_SECONDS = 86_400.0  # the longest time in seconds any option takes (a day)
@@ -23,27 +28,58 @@ class UsageError(ValueError):
         self.prog = prog
 
 
-def whole(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number (ASCII digits) from minimum to MAX_NUMBER."""
+def whole(minimum: int, maximum: int = MAX_NUMBER) -> Callable[[str], int]:
+    """An argparse type: a whole number (ASCII digits) from minimum to maximum (default MAX_NUMBER)."""
     def number(text: str) -> int:
-        if not re.fullmatch(r"[+-]?[0-9]{1,12}", text) or not minimum <= int(text) <= MAX_NUMBER:
-            raise argparse.ArgumentTypeError(f"takes a whole number from {minimum} to {MAX_NUMBER}, got {text!r}")
+        if not re.fullmatch(r"[+-]?[0-9]{1,20}", text) or not minimum <= int(text) <= maximum:
+            raise argparse.ArgumentTypeError(f"takes a whole number from {minimum} to {maximum}, got {text!r}")
         return int(text)
     return number
 
 
+def sequence_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a sequence number (a partitioned entity's carry the partition in their top bits)."""
+    return whole(minimum, MAX_SEQUENCE_NUMBER)
+
+
 def seconds(*, zero: bool) -> Callable[[str], float]:
-    """An argparse type: a number of seconds up to MAX_SECONDS, from 0 when zero is allowed, else above 0."""
+    """An argparse type: seconds (a number) or an ISO 8601 duration such as PT30S, up to MAX_SECONDS, from 0
+    when zero is allowed, else above 0; the value in seconds."""
     def number(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (0 <= value if zero else 0 < value) or not value <= MAX_SECONDS:  # nan fails both
+        value = duration_seconds(text)
+        if value is None or not (0 <= value if zero else 0 < value) or not value <= MAX_SECONDS:  # nan fails both
             low = "from 0" if zero else "above 0"
-            raise argparse.ArgumentTypeError(f"takes seconds {low} up to {MAX_SECONDS:g}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"takes seconds {low} up to {MAX_SECONDS:g} (a number, or an ISO 8601 "
+                                             f"duration such as PT30S), got {text!r}")
         return value
     return number
+
+
+def duration_seconds(text: str) -> Optional[float]:
+    """Seconds from a number or an ISO 8601 duration (PT30S, P1D); None for text that is neither."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(text, "duration").total_seconds()
+    except ValueError:
+        return None
+
+
+def duration(name: str, value: Any) -> timedelta:
+    """A duration option's value (--set lock_duration=30 or =PT30S, as typed reads it) as a timedelta:
+    a number is seconds. ValueError naming the option and what it takes."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not 0 <= value < timedelta.max.total_seconds():
+            raise ValueError(f"{name} takes seconds from 0 or an ISO 8601 duration such as PT30S, got {value!r}")
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        try:
+            return parse_duration(value, name)
+        except ValueError:
+            pass
+    raise ValueError(f"{name} takes seconds (a number) or an ISO 8601 duration such as PT30S, got {value!r}")
 
 
 def pair(text: str) -> tuple[str, str]:
@@ -55,8 +91,8 @@ def pair(text: str) -> tuple[str, str]:
 
 
 def typed(value: str) -> Any:
-    """Option text as a value: true/false as booleans, whole numbers as ints, none as None, anything else
-    as text (durations as ISO 8601, e.g. PT30S)."""
+    """Option text as a value: true/false as booleans, whole numbers as ints, decimal numbers as floats,
+    none as None, anything else as text (durations as ISO 8601, e.g. PT30S)."""
     lowered = value.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -64,6 +100,8 @@ def typed(value: str) -> Any:
         return None
     if re.fullmatch(r"-?[0-9]+", value):
         return int(value)
+    if re.fullmatch(r"-?[0-9]+\.[0-9]+", value):
+        return float(value)
     return value
 
 
@@ -77,8 +115,16 @@ def setting(text: str) -> tuple[str, Any]:
 
 
 def correlation(text: str) -> tuple[str, Any]:
-    """An argparse type: --correlation KEY=VALUE, a filter field or any application property name; the
-    value typed."""
+    """An argparse type: --correlation KEY=VALUE, a filter field or any application property name. A field
+    (correlation_id, subject, ...) is text as given (correlation_id=5 matches the id '5'); a property's
+    value is typed as `typed` reads it, as `send --property` types it."""
+    key, value = pair(text)
+    return key, value if key in CORRELATION_FIELDS else typed(value)
+
+
+def property_argument(text: str) -> tuple[str, Any]:
+    """An argparse type: --property KEY=VALUE, an application property with its value typed (`typed`:
+    true/false, whole and decimal numbers, none; else text)."""
     key, value = pair(text)
     return key, typed(value)
 
@@ -92,6 +138,12 @@ def credits_argument(text: str) -> Optional[int]:
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"takes a whole number or 'off', from 1 to {MAX_NUMBER}, got {text!r}") from None
+
+
+def cut(value: object, width: int = 40) -> str:
+    """value as text of at most width characters; longer text ends in '…' to show it was cut."""
+    text = str(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
