@@ -66,8 +66,9 @@ $(DOCS_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[docs]' --config-settings editable_mode=compat
 	touch $(DOCS_STAMP)
 
+# NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its successor, printed on every build.
 docs: $(DOCS_STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test-fast: install typecheck
 	$(BIN)/python -m pytest -m 'not slow' -n $(TEST_WORKERS) --dist loadgroup

@@ -81,8 +81,9 @@ def main() -> None:
         receiver.abandon_message(first[1])
         receiver.dead_letter_message(first[2], reason="demo", error_description="dead-lettered on purpose")
         frame = receiver.receive_dataframe(max_message_count=500)
-        print(f"\nreceived {len(first)} messages one by one and {frame.count()} as a DataFrame; "
-              f"completed {receiver.complete_dataframe(frame)} of those by lock token")
+        print(f"\nreceived {len(first)} messages one by one (completed one, abandoned one and dead-lettered one on "
+              f"purpose, reason 'demo') and {frame.count()} as a DataFrame; completed "
+              f"{receiver.complete_dataframe(frame)} of those by lock token")
     with client.get_queue_receiver("invoices", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1) as receiver:
         lines = receiver.receive_messages(max_message_count=10)
         receiver.complete_messages(lines)
@@ -102,6 +103,8 @@ def main() -> None:
     print("request metrics (as `sparkbus metrics --namespace ...` prints them):")
     print(format_metrics(admin.get_namespace_metrics()))
     spark.stop()
+    print(f"\nnext, the message dead-lettered on purpose: sparkbus dead-letter list --namespace {args.namespace} "
+          "--entity orders")
 
 
 if __name__ == "__main__":

@@ -297,3 +297,46 @@ def test_dataframes_streams_fanout_and_forwarding_on_a_standalone_cluster(tmp_pa
     with sparkbus.ServiceBusClient(ns).get_queue_receiver("archive") as receiver:
         got = receiver.receive_messages(50, max_wait_time=5)
     assert len(got) == 25 and sorted(str(m) for m in got if m.subject != "copy") == [f"live {i}" for i in range(5)]
+
+
+WITHOUT_PACKAGES = """
+import sys
+from pyspark.sql import SparkSession
+import sparkbus
+from sparkbus import ServiceBusClient
+from sparkbus.spark import WorkerPythonError
+
+ns = sys.argv[1]
+sparkbus.create_namespace(ns)
+sparkbus.ServiceBusAdministrationClient(ns).create_queue("q")
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+try:
+    ServiceBusClient(ns).get_queue_sender("q").send_dataframe(spark.createDataFrame([("a",)], "body string"))
+except WorkerPythonError as error:
+    print(error)
+print("stored", sparkbus.ServiceBusAdministrationClient(ns).get_queue_runtime_properties("q").total_message_count)
+"""
+
+
+def test_workers_without_sparkbus_are_explained_with_pyspark_python(tmp_path):
+    """A script's own SparkSession whose Python workers run an interpreter without sparkbus's packages (as
+    when a virtualenv's python runs a script without the virtualenv activated): send_dataframe raises
+    WorkerPythonError naming the workers' Python and the PYSPARK_PYTHON to set, not a JVM traceback, and
+    nothing is sent."""
+    bare = tmp_path / "python-without-site-packages"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    script = tmp_path / "job.py"
+    script.write_text(WITHOUT_PACKAGES)
+    env = {**fresh_shell(), "PYSPARK_PYTHON": str(bare)}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ns")], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said, stored = done.stdout.splitlines()
+    # the first module the workers lack: sparkbus, or one it imports when the checkout is on PYTHONPATH
+    assert re.fullmatch(
+        rf"Spark's Python workers could not import '(sparkbus|azure|pyarrow|numpy)': they run {re.escape(str(bare))}, "
+        rf"not this interpreter \({re.escape(sys.executable)}\), and it lacks sparkbus's packages\. Set "
+        rf"PYSPARK_PYTHON={re.escape(sys.executable)} before the SparkSession starts \(activating the virtualenv does "
+        r"it too; sparkbus\.spark\.get_spark sets it\)", said), said
+    assert stored == "stored 0"

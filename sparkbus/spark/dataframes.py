@@ -25,6 +25,7 @@ from ..core.encoding import OUTGOING, STRING_PROPERTIES, new_message_ids
 from ..core.values import encode_properties
 from ..engine.enqueue import EnqueueResult
 from ..storage import location
+from . import workers_checked
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -303,7 +304,8 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
         if write_staged(path, (complete_batch(b, requires_duplicate_detection, partition_count) for b in batches)):
             yield pa.RecordBatch.from_pydict({"position": [index], "path": [path]})
 
-    staged = df.mapInArrow(write, "position long, path string").collect()
+    with workers_checked(df.sparkSession):
+        staged = df.mapInArrow(write, "position long, path string").collect()
     return [row.path for row in sorted(staged, key=lambda row: row.position)]
 
 
