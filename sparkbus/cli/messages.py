@@ -310,8 +310,8 @@ def resubmit(args: argparse.Namespace) -> None:
         wanted = len(chosen) or args.count
         with _receiver(args, client) as receiver, progress("resubmitting", wanted) as bar:
             while moved < wanted:
-                if chosen:
-                    got, chosen = receiver.receive_messages_by_sequence_number(chosen[:100]), chosen[100:]
+                if chosen:  # all at once: all or none
+                    got, chosen = receiver.receive_messages_by_sequence_number(chosen), []
                 else:
                     got = receiver.receive_messages(min(wanted - moved, 100), max_wait_time=args.wait if not moved else 0)
                 if not got:
