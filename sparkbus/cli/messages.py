@@ -1,8 +1,8 @@
 """The message commands of the `sparkbus` CLI: send (arguments, a JSON-lines file or stdin), peek (from a
-sequence number, with each message's state) and receive (settled as --settle says; deferred messages by
-sequence number), and `dead-letter list|resubmit` (all, or chosen by sequence number). Tables for people, `--json`
-(one object per line) for scripts, progress bars on stderr when it is a terminal. An entity is a queue or
-topic to send to, a queue or '<topic>/Subscriptions/<name>' to read.
+sequence number, with each message's state), receive (settled as --settle says; deferred messages by
+sequence number) and `dead-letter list|resubmit` (all, or chosen by sequence number). Tables for people,
+`--json` (one object per line) for scripts, progress bars on stderr when it is a terminal. An entity is a
+queue or topic to send to, a queue or '<topic>/Subscriptions/<name>' to read.
 
 All or nothing where it can be: `send` reads and checks every message (JSON, the message's values, the
 entity's status, session and size rules) and packs the batches before it sends the first, so a bad line
@@ -296,24 +296,25 @@ def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
 def resubmit(args: argparse.Namespace) -> None:
     """Move up to --count dead-lettered messages back (or those of --sequence-number, all or none): each
     copy is sent to --to (default: the queue itself, or the topic of a subscription, whose rules then route
-    it again), then the dead-lettered message is completed. The target is checked before anything is received, and each round's copies are packed and
-    checked before they are sent (refused: the round's messages are abandoned, back in the dead-letter
-    sub-queue at once). A crash between sending and completing leaves the message dead-lettered and its
-    copy sent: resubmitting again sends a second copy unless the destination detects duplicates (the
-    message id is kept)."""
+    it again), then the dead-lettered message is completed. The target is checked before anything is
+    received, and each round's copies are packed and checked before they are sent (refused: the round's
+    messages are abandoned, back in the dead-letter sub-queue at once). A crash between sending and
+    completing leaves the message dead-lettered and its copy sent: resubmitting again sends a second copy
+    unless the destination detects duplicates (the message id is kept)."""
     subscription = split_subscription_path(args.entity)
     destination = args.to or (subscription[0] if subscription else args.entity)
     moved = 0
     with ServiceBusClient(args.namespace) as client, client.get_queue_sender(destination) as sender:
         check_target(sender)
-        chosen = list(args.sequence_number or ())
+        chosen = list(dict.fromkeys(args.sequence_number or ()))  # (a number given twice is one message)
         wanted = len(chosen) or args.count
         with _receiver(args, client) as receiver, progress("resubmitting", wanted) as bar:
             while moved < wanted:
                 if chosen:  # all at once: all or none
                     got, chosen = receiver.receive_messages_by_sequence_number(chosen), []
                 else:
-                    got = receiver.receive_messages(min(wanted - moved, 100), max_wait_time=args.wait if not moved else 0)
+                    got = receiver.receive_messages(min(wanted - moved, 100),
+                                                    max_wait_time=args.wait if not moved else 0)
                 if not got:
                     break
                 try:

@@ -1,6 +1,7 @@
 """What every command of the `sparkbus` CLI shares: the argument types (whole numbers, seconds or ISO 8601
-durations, KEY=VALUE pairs, typed option values), UsageError (what a command line gets wrong in itself is refused before anything
-is opened, with exit code 2) and the aligned text tables people read.
+durations, KEY=VALUE pairs, typed option values), UsageError (what a command line gets wrong in itself is
+refused before anything is opened, with exit code 2) and the aligned text tables people read, with cut
+cells marked.
 """
 from __future__ import annotations
 

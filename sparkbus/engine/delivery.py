@@ -438,8 +438,8 @@ class Delivery:
         missing = sorted(set(sequence_numbers) - present)
         if missing:
             self.entity.confirm(info)  # not found because the entity is gone? (see lock_any)
-            raise MessageNotFoundError(f"no {queue.lower().replace('_', '-')}, unlocked message with sequence number(s) {missing[:10]}; "
-                                       "nothing was received")
+            raise MessageNotFoundError(f"no {queue.lower().replace('_', '-')}, unlocked message with sequence "
+                                       f"number(s) {missing[:10]}; nothing was received")
         taken: list[tuple[dict[str, Any], M]] = []  # (state row written, what decode made) of each message
         undecodable: set[int] = set()
 
