@@ -25,7 +25,7 @@ from ..core.encoding import OUTGOING, STRING_PROPERTIES, new_message_ids
 from ..core.values import encode_properties
 from ..engine.enqueue import EnqueueResult
 from ..storage import location
-from . import workers_checked
+from .workers import workers_checked
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
