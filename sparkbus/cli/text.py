@@ -6,7 +6,6 @@ cells marked.
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from datetime import timedelta
 from typing import Any, Callable, Mapping, Optional, Sequence
