@@ -23,10 +23,11 @@ $(RUNTIME): pyproject.toml | $(BIN)/python
 # "compat" mode (the checkout on sys.path) so that Spark's lookup of pyspark_* data source modules, which
 # lists importable modules, finds pyspark_sparkbus from any working directory (notebooks, jobs). strace
 # (a Debian package) lets the durability test see the fsyncs; fuse3 mounts the tests' file system without
-# hard links.
+# hard links; Chromium and its driver, the browser the Explorer's tests drive (Selenium, headless).
 $(STAMP): pyproject.toml | $(BIN)/python
 	command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
 	command -v fusermount3 >/dev/null || (apt-get update -qq && apt-get install -y -qq fuse3)
+	command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 

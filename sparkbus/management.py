@@ -27,6 +27,7 @@ from .engine.catalog import Catalog
 from .engine.metrics import Metrics
 from .engine.namespace import NamespaceProperties, governor_of, open_namespace, update_namespace
 from .engine.retry import RetryPolicy
+from .engine.runtime import SessionSummary
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,11 +144,11 @@ class ServiceBusAdministrationClient:
         return cast(list[TopicProperties], admin.list_entities(self._catalog, "topic"))
 
     @_management
-    def update_queue(self, queue: Union[QueueProperties, dict[str, Any]], **kwargs: object) -> None:
+    def update_queue(self, queue: Union[QueueProperties, dict[str, Any], str], **kwargs: object) -> None:
         self._update("queue", _name_of(queue, "queue"), entities.settable_values("queue", queue, kwargs))
 
     @_management
-    def update_topic(self, topic: Union[TopicProperties, dict[str, Any]], **kwargs: object) -> None:
+    def update_topic(self, topic: Union[TopicProperties, dict[str, Any], str], **kwargs: object) -> None:
         self._update("topic", _name_of(topic, "topic"), entities.settable_values("topic", topic, kwargs))
 
     @_management
@@ -202,7 +203,7 @@ class ServiceBusAdministrationClient:
                     admin.list_entities(self._catalog, "subscription", _name_of(topic_name, "topic")))
 
     @_management
-    def update_subscription(self, topic_name: str, subscription: Union[SubscriptionProperties, dict[str, Any]],
+    def update_subscription(self, topic_name: str, subscription: Union[SubscriptionProperties, dict[str, Any], str],
                             **kwargs: object) -> None:
         path = subscription_path(_name_of(topic_name, "topic"), _name_of(subscription, "subscription"))
         self._update("subscription", path, entities.settable_values("subscription", subscription, kwargs))
@@ -286,6 +287,12 @@ class ServiceBusAdministrationClient:
         ('<topic>/Subscriptions/<name>'), every partition named (0 when empty): how evenly partition keys,
         session ids and message ids spread the load. A partition that cannot be read is left out."""
         return admin.partition_message_counts(self._catalog, entity_path)
+
+    def list_sessions(self, entity_path: str) -> list[SessionSummary]:
+        """sparkbus: the sessions of a queue or subscription ('<topic>/Subscriptions/<name>') that hold
+        messages or a stored lock or state, by session id, with their message count, lock and state size
+        (what Service Bus Explorer shows of sessions). MessagingEntityNotFoundError if there is no such entity."""
+        return admin.sessions(self._catalog, entity_path)
 
     def _update(self, kind: str, path: str, values: dict[str, Any]) -> None:
         admin.update_entity(self._catalog, kind, path, entities.check_options(kind, values))

@@ -133,10 +133,10 @@ def test_durations_are_seconds_or_iso_8601(admin, ns_path, capsys):
     assert admin.get_queue("a").default_message_time_to_live == timedelta(seconds=3600.5)
     assert admin.get_queue("b").lock_duration == timedelta(seconds=45)
     capsys.readouterr()
-    assert main(["queue", "create", "c", "--set", "lock_duration=soon", "--namespace", ns_path]) == 1
+    assert main(["queue", "create", "c", "--set", "lock_duration=soon", "--namespace", ns_path]) == 2
     assert "lock_duration takes seconds (a number) or an ISO 8601 duration such as PT30S, got 'soon'" in \
         capsys.readouterr().err
-    assert main(["queue", "create", "c", "--set", "lock_duration=-5", "--namespace", ns_path]) == 1
+    assert main(["queue", "create", "c", "--set", "lock_duration=-5", "--namespace", ns_path]) == 2
     assert "lock_duration takes seconds from 0" in capsys.readouterr().err
     assert [q.name for q in admin.list_queues()] == ["a", "b"]  # nothing made of the refused ones
     assert main(["receive", "--entity", "a", "--wait", "PT0.5S", "--namespace", ns_path]) == 0
@@ -165,7 +165,7 @@ def test_help_lists_each_command_once_by_group_and_options_where_they_apply(caps
     out = capsys.readouterr().out
     listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and not line.startswith("  -")]
     assert listed == [name for _, names in COMMAND_GROUPS for name in names]
-    assert len(listed) == len(set(listed)) == 21 and out.count("\n  dead-letter ") == 1
+    assert len(listed) == len(set(listed)) == 22 and out.count("\n  dead-letter ") == 1
     assert out.splitlines()[0] == "usage: sparkbus [-h] [--version] <command> ..."
     assert main(["peek", "--help"]) == 0
     peek = capsys.readouterr().out

@@ -113,6 +113,13 @@ def _metrics(args: argparse.Namespace) -> None:
         print(f"plot written to {plot_metrics(report, args.plot, namespace=args.namespace)}")
 
 
+def _ui(args: argparse.Namespace) -> None:
+    """The Explorer (sparkbus.explorer.serve) until Ctrl-C or SIGTERM."""
+    from ..explorer import serve
+
+    serve(args.namespace, host=args.host, port=args.port, allow_changes=args.allow_changes, block=True)
+
+
 def _update_namespace(args: argparse.Namespace) -> None:
     """Scale a premium namespace or change a basic/standard namespace's credits per second."""
     changes = {name: vars(args)[name] for name in ("messaging_units", "credits_per_second") if name in vars(args)}
@@ -389,7 +396,7 @@ NAMESPACE_VARIABLE = "SPARKBUS_NAMESPACE"  # the namespace of every command not 
 COMMAND_GROUPS = (
     ("messages", ("send", "peek", "receive", "dead-letter", "send-batch")),
     ("entities", ("queue", "topic", "subscription", "rule", "apply")),
-    ("looking at a namespace", ("show", "metrics", "capacity")),
+    ("looking at a namespace", ("ui", "show", "metrics", "capacity")),
     ("running a namespace", ("namespace", "update-namespace", "serve", "fanout", "forward", "maintain", "partition",
                              "submit")),
 )
@@ -429,6 +436,14 @@ def _parser() -> argparse.ArgumentParser:
                           "when the counts span at most ten minutes, else per minute")
     met.add_argument("--plot", metavar="FILE.png", help="also draw throughput and throttled requests into FILE.png")
     met.set_defaults(run=_metrics)
+    ui = commands.add_parser("ui", help="the Explorer: a web page to see and operate the namespace (sparkbus[ui])")
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1); any other requires the access token printed")
+    ui.add_argument("--port", type=whole(0, 65535), default=8642, help="port (default 8642; 0: any free port)")
+    ui.add_argument("--allow-changes", action="store_true",
+                    help="offer and accept changes: send, settle, resubmit, purge, entities and rules "
+                         "(default: read-only)")
+    ui.set_defaults(run=_ui)
     upd = commands.add_parser("update-namespace", help="scale a premium namespace or set the credit budget")
     upd.add_argument("--messaging-units", type=whole(1), default=argparse.SUPPRESS, help="premium: 1, 2, 4, 8 or 16")
     upd.add_argument("--credits-per-second", type=credits_argument, default=argparse.SUPPRESS,
@@ -495,7 +510,7 @@ def _parser() -> argparse.ArgumentParser:
     for sub in (apply, show, met, upd, part, cap, batch):
         sub.add_argument("--json", action="store_true", help="one JSON object instead of text")
     default = os.environ.get(NAMESPACE_VARIABLE) or None
-    for sub in (apply, show, met, upd, part, fan, forward, batch, serve, *messaging, *management):
+    for sub in (apply, show, met, ui, upd, part, fan, forward, batch, serve, *messaging, *management):
         sub.add_argument("--namespace", required=default is None, default=default,
                          help="namespace directory, file:// URI or object-store URI (az://, abfss://, s3://); "
                               f"default: ${NAMESPACE_VARIABLE}" + (f" ({default})" if default else " (not set)"))

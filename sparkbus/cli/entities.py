@@ -10,28 +10,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from datetime import datetime, timedelta
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Sequence, TypeVar, Union
 
 from ..client import ServiceBusClient
-from ..core.durations import MAX_DURATION, MAX_DURATION_TEXT, format_duration
-from ..core.entities import DURATION_OPTIONS
-from ..core.filters import (
-    CORRELATION_FIELDS,
-    CorrelationRuleFilter,
-    FalseRuleFilter,
-    RuleFilter,
-    RuleProperties,
-    SqlRuleAction,
-    SqlRuleFilter,
-    TrueRuleFilter,
-)
+from ..core.durations import MAX_DURATION_TEXT
+from ..core.filters import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter
+from ..core.shown import filter_record, filter_text, plain
 from ..engine.housekeeping import sweep
 from ..engine.namespace import NamespaceProperties, create_namespace, open_catalog
 from ..management import ServiceBusAdministrationClient
 from ..receiver import ServiceBusSubQueue
-from .text import correlation, credits_argument, duration, format_table, setting, whole
+from .text import correlation, credits_argument, format_table, setting, whole
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -43,48 +32,6 @@ LIST_COLUMNS = {"queue": ("name", "status", "partition_count", "max_size_in_mega
                 "rule": ("name", "filter", "action")}
 ParserT = TypeVar("ParserT", bound=argparse.ArgumentParser)
 RuleOption = Union[SqlRuleFilter, CorrelationRuleFilter, SqlRuleAction]
-
-
-def plain(value: Any) -> Any:
-    """A value as JSON shows it: durations as ISO 8601 (Service Bus' "never", TimeSpan.MaxValue, exactly as
-    the service writes it), times as ISO text, enums by value."""
-    if isinstance(value, timedelta):
-        return MAX_DURATION_TEXT if value >= MAX_DURATION else format_duration(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
-def filter_record(rule_filter: RuleFilter) -> dict[str, Any]:
-    """A rule filter as plain values: {"type": "sql", "sql_expression", "parameters"}, {"type": "true"} or
-    "false", or {"type": "correlation", <the fields it sets>, "properties"}."""
-    if isinstance(rule_filter, CorrelationRuleFilter):
-        fields = {f: getattr(rule_filter, f) for f in CORRELATION_FIELDS if getattr(rule_filter, f) is not None}
-        return {"type": "correlation", **fields, "properties": plain(rule_filter.properties)}
-    if isinstance(rule_filter, (TrueRuleFilter, FalseRuleFilter)):
-        return {"type": "true" if isinstance(rule_filter, TrueRuleFilter) else "false"}
-    return {"type": "sql", "sql_expression": rule_filter.sql_expression, "parameters": plain(rule_filter.parameters)}
-
-
-def filter_text(rule_filter: RuleFilter) -> str:
-    """A rule filter in one line for tables: the SQL expression (and its parameters), TRUE, FALSE, or the
-    correlation filter's fields and properties as name=value."""
-    shown = filter_record(rule_filter)
-    kind: str = shown["type"]
-    if kind in ("true", "false"):
-        return kind.upper()
-    if kind == "sql":
-        parameters = ", ".join(f"{k}={v!r}" for k, v in shown["parameters"].items())
-        expression: str = shown["sql_expression"]
-        return expression + (f" ({parameters})" if parameters else "")
-    pairs = {k: v for k, v in shown.items() if k not in ("type", "properties")} | shown["properties"]
-    return "correlation " + ", ".join(f"{k}={v!r}" for k, v in pairs.items())
 
 
 def record(item: DataclassInstance) -> dict[str, Any]:
@@ -170,7 +117,7 @@ def entity_command(args: argparse.Namespace) -> None:
         purge(args)
         return
     if action == "create":
-        options = {k: duration(k, v) if k in DURATION_OPTIONS else v for k, v in (args.set or ())}
+        options = dict(args.set or ())
         if kind == "rule":
             options.update(_rule_options(args))
         created = getattr(admin, f"create_{kind}")(*parent, args.name, **options)

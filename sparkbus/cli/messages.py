@@ -16,43 +16,26 @@ import argparse
 import json
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator, Optional, TypeVar, Union
+from typing import Any, Iterator, Optional, TypeVar, Union
 
 from tqdm import tqdm
 
-from ..amqp import AmqpAnnotatedMessage
 from ..client import ServiceBusClient
 from ..core.durations import MAX_DURATION, parse_duration
 from ..core.names import split_subscription_path
 from ..core.wording import plural
 from ..definitions import parse_nested
-from ..engine.enqueue import check_rows
-from ..engine.registry import EntityInfo
-from ..exceptions import MessageSizeExceededError, ServiceBusError
-from ..message import ServiceBusMessage, ServiceBusMessageBatch, to_outgoing
+from ..message import ServiceBusMessage
+from ..packing import Numbered, pack, reworded
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
-from ..sender import ServiceBusSender
+from ..resubmit import MESSAGE_FIELDS, default_destination, resubmit_dead_lettered
 from .text import UsageError, cut, format_table, property_argument, seconds, sequence_number, whole
 
-MESSAGE_FIELDS = ("message_id", "session_id", "partition_key", "correlation_id", "content_type", "subject", "to",
-                  "reply_to", "reply_to_session_id")
 TIMED_FIELDS = ("time_to_live", "scheduled_enqueue_time_utc")  # JSON has no durations or times: see _timed
 SHOWN = ("sequence_number", "state", "enqueued_time_utc", "message_id", "session_id", "subject", "delivery_count",
          "body")
 DEAD_LETTER_SHOWN = ("dead_letter_reason", "dead_letter_error_description")
-Numbered = tuple[str, ServiceBusMessage]  # (where the message came from, e.g. "messages.jsonl line 3", message)
 ParserT = TypeVar("ParserT", bound=argparse.ArgumentParser)
-
-
-def reworded(error: BaseException, text: str) -> BaseException:
-    """error, of the same type, with text as its message (so the one error line still names its type); a
-    UnicodeError, whose message is made of its fields, becomes a ValueError."""
-    if isinstance(error, UnicodeError):
-        return ValueError(text)
-    error.args = (text,)
-    if hasattr(error, "message"):  # azure-core's errors keep their message here too
-        error.message = text
-    return error
 
 
 def message_from_json(line: str, where: str) -> ServiceBusMessage:
@@ -168,63 +151,6 @@ def progress(what: str, total: Optional[int] = None) -> tqdm:
     return tqdm(total=total, desc=what, unit="msg", file=sys.stderr, disable=None, leave=False)
 
 
-def check_target(sender: ServiceBusSender) -> EntityInfo:
-    """The sender's entity, if it exists, is a queue or topic and takes sends now; otherwise the error a
-    send would raise (MessagingEntityNotFoundError, InvalidOperationError, MessagingEntityDisabledError)."""
-    info = sender.entity_info()
-    check_rows(info, to_outgoing([]), batch_limit=False)
-    return info
-
-
-def _fits(batch: ServiceBusMessageBatch, where: str, message: ServiceBusMessage) -> bool:
-    """Adds message to batch; False when the batch is too full to take it, MessageSizeExceededError
-    (naming where) when even an empty batch could not, and the error of a value the message's encoding
-    refuses (naming where)."""
-    try:
-        batch.add_message(message)
-    except MessageSizeExceededError as error:
-        if len(batch):
-            return False
-        raise reworded(error, f"{where}: {error}") from None
-    except (ValueError, TypeError) as error:
-        raise reworded(error, f"{where}: {error}") from None
-    return True
-
-
-def _checked(info: EntityInfo, batch: ServiceBusMessageBatch, wheres: list[str]) -> tuple[ServiceBusMessageBatch, str]:
-    """batch, if the entity's session and size rules take it as a send would; otherwise the error of its
-    first refused message, naming where it came from. Returns (batch, where its last message came from)."""
-    try:
-        check_rows(info, to_outgoing(batch.messages), batch_limit=True)
-    except (ServiceBusError, ValueError):
-        for where, message in zip(wheres, batch.messages):
-            try:
-                check_rows(info, to_outgoing([message]), batch_limit=False)
-            except (ServiceBusError, ValueError) as error:
-                raise reworded(error, f"{where}: {error}") from None
-        raise
-    return batch, wheres[-1]
-
-
-def pack(sender: ServiceBusSender, messages: Iterable[Numbered]) -> list[tuple[ServiceBusMessageBatch, str]]:
-    """Every message in batches as large as the sender's entity allows, each checked as its send would be
-    (check_target, then sessions and sizes); returns (batch, where its last message came from). The first
-    message refused raises, naming where it came from, before anything is sent."""
-    info = check_target(sender)
-    batches = []
-    wheres: list[str]
-    batch, wheres = sender.create_message_batch(), []
-    for where, message in messages:
-        if not _fits(batch, where, message):
-            batches.append(_checked(info, batch, wheres))
-            batch, wheres = sender.create_message_batch(), []
-            _fits(batch, where, message)  # an empty batch takes it, or _fits raised
-        wheres.append(where)
-    if len(batch):
-        batches.append(_checked(info, batch, wheres))
-    return batches
-
-
 def _receiver(args: argparse.Namespace, client: ServiceBusClient) -> ServiceBusReceiver:
     """A receiver of --entity (or its dead-letter sub-queue), waiting --wait for a first message (the
     commands that receive take --wait; a peek does not wait)."""
@@ -280,66 +206,16 @@ def receive(args: argparse.Namespace) -> None:
         print(f"{done[args.settle]} {plural(len(got), 'message')}")
 
 
-def copy_to_resubmit(message: ServiceBusReceivedMessage) -> ServiceBusMessage:
-    """A new message with a dead-lettered message's body (of any kind), properties, application
-    properties (as sent) and time to live; the broker's fields (numbers, counts, reasons) are not copied."""
-    kind = message.body_type.value
-    body: Any = message.body if kind == "value" else list(message.body)  # a value body is any AMQP value
-    copy = ServiceBusMessage.from_amqp(AmqpAnnotatedMessage(**{f"{kind}_body": body}))
-    for name in MESSAGE_FIELDS:
-        setattr(copy, name, getattr(message, name))
-    copy.application_properties = dict(message.str_application_properties)
-    copy.time_to_live = message.time_to_live
-    return copy
-
-
 def resubmit(args: argparse.Namespace) -> None:
-    """Move up to --count dead-lettered messages back (or those of --sequence-number, all or none): each
-    copy is sent to --to (default: the queue itself, or the topic of a subscription, whose rules then route
-    it again), then the dead-lettered message is completed. The target is checked before anything is
-    received, and each round's copies are packed and checked before they are sent (refused: the round's
-    messages are abandoned, back in the dead-letter sub-queue at once). A crash between sending and
-    completing leaves the message dead-lettered and its copy sent: resubmitting again sends a second copy
-    unless the destination detects duplicates (the message id is kept)."""
-    subscription = split_subscription_path(args.entity)
-    destination = args.to or (subscription[0] if subscription else args.entity)
-    moved = 0
-    with ServiceBusClient(args.namespace) as client, client.get_queue_sender(destination) as sender:
-        check_target(sender)
-        chosen = list(dict.fromkeys(args.sequence_number or ()))  # (a number given twice is one message)
-        wanted = len(chosen) or args.count
-        with _receiver(args, client) as receiver, progress("resubmitting", wanted) as bar:
-            while moved < wanted:
-                if chosen:  # all at once: all or none
-                    got, chosen = receiver.receive_messages_by_sequence_number(chosen), []
-                else:
-                    got = receiver.receive_messages(min(wanted - moved, 100),
-                                                    max_wait_time=args.wait if not moved else 0)
-                if not got:
-                    break
-                try:
-                    batches = pack(sender, [(f"dead-lettered message {m.sequence_number}", copy_to_resubmit(m))
-                                            for m in got])
-                except Exception:
-                    _abandon(receiver, got)
-                    raise
-                for batch, _ in batches:
-                    sender.send_messages(batch)
-                receiver.complete_messages(got)
-                moved += len(got)
-                bar.update(len(got))
+    """Move up to --count dead-lettered messages back (or those of --sequence-number, all or none) to --to
+    (default: the queue itself, or the topic of a subscription): sparkbus.resubmit.resubmit_dead_lettered."""
+    destination = args.to or default_destination(args.entity)
+    wanted = len(set(args.sequence_number or ())) or args.count
+    with ServiceBusClient(args.namespace) as client, progress("resubmitting", wanted) as bar:
+        moved = resubmit_dead_lettered(client, args.entity, to=destination, sequence_numbers=args.sequence_number,
+                                       max_message_count=args.count, max_wait_time=args.wait, progress=bar.update)
     print(json.dumps({"resubmitted": moved, "to": destination}) if args.json
           else f"resubmitted {moved} message(s) from {args.entity} to {destination}")
-
-
-def _abandon(receiver: ServiceBusReceiver, messages: list[ServiceBusReceivedMessage]) -> None:
-    """Give back messages whose copies were refused; a lock that cannot be given back expires by itself,
-    and the refusal is the error to report, so errors here are not raised."""
-    for message in messages:
-        try:
-            receiver.abandon_message(message)
-        except ServiceBusError:
-            pass
 
 
 def _record(message: ServiceBusReceivedMessage, dead_letter: bool = False) -> dict[str, object]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import re
-from datetime import timedelta
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..core.durations import parse_duration
+from ..core.option_text import setting as option_setting, typed
 from ..core.filters import CORRELATION_FIELDS
 from ..core.wire import MAX_SEQUENCE_NUMBER
 
@@ -67,21 +67,6 @@ def duration_seconds(text: str) -> Optional[float]:
         return None
 
 
-def duration(name: str, value: Any) -> timedelta:
-    """A duration option's value (--set lock_duration=30 or =PT30S, as typed reads it) as a timedelta:
-    a number is seconds. ValueError naming the option and what it takes."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not 0 <= value < timedelta.max.total_seconds():
-            raise ValueError(f"{name} takes seconds from 0 or an ISO 8601 duration such as PT30S, got {value!r}")
-        return timedelta(seconds=value)
-    if isinstance(value, str):
-        try:
-            return parse_duration(value, name)
-        except ValueError:
-            pass
-    raise ValueError(f"{name} takes seconds (a number) or an ISO 8601 duration such as PT30S, got {value!r}")
-
-
 def pair(text: str) -> tuple[str, str]:
     """An argparse type: KEY=VALUE with a key, as text."""
     key, eq, value = text.partition("=")
@@ -90,28 +75,12 @@ def pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def typed(value: str) -> Any:
-    """Option text as a value: true/false as booleans, whole numbers as ints, decimal numbers as floats,
-    none as None, anything else as text (durations as ISO 8601, e.g. PT30S)."""
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered == "none":
-        return None
-    if re.fullmatch(r"-?[0-9]+", value):
-        return int(value)
-    if re.fullmatch(r"-?[0-9]+\.[0-9]+", value):
-        return float(value)
-    return value
-
-
 def setting(text: str) -> tuple[str, Any]:
     """An argparse type: --set NAME=VALUE with a keyword name such as max_delivery_count; the value typed."""
-    name, eq, value = text.partition("=")
-    if not eq or not re.fullmatch(r"[a-z_]+", name):
-        raise argparse.ArgumentTypeError(
-            f"takes NAME=VALUE with a property name such as max_delivery_count, got {text!r}")
-    return name, typed(value)
+    try:
+        return option_setting(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def correlation(text: str) -> tuple[str, Any]:

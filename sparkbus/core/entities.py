@@ -292,6 +292,7 @@ class _RuntimeCommon:
     name: str = ""
     size_in_bytes: int = 0
     active_message_count: int = 0
+    deferred_message_count: int = 0  # sparkbus: the active messages that are deferred (counted in both)
     dead_letter_message_count: int = 0
     scheduled_message_count: int = 0
     transfer_message_count: int = 0

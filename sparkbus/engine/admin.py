@@ -37,7 +37,7 @@ from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .namespace import NamespaceProperties, governor_of, namespace_properties
 from .registry import remove_deleted, resolve, table_uris
 from .retry import RetryPolicy
-from .runtime import Counts, entity_counts
+from .runtime import Counts, SessionSummary, entity_counts, session_summaries
 from .throttle import Usage
 
 T = TypeVar("T")
@@ -169,6 +169,13 @@ def partition_message_counts(catalog: Catalog, path: str) -> dict[int, int]:
     return {p: counts.by_partition.get(p, 0) for p in range(row.partition_count) if p not in skipped}
 
 
+def sessions(catalog: Catalog, path: str) -> list[SessionSummary]:
+    """The sessions of a queue or subscription (runtime.session_summaries); a topic keeps none."""
+    snap = catalog.snapshot()
+    row = find(catalog, snap, None, path)
+    return [] if row.kind == "topic" else session_summaries(table_uris(catalog.root, row))
+
+
 def properties(catalog: Catalog, snap: Snapshot, row: Row) -> EntityProperties:
     """The SDK's properties object of the entity's row."""
     ns = namespace(catalog, snap)
@@ -200,10 +207,10 @@ def runtime(catalog: Catalog, snap: Snapshot, row: Row) -> RuntimeProperties:
         assert row.parent is not None  # a subscription's topic
         extra = {"topic_name": snap.rows[row.parent].path}
     # Messages an entity forwards are pending transfer, not active (or dead-lettered) there.
-    active, dead, transfer = counts.active, counts.dead_letter, 0
+    active, deferred, dead, transfer = counts.active, counts.deferred, counts.dead_letter, 0
     options = row.options
     if options.forward_to:
-        active, transfer = 0, transfer + active
+        active, deferred, transfer = 0, 0, transfer + active
     if options.forward_dead_lettered_messages_to:
         dead, transfer = 0, transfer + dead
     if row.kind != "topic":
@@ -211,7 +218,7 @@ def runtime(catalog: Catalog, snap: Snapshot, row: Row) -> RuntimeProperties:
                      transfer_dead_letter_message_count=counts.transfer_dead_letter)
     return entities.RUNTIME_CLASS[row.kind](
         name=_display_name(row), size_in_bytes=counts.size_in_bytes, active_message_count=active,
-        dead_letter_message_count=dead, scheduled_message_count=counts.scheduled,
+        deferred_message_count=deferred, dead_letter_message_count=dead, scheduled_message_count=counts.scheduled,
         total_message_count=counts.total, created_at_utc=row.created_at_utc,
         updated_at_utc=row.updated_at_utc, accessed_at_utc=counts.accessed_at_utc or row.created_at_utc,
         partition_count=row.partition_count,

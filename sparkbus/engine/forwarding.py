@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional, cast
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
