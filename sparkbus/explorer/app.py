@@ -37,7 +37,7 @@ from ..core.wire import MAX_SEQUENCE_NUMBER
 from ..exceptions import MessageNotFoundError, MessagingEntityNotFoundError, ServiceBusError
 from ..management import ServiceBusAdministrationClient
 from . import changes, charts, pages
-from .security import (CSRF_COOKIE, CSRF_FIELD, HEADERS, TOKEN_COOKIE, Access, bearer, loopback_host, new_token,
+from .security import (CSRF_FIELD, HEADERS, TOKEN_COOKIE, Access, bearer, loopback_host, new_token,
                        same, same_origin)
 
 T = TypeVar("T")
@@ -112,7 +112,7 @@ def create_app(namespace: str, *, allow_changes: bool = False, token: Optional[s
     """The Explorer of a namespace (a path or object-store URI) as an ASGI application. token: required on
     every request (sparkbus.explorer.security); None serves loopback hosts only. allow_changes: whether
     pages offer changes and POST requests make them."""
-    access = Access(token, allow_changes)
+    access = Access(token, allow_changes, new_token())
     ns = Namespace(namespace)
     env = templates()
 
@@ -348,7 +348,7 @@ ACTIONS: dict[str, Callable[[Namespace, FormData], tuple[str, str]]] = {
 
 class _Guard:
     """ASGI middleware in front of every route (sparkbus.explorer.security): the access token or a loopback
-    Host, the anti-forgery cookie, and the security headers on every answer."""
+    Host, the anti-forgery token for the pages, and the security headers on every answer."""
 
     def __init__(self, app: ASGIApp, access: Access) -> None:
         self.app, self.access = app, access
@@ -358,19 +358,13 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
-        csrf = request.cookies.get(CSRF_COOKIE) or ""
-        fresh = not (len(csrf) >= 32 and csrf.replace("-", "").replace("_", "").isalnum())
-        if fresh:
-            csrf = new_token()
-        request.state.csrf = csrf
+        request.state.csrf = self.access.csrf
         response = self._refusal(request)
         cookies: list[tuple[str, str]] = []
         if response is None and self.access.token is not None and "token" in request.query_params:
             query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
             response = RedirectResponse(request.url.path + (f"?{query}" if query else ""), status_code=303)
             cookies.append((TOKEN_COOKIE, self.access.token))
-        if fresh:
-            cookies.append((CSRF_COOKIE, csrf))
 
         async def send_with_headers(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":

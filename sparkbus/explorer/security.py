@@ -8,11 +8,14 @@
 - Host: without a token, a request must name a loopback host (localhost, 127.0.0.1, [::1]) in its Host
   header, so a web page elsewhere cannot reach the Explorer by pointing a DNS name at 127.0.0.1.
 - Changes are POST requests only, refused outright (403, nothing written) unless the Explorer was started
-  with allow_changes, and otherwise accepted only with the page's anti-forgery token: a random value kept
-  in a SameSite=Strict cookie and repeated in every form (a page of another site can neither read the cookie
-  nor make the browser send it), and, when the browser names one, an Origin that is the Explorer's own.
+  with allow_changes, and otherwise accepted only with the anti-forgery token: a random value made when the
+  Explorer starts and written into every form of its pages (a page of another site cannot read the
+  Explorer's pages, so it cannot know it), and, when the browser names one, an Origin that is the
+  Explorer's own. One value for the whole run, not one per visitor: no cookie to race between a page and
+  the stylesheet and script it loads at once.
 - Every answer tells the browser to run only the Explorer's own scripts and styles, never to guess content
-  types, and to send no Referer (page addresses carry entity names and, once, the token).
+  types, and to send a Referer only to the Explorer itself (page addresses carry entity names). Not
+  no-referrer: under it a browser names no Origin on a form's POST ("null"), which the check refuses.
 """
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 TOKEN_COOKIE = "sparkbus_token"
-CSRF_COOKIE = "sparkbus_csrf"
 CSRF_FIELD = "csrf_token"
 DEFAULT_HOST = "127.0.0.1"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -31,7 +33,7 @@ HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
                                "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
@@ -80,7 +82,9 @@ def same_origin(origin: Optional[str], host_header: str) -> bool:
 
 @dataclass(frozen=True)
 class Access:
-    """The Explorer's access settings: the token (None: loopback only, no token) and whether it changes."""
+    """The Explorer's access settings: the access token (None: loopback only, no token), whether it changes,
+    and the anti-forgery token of its forms."""
 
     token: Optional[str]
     allow_changes: bool
+    csrf: str
