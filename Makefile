@@ -13,10 +13,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# What the demo and the jobs need, and no more: the package with its spark extra (make demo).
+# What the demo and the jobs need, and no more: the package with its spark extra, and the ui extra for the
+# Explorer the demo names as the next thing to try (make demo).
 RUNTIME := $(VENV)/.installed-runtime
 $(RUNTIME): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[spark]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[spark,ui]' --config-settings editable_mode=compat
 	touch $(RUNTIME)
 
 # Re-installs only when the package metadata changes; the package itself is installed editable, in the
@@ -64,11 +65,14 @@ dist: $(RUNTIME)
 # The documentation site (mkdocs.yml, docs/) in site/: --strict fails on a broken link or a page left out of nav.
 DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[docs]' --config-settings editable_mode=compat
+	command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+	$(BIN)/python -m pip install --quiet -e '.[docs,ui]' --config-settings editable_mode=compat
 	touch $(DOCS_STAMP)
 
-# NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its successor, printed on every build.
+# The Explorer's screenshots (docs/assets/explorer-*.png) are taken again by headless Chromium first
+# (docs_screenshots.py). NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its successor.
 docs: $(DOCS_STAMP)
+	$(BIN)/python docs_screenshots.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test-fast: install typecheck

@@ -103,8 +103,9 @@ def main() -> None:
     print("request metrics (as `sparkbus metrics --namespace ...` prints them):")
     print(format_metrics(admin.get_namespace_metrics()))
     spark.stop()
-    print(f"\nnext, the message dead-lettered on purpose: sparkbus dead-letter list --namespace {args.namespace} "
+    print(f"\nthe message dead-lettered on purpose: sparkbus dead-letter list --namespace {args.namespace} "
           "--entity orders")
+    print(f"next, see the namespace in the Explorer (http://127.0.0.1:8642/): sparkbus ui --namespace {args.namespace}")
 
 
 if __name__ == "__main__":
