@@ -66,13 +66,15 @@ dist: $(RUNTIME)
 DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): pyproject.toml | $(BIN)/python
 	command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
-	$(BIN)/python -m pip install --quiet -e '.[docs,ui]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[docs,ui,spark]' --config-settings editable_mode=compat
 	touch $(DOCS_STAMP)
 
-# The Explorer's screenshots (docs/assets/explorer-*.png) are taken again by headless Chromium first
-# (docs_screenshots.py). NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its successor.
+# First the Explorer's screenshots (docs/assets/explorer-*.png, headless Chromium: docs_screenshots.py) and
+# the notebooks with their outputs (docs/notebooks/, docs_notebooks.py) are made again.
+# NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its successor.
 docs: $(DOCS_STAMP)
 	$(BIN)/python docs_screenshots.py
+	$(BIN)/python docs_notebooks.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test-fast: install typecheck
