@@ -289,6 +289,23 @@ def stored_messages(admin, entity_path: str):
 
 
 @pytest.fixture
+def explorer(admin, ns_path):
+    """Starts the Explorer of the test's namespace (serve(..., **options)) in the background on a free loopback
+    port; every one started is stopped after the test."""
+    from sparkbus.explorer import serve
+
+    running = []
+
+    def start(**options):
+        started = serve(ns_path, port=0, block=False, **options)
+        running.append(started)
+        return started
+    yield start
+    for started in running:
+        started.stop()
+
+
+@pytest.fixture
 def client(admin, ns_path):
     return sparkbus.ServiceBusClient(ns_path)
 

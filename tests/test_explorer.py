@@ -19,20 +19,6 @@ from sparkbus.explorer import serve
 from sparkbus.explorer.security import CSRF_FIELD, TOKEN_COOKIE
 
 
-@pytest.fixture
-def explorer(admin, ns_path):
-    """serve(namespace, allow_changes=...) in the background on a free loopback port; stopped after."""
-    running = []
-
-    def start(**options):
-        started = serve(ns_path, port=0, block=False, **options)
-        running.append(started)
-        return started
-    yield start
-    for started in running:
-        started.stop()
-
-
 def _session(url: str) -> httpx.Client:
     """A client of the Explorer at url; its csrf attribute: the anti-forgery token of the dashboard's form
     (None when the Explorer shows no forms: read-only)."""

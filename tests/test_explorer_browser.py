@@ -39,18 +39,11 @@ def browser():
     driver.quit()
 
 
-@pytest.fixture
-def explorer(admin, ns_path, browser):
-    running = []
-
-    def start(**options):
-        started = serve(ns_path, port=0, block=False, **options)
-        running.append(started)
-        return started
-    yield start
+@pytest.fixture(autouse=True)
+def _cookies_cleared(browser):
+    """No test sees another's cookies (an access token of an Explorer that stopped)."""
+    yield
     browser.delete_all_cookies()
-    for started in running:
-        started.stop()
 
 
 def _filled(admin, ns_path: str) -> None:
