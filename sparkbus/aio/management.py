@@ -81,3 +81,4 @@ class ServiceBusAdministrationClient:
     delete_rule = on_pool(SyncAdmin.delete_rule)
     get_entity_tables = on_pool(SyncAdmin.get_entity_tables)
     get_partition_message_counts = on_pool(SyncAdmin.get_partition_message_counts)
+    list_sessions = listed_on_pool(SyncAdmin.list_sessions)

@@ -123,11 +123,11 @@ def create_app(namespace: str, *, allow_changes: bool = False, token: Optional[s
 
     def failure(request: Request, error: BaseException) -> Response:
         status = _status_of(error)
-        text = str(error) if status != 500 else f"{type(error).__name__}: {error}"
+        kind = {403: "Forbidden", 404: "NotFound"}.get(status, "Refused") if isinstance(error, _Refused) \
+            else type(error).__name__
         if request.url.path.startswith("/api/"):
-            return JSONResponse({"error": type(error).__name__ if status != 400 else "ValueError", "message": text},
-                                status_code=status)
-        return page(request, "error.html", status, status=status, message=text, kind=type(error).__name__)
+            return JSONResponse({"error": kind, "message": str(error)}, status_code=status)
+        return page(request, "error.html", status, status=status, message=str(error), kind=kind)
 
     def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
