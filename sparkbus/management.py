@@ -27,7 +27,7 @@ from .engine.catalog import Catalog
 from .engine.metrics import Metrics
 from .engine.namespace import NamespaceProperties, governor_of, open_namespace, update_namespace
 from .engine.retry import RetryPolicy
-from .engine.runtime import SessionSummary
+from .engine.sessions import SessionSummary
 
 F = TypeVar("F", bound=Callable[..., Any])
 

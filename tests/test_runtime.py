@@ -94,3 +94,29 @@ def test_topic_counts_headers_once_per_subscription(admin):
     admin.create_queue("q")
     assert [(r.name, r.total_message_count) for r in admin.list_topics_runtime_properties()] == [("t", 2)]
     assert [(r.name, r.total_message_count) for r in admin.list_queues_runtime_properties()] == [("q", 0)]
+
+
+def test_deferred_messages_are_counted_and_sessions_listed_with_their_locks_and_state(admin, ns_path):
+    from sparkbus import ServiceBusClient
+
+    admin.create_queue("q")
+    admin.create_queue("carts", requires_session=True)
+    with ServiceBusClient(ns_path) as client:
+        client.get_queue_sender("q").send_messages([ServiceBusMessage(str(n)) for n in range(4)])
+        with client.get_queue_receiver("q") as receiver:
+            first, second = receiver.receive_messages(2, max_wait_time=5)
+            receiver.defer_message(first)
+            receiver.dead_letter_message(second)
+        client.get_queue_sender("carts").send_messages([ServiceBusMessage(s, session_id=s) for s in "aabc"])
+        with client.get_queue_receiver("carts", session_id="c") as receiver:
+            [c] = receiver.receive_messages(1, max_wait_time=5)
+            receiver.dead_letter_message(c)
+            receiver.session.set_state(b"12345")
+        with client.get_queue_receiver("carts", session_id="a") as held:
+            listed = {s.session_id: s for s in admin.list_sessions("carts")}
+            assert listed["a"].locked_until_utc == held.session.locked_until_utc
+    runtime = admin.get_queue_runtime_properties("q")
+    assert (runtime.active_message_count, runtime.deferred_message_count, runtime.dead_letter_message_count) == (3, 1, 1)
+    assert [(s.message_count, s.state_size) for s in listed.values()] == [(2, 0), (1, 0), (0, 5)]  # c: dead-lettered
+    assert [s.locked_until_utc is None for s in admin.list_sessions("carts")] == [True, True, True]
+    assert admin.list_sessions("q") == []

@@ -31,13 +31,14 @@ from ..core.names import DEFAULT_RULE_NAME, checked_name, key, rule_path, split_
 from ..core.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 from ..exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
                           ServiceBusQuotaExceededError, StorageError)
-from . import fanout, metrics
+from . import clock, fanout, metrics
 from .availability import detected_faults, fault_of, require_available, unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .namespace import NamespaceProperties, governor_of, namespace_properties
 from .registry import remove_deleted, resolve, table_uris
 from .retry import RetryPolicy
-from .runtime import Counts, SessionSummary, entity_counts, session_summaries
+from .runtime import Counts, entity_counts
+from .sessions import SessionSummary, summaries
 from .throttle import Usage
 
 T = TypeVar("T")
@@ -170,10 +171,10 @@ def partition_message_counts(catalog: Catalog, path: str) -> dict[int, int]:
 
 
 def sessions(catalog: Catalog, path: str) -> list[SessionSummary]:
-    """The sessions of a queue or subscription (runtime.session_summaries); a topic keeps none."""
+    """The sessions of a queue or subscription (sessions.summaries); a topic keeps none."""
     snap = catalog.snapshot()
     row = find(catalog, snap, None, path)
-    return [] if row.kind == "topic" else session_summaries(table_uris(catalog.root, row))
+    return [] if row.kind == "topic" else summaries(table_uris(catalog.root, row), clock.now())
 
 
 def properties(catalog: Catalog, snap: Snapshot, row: Row) -> EntityProperties:

@@ -17,16 +17,6 @@ from ..core.schemas import DEAD_LETTERED, DEFERRED, GONE_SQL, GONE_STATES, LOCKS
 from . import clock
 
 
-@dataclass(frozen=True)
-class SessionSummary:
-    """One session of an entity as the Explorer lists it."""
-
-    session_id: str
-    message_count: int  # its messages in the entity, active, deferred or scheduled
-    locked_until_utc: Optional[datetime]  # while a receiver holds it, else None
-    state_size: int  # bytes of its session state (0: none set)
-
-
 # what counting reads of each table (narrow: the bodies are never parsed)
 COUNTED_MESSAGE = ("sequence_number", "scheduled_enqueue_time_utc", "body_size", "header_size")
 COUNTED_STATE = ("sequence_number", "state")
@@ -99,27 +89,6 @@ def entity_counts(messages_uri: str, locks_uri: str, *, header_copies: int = 1,
                   size_in_bytes=int(pc.sum(live["size"]).as_py() or 0),
                   accessed_at_utc=datetime.fromtimestamp(max(stamps) / 1000, timezone.utc) if stamps else None,
                   by_partition={int(v["values"]): int(v["counts"]) for v in partitions})
-
-
-def session_summaries(uris: dict[str, str], now: Optional[datetime] = None) -> list[SessionSummary]:
-    """Every session that holds messages or has a stored row (a lock taken, state set), by session id: its
-    messages still in the entity (dead-lettered ones not counted), its lock and the size of its state."""
-    messages, locks = open_live(uris["messages"], uris["locks"])
-    counted = storage.query(f"SELECT session_id, COUNT(*) AS n {_live_messages(1, 'm.session_id IS NOT NULL')} "
-                            f"WHERE state IS NULL OR state <> '{DEAD_LETTERED}' GROUP BY session_id",
-                            messages=messages, locks=locks)
-    stored = storage.query("SELECT session_id, lock_token, locked_until_utc, state FROM sessions", sessions=storage.open_table(uris["sessions"]))
-    counts = dict(zip(counted["session_id"].to_pylist(), counted["n"].to_pylist()))
-    rows = {r["session_id"]: r for r in stored.to_pylist()}
-    moment = now or clock.now()
-    found = []
-    for session_id in sorted(set(counts) | set(rows)):
-        row = rows.get(session_id) or {}
-        until = row.get("locked_until_utc")
-        held = row.get("lock_token") is not None and until is not None and until > moment
-        found.append(SessionSummary(session_id, int(counts.get(session_id, 0)), until if held else None,
-                                    len(row.get("state") or b"")))
-    return found
 
 
 @dataclass

@@ -11,6 +11,7 @@ Nothing here knows about the receiver classes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Optional, cast
 from urllib.parse import unquote
@@ -24,7 +25,7 @@ from ..core import transitions
 from ..exceptions import SessionCannotBeLockedError, SessionLockLostError
 from ..storage import commits, location, maintenance
 from ..storage.reader import PartitionReader
-from ..core.schemas import ACTIVE, GONE_SQL, SESSIONS
+from ..core.schemas import ACTIVE, DEAD_LETTERED, GONE_SQL, SESSIONS
 
 
 def session_row(view: commits.LogView, reader: PartitionReader, partition: int,
@@ -107,6 +108,38 @@ def available(messages: pa.Table, states: pa.Table, sessions: pa.Table, now: dat
     grouped = waiting.group_by("session_id", use_threads=False).aggregate([("oldest", "min"), ("first", "min")])
     return pa.table({"session_id": grouped["session_id"], "oldest": grouped["oldest_min"],
                      "first": grouped["first_min"]})
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One session of an entity as the Explorer lists it."""
+
+    session_id: str
+    message_count: int  # its messages in the entity, active, deferred or scheduled (dead-lettered ones not)
+    locked_until_utc: Optional[datetime]  # while a receiver holds it, else None
+    state_size: int  # bytes of its session state (0: none set)
+
+
+def summaries(tables: dict[str, str], now: datetime) -> list[SessionSummary]:
+    """Every session that holds messages or has a stored row (a lock taken, state set), by session id."""
+    locks = storage.open_table(tables["locks"])  # before messages: see retention
+    counted = storage.query(f"""
+        SELECT m.session_id, COUNT(*) AS n FROM messages m
+        LEFT JOIN locks l ON l.partition_id = m.partition_id AND l.sequence_number = m.sequence_number
+        WHERE m.session_id IS NOT NULL AND (l.state IS NULL OR l.state NOT IN ({GONE_SQL}, '{DEAD_LETTERED}'))
+        GROUP BY m.session_id""", locks=locks, messages=storage.open_table(tables["messages"]))
+    stored = storage.query("SELECT session_id, lock_token, locked_until_utc, state FROM sessions",
+                           sessions=storage.open_table(tables["sessions"]))
+    counts = dict(zip(counted["session_id"].to_pylist(), counted["n"].to_pylist()))
+    rows = {r["session_id"]: r for r in stored.to_pylist()}
+    found = []
+    for session_id in sorted(set(counts) | set(rows)):
+        row = rows.get(session_id) or {}
+        until = row.get("locked_until_utc")
+        held = row.get("lock_token") is not None and until is not None and until > now
+        found.append(SessionSummary(session_id, int(counts.get(session_id, 0)), until if held else None,
+                                    len(row.get("state") or b"")))
+    return found
 
 
 def listed(tables: dict[str, str], state_updated_after: Optional[datetime] = None) -> list[str]:

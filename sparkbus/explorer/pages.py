@@ -22,7 +22,7 @@ from ..core.wire import MAX_SEQUENCE_NUMBER
 from ..engine.admin import EntityProperties
 from ..engine.clock import now
 from ..engine.metrics import MINUTE, Metrics
-from ..engine.runtime import SessionSummary
+from ..engine.sessions import SessionSummary
 from ..management import ServiceBusAdministrationClient
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSubQueue
 
