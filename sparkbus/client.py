@@ -31,17 +31,25 @@ SessionId = Union[str, ServiceBusSessionFilter, None]
 
 class ServiceBusClient:
     """Client of a namespace, constructed as azure-servicebus': ServiceBusClient(fully_qualified_namespace,
-    credential, **kwargs), where fully_qualified_namespace is the namespace's location (a path or URI,
-    optionally written 'sparkbus://<location>'), or from_connection_string(conn_str).
+    credential, **kwargs), or from_connection_string(conn_str).
 
-    credential: any azure-core credential (TokenCredential, AzureNamedKeyCredential, AzureSasCredential)
-    is accepted; a local namespace needs none and ignores it. The retry settings are azure-servicebus':
-    one policy for every transient condition of the client's senders and receivers (sparkbus.engine.retry)
-    and for throttled requests. The SDK's other keyword arguments (transport_type, http_proxy,
-    custom_endpoint_address, connection_verify, uamqp_transport, logging_enable, user_agent, ...) are
-    accepted and ignored: there is no network connection to configure.
+    The SDK's other keyword arguments (transport_type, http_proxy, custom_endpoint_address,
+    connection_verify, uamqp_transport, logging_enable, user_agent, ...) are accepted and ignored: there is
+    no network connection to configure.
 
-    spark: an optional SparkSession for DataFrame sends and receives; message operations never need one.
+    Args:
+        fully_qualified_namespace: The namespace's location: a directory, a file:// URI or an object-store
+            URI (az://, abfss://, s3://), optionally written 'sparkbus://<location>'.
+        credential: Any azure-core credential (TokenCredential, AzureNamedKeyCredential, AzureSasCredential)
+            for an object-store namespace; a local namespace needs none and ignores it.
+        retry_total: azure-servicebus' retry settings: one policy for every transient condition of the
+            client's senders and receivers (sparkbus.engine.retry) and for throttled requests.
+        retry_backoff_factor: As retry_total.
+        retry_backoff_max: As retry_total.
+        retry_mode: "exponential" or "fixed".
+        spark: A SparkSession for DataFrame sends and receives; message operations never need one.
+        storage_options: An object-store namespace's options (account_key, sas_token, ...); default: the
+            environment's credentials.
     """
 
     def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, *,
@@ -87,7 +95,14 @@ class ServiceBusClient:
                              "used to construct the ServiceBusClient.")
 
     def get_queue_sender(self, queue_name: str, **kwargs: object) -> ServiceBusSender:
-        """A sender for a queue; the queue is looked up at the first send, as the SDK connects lazily."""
+        """A sender for a queue; the queue is looked up at the first send, as the SDK connects lazily.
+
+        Args:
+            queue_name: The queue's name.
+
+        Raises:
+            ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
+        """
         self._check_entity_path(queue_name, "queue")
         return ServiceBusSender(self._catalog, queue_name, self.spark, retry=self._retry)
 
@@ -99,9 +114,20 @@ class ServiceBusClient:
                            sub_queue: SubQueue = None, prefetch_count: int = 0, max_wait_time: Optional[float] = None,
                            session_id: SessionId = None, auto_lock_renewer: Optional["AutoLockRenewer"] = None,
                            **kwargs: object) -> ServiceBusReceiver:
-        """A receiver of a queue (sub_queue=ServiceBusSubQueue.DEAD_LETTER: of its dead-letter sub-queue;
-        session_id=<id> or NEXT_AVAILABLE_SESSION: of one session, locked for this receiver;
-        auto_lock_renewer: an AutoLockRenewer every received message, and the session, is registered with)."""
+        """A receiver of a queue, its dead-letter sub-queue, or one of its sessions.
+
+        Args:
+            queue_name: The queue's name.
+            receive_mode: PEEK_LOCK (settle each message) or RECEIVE_AND_DELETE (removed when received).
+            sub_queue: ServiceBusSubQueue.DEAD_LETTER to read the dead-letter sub-queue.
+            prefetch_count: Messages to lock ahead of receive_messages calls (0: none).
+            max_wait_time: Seconds receive_messages waits for a first message (None: until one arrives).
+            session_id: A session id or NEXT_AVAILABLE_SESSION: a session receiver, the session locked for it.
+            auto_lock_renewer: An AutoLockRenewer every received message, and the session, is registered with.
+
+        Raises:
+            ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
+        """
         self._check_entity_path(queue_name, "queue")
         return ServiceBusReceiver(self._catalog, queue_name, receive_mode=receive_mode, sub_queue=sub_queue,
                                   prefetch_count=prefetch_count, max_wait_time=max_wait_time, session_id=session_id,

@@ -531,9 +531,15 @@ class ServiceBusReceiver:
                          max_wait_time: Optional[float] = None) -> list[ServiceBusReceivedMessage]:
         """Up to max_message_count available messages from any partitions, oldest first in each.
 
-        Waits for the first message up to max_wait_time seconds (default: the receiver's), then returns
-        what is available; with neither set it waits until a message arrives, as the SDK's, or the receiver
-        is closed from another thread (then []). max_wait_time=0 returns at once.
+        Args:
+            max_message_count: At most this many messages.
+            max_wait_time: Seconds to wait for the first message, then what is available is returned
+                (default: the receiver's; with neither set it waits until a message arrives, as the SDK's,
+                or the receiver is closed from another thread, then []). 0 returns at once.
+
+        Returns:
+            The messages, locked until their locked_until_utc (PEEK_LOCK) or already removed
+            (RECEIVE_AND_DELETE).
         """
         count, wait = self._receive_arguments(max_message_count, max_wait_time)
         return self._renewed(poll(lambda: self._attempt(count), wait,
@@ -595,9 +601,18 @@ class ServiceBusReceiver:
 
     @requires_open
     def receive_deferred_messages(self, sequence_numbers: Union[int, Iterable[int]]) -> list[ServiceBusReceivedMessage]:
-        """Lock and return deferred messages by sequence number (they keep their numbers). All or none: a
-        number that is not a deferred, unlocked message of this entity raises MessageNotFoundError and
-        nothing is locked."""
+        """Lock and return deferred messages by sequence number (they keep their numbers). All or none.
+
+        Args:
+            sequence_numbers: One sequence number or several, of messages defer_message set aside.
+
+        Returns:
+            The messages, locked, in the order the numbers were given.
+
+        Raises:
+            MessageNotFoundError: a number is not a deferred, unlocked message of this entity (nothing is
+                locked).
+        """
         return self._numbered(sequence_numbers, DEFERRED)
 
     @requires_open
@@ -732,7 +747,14 @@ class ServiceBusReceiver:
 
     @requires_open
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
-        """Remove the message from the entity; durable before this returns."""
+        """Remove the message from the entity; durable before this returns.
+
+        Args:
+            message: A message this receiver received.
+
+        Raises:
+            MessageLockLostError: its lock expired or was taken over.
+        """
         self.complete_messages([message])
 
     @requires_open
@@ -763,20 +785,45 @@ class ServiceBusReceiver:
 
     @requires_open
     def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
-        """Release the lock; at max_delivery_count the message is dead-lettered (MaxDeliveryCountExceeded)."""
+        """Release the lock: the message is available again at once, its delivery count raised; at the
+        entity's max_delivery_count it is dead-lettered instead (reason MaxDeliveryCountExceeded).
+
+        Args:
+            message: A message this receiver received.
+
+        Raises:
+            MessageLockLostError: its lock expired or was taken over.
+        """
         rules = policy(self._delivery.lock_info(self._session_lock))
         self._settle([message], lambda row, now: transitions.abandoned(row, now, rules))
 
     @requires_open
     def defer_message(self, message: ServiceBusReceivedMessage) -> None:
-        """Set the message aside; only receive_deferred_messages returns it again."""
+        """Set the message aside; only receive_deferred_messages returns it again (by its sequence number).
+
+        Args:
+            message: A message this receiver received.
+
+        Raises:
+            MessageLockLostError: its lock expired or was taken over.
+        """
         self._settle([message], transitions.deferred)
 
     @requires_open
     def dead_letter_message(self, message: ServiceBusReceivedMessage, reason: Optional[str] = None,
                             error_description: Optional[str] = None) -> None:
-        """Move the message to the dead-letter sub-queue with a reason. reason and error_description: at
-        most 4096 characters of valid Unicode each, as Service Bus allows (ValueError otherwise)."""
+        """Move the message to the entity's dead-letter sub-queue.
+
+        Args:
+            message: A message this receiver received.
+            reason: Why, at most 4096 characters of valid Unicode, as Service Bus allows.
+            error_description: More about why, the same limits.
+
+        Raises:
+            ValueError: reason or error_description is too long or not valid Unicode.
+            InvalidOperationError: the message is in a sub-queue already.
+            MessageLockLostError: its lock expired or was taken over.
+        """
         check_dead_letter_text(reason, "reason")
         check_dead_letter_text(error_description, "error_description")
         if self.sub_queue is not None:
@@ -838,10 +885,20 @@ class ServiceBusReceiver:
 
     @requires_open
     def delete_messages(self, *, max_message_count: int, before_enqueued_time_utc: Optional[datetime] = None) -> int:
-        """Remove up to max_message_count (1 to 4,000) messages without receiving them, oldest first in each
-        partition: unlocked messages of the receiver's queue or sub-queue (of its session, for a session
-        receiver) enqueued before before_enqueued_time_utc (default now). Deferred messages and scheduled
-        ones not yet due stay. Returns how many were removed; 1 credit each."""
+        """Remove messages without receiving them, oldest first in each partition: unlocked messages of the
+        receiver's queue or sub-queue (of its session, for a session receiver). Deferred messages and
+        scheduled ones not yet due stay. 1 credit each.
+
+        Args:
+            max_message_count: At most this many, 1 to 4,000.
+            before_enqueued_time_utc: Only messages enqueued before this time (default: now).
+
+        Returns:
+            How many were removed.
+
+        Raises:
+            ValueError: max_message_count is out of range.
+        """
         if isinstance(max_message_count, bool) or not isinstance(max_message_count, int) or \
                 not 1 <= max_message_count <= MAX_DELETE_COUNT:
             raise ValueError(f"max_message_count must be an int from 1 to {MAX_DELETE_COUNT}, got {max_message_count!r}")

@@ -138,8 +138,18 @@ class ServiceBusSender:
                       transaction: Optional[ServiceBusTransaction] = None) -> None:
         """Send one message, a list or a batch: all of them commit together or none does.
 
-        With transaction=, the messages become visible when the transaction's block exits normally.
         Duplicates (with duplicate detection) are acknowledged and discarded, as Service Bus does.
+
+        Args:
+            message: A ServiceBusMessage, a list of them, or a ServiceBusMessageBatch.
+            timeout: Seconds the send (with its retries) may take; default: the client's retry policy.
+            transaction: A client.transaction(): the messages become visible when its block exits normally.
+
+        Raises:
+            MessagingEntityNotFoundError: the queue or topic does not exist.
+            MessageSizeExceededError: a message or the list is larger than the entity allows.
+            ServiceBusQuotaExceededError: the entity is full.
+            TypeError: transaction is not a ServiceBusTransaction.
         """
         self._retry.bounded(timeout)  # checked before anything else
         if transaction is not None and not isinstance(transaction, ServiceBusTransaction):
@@ -161,7 +171,19 @@ class ServiceBusSender:
     @requires_open
     def schedule_messages(self, messages: Sendable, schedule_time_utc: datetime, *,
                           timeout: Optional[float] = None) -> list[int]:
-        """Enqueue messages that become receivable at schedule_time_utc; returns their sequence numbers."""
+        """Enqueue messages that become receivable at a time.
+
+        Args:
+            messages: A ServiceBusMessage, a list of them, or a ServiceBusMessageBatch.
+            schedule_time_utc: When they become receivable (a naive datetime is UTC).
+            timeout: Seconds the call may take; default: the client's retry policy.
+
+        Returns:
+            Their sequence numbers, to cancel them with cancel_scheduled_messages.
+
+        Raises:
+            TypeError: schedule_time_utc is not a datetime.
+        """
         self._retry.bounded(timeout)
         when = to_utc(schedule_time_utc, "schedule_time_utc")
         if when is None:
@@ -179,7 +201,15 @@ class ServiceBusSender:
     @requires_open
     def cancel_scheduled_messages(self, sequence_numbers: Union[int, Iterable[int]], *,
                                   timeout: Optional[float] = None) -> None:
-        """Cancel scheduled messages so they are never delivered; unknown or already delivered -> MessageNotFoundError."""
+        """Cancel scheduled messages so they are never delivered.
+
+        Args:
+            sequence_numbers: One sequence number or several, as schedule_messages returned them.
+            timeout: Seconds the call may take; default: the client's retry policy.
+
+        Raises:
+            MessageNotFoundError: a number is unknown, or its message was already delivered.
+        """
         self._retry.bounded(timeout)
         numbers = check_sequence_numbers(sequence_numbers)
         if not numbers:
@@ -199,7 +229,14 @@ class ServiceBusSender:
 
     @requires_open
     def create_message_batch(self, max_size_in_bytes: Optional[int] = None) -> ServiceBusMessageBatch:
-        """A batch limited to max_size_in_bytes (at most the tier's batch limit, which is the default)."""
+        """An empty batch to fill with add_message and send in one commit.
+
+        Args:
+            max_size_in_bytes: Its size limit, at most the tier's batch limit (the default).
+
+        Raises:
+            ValueError: max_size_in_bytes is not between 1 and the entity's batch limit.
+        """
         limit = self.entity_info().max_batch_bytes
         if max_size_in_bytes is None:
             return ServiceBusMessageBatch(limit)
@@ -213,7 +250,15 @@ class ServiceBusSender:
     def send_dataframe(self, df: "DataFrame") -> EnqueueResult:
         """Send every row of a Spark DataFrame as one atomic commit (see sparkbus.spark.dataframes). It is
         admitted as one request and charged 1 credit per row: a large DataFrame goes through and leaves
-        the namespace throttled until the following periods repaid it."""
+        the namespace throttled until the following periods repaid it.
+
+        Args:
+            df: A body column and optional message-field and application-property columns
+                (messages_from_dataset makes one from any dataset).
+
+        Returns:
+            How many messages were sent and discarded as duplicates, and their sequence numbers per partition.
+        """
         from .spark.dataframes import send_dataframe
 
         return self._governor.call(self.entity_info().path, lambda: send_dataframe(self._writer, df),

@@ -73,14 +73,27 @@ def _check_credits(credits_per_second: object, tier: str) -> Optional[int]:
 def create_namespace(path: str, *, tier: str = "standard", partition_count: Optional[int] = None,
                      messaging_units: int = 1, credits_per_second: Optional[int] = 1000,
                      storage_options: Optional[dict[str, str]] = None, **overrides: int) -> NamespaceProperties:
-    """Create a namespace at `path`: a local directory or file:// URI, or an object-store prefix (az://,
-    abfs(s)://, s3://; storage_options or the environment give credentials, see storage.location).
+    """Create a namespace: its catalog, limits and throttling budget.
 
-    tier: "basic", "standard" or "premium". premium fixes partition_count (1, 2 or 4) for every entity;
-    basic/standard choose partitioning per entity. credits_per_second is the standard-tier throttling
-    budget (None turns credit throttling off; premium is not credit-throttled). overrides lower quotas
-    (see tiers.NamespaceLimits) for tests. An existing namespace, or one another caller created first
-    while this call ran -> MessagingEntityAlreadyExistsError, and nothing of this call stays behind.
+    Args:
+        path: A local directory or file:// URI, or an object-store prefix (az://, abfs(s)://, s3://).
+        tier: "basic", "standard" or "premium".
+        partition_count: Premium: 1, 2 or 4 partitions for every entity (basic and standard choose
+            partitioning per entity).
+        messaging_units: Premium: 1, 2, 4, 8 or 16.
+        credits_per_second: The basic/standard throttling budget; None turns credit throttling off
+            (premium is not credit-throttled).
+        storage_options: An object-store namespace's credentials (default: the environment's; see
+            storage.location).
+        **overrides: Lower quotas (see tiers.NamespaceLimits), for tests.
+
+    Returns:
+        The namespace's properties.
+
+    Raises:
+        MessagingEntityAlreadyExistsError: a namespace exists there, or another caller created one first
+            while this call ran (nothing of this call stays behind).
+        ValueError: a tier, partition count, messaging units or budget that is not allowed.
     """
     root = namespace_root(path, storage_options)
     count = tiers.validate_tier(tier, partition_count, messaging_units)
