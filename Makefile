@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 AZURITE := .azurite/node_modules/.bin/azurite-blob
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
+# Every install of the package is editable in setuptools' "compat" mode (see $(STAMP) for why), which
+# setuptools announces with a warning on every install: chosen on purpose, so not printed.
+EDITABLE := PYTHONWARNINGS="ignore:Compat editable installs" $(BIN)/python -m pip install --quiet
 
 .PHONY: install demo test test-fast typecheck dist docs crash soak sdk-samples bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-store bench-peers bench-peers-quick bench-servers clean
 
@@ -17,7 +20,7 @@ $(BIN)/python:
 # Explorer the demo names as the next thing to try (make demo).
 RUNTIME := $(VENV)/.installed-runtime
 $(RUNTIME): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[spark,ui]' --config-settings editable_mode=compat
+	$(EDITABLE) -e '.[spark,ui]' --config-settings editable_mode=compat
 	touch $(RUNTIME)
 
 # Re-installs only when the package metadata changes; the package itself is installed editable, in the
@@ -29,7 +32,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
 	command -v fusermount3 >/dev/null || (apt-get update -qq && apt-get install -y -qq fuse3)
 	command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
-	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	$(EDITABLE) -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 # Azurite, the Azure Storage emulator (npm), for the tests of namespaces on object storage; the tests start
@@ -66,7 +69,7 @@ dist: $(RUNTIME)
 DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): pyproject.toml | $(BIN)/python
 	command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
-	$(BIN)/python -m pip install --quiet -e '.[docs,ui,spark]' --config-settings editable_mode=compat
+	$(EDITABLE) -e '.[docs,ui,spark]' --config-settings editable_mode=compat
 	touch $(DOCS_STAMP)
 
 # First the Explorer's screenshots (docs/assets/explorer-*.png, headless Chromium: docs_screenshots.py) and
@@ -122,7 +125,7 @@ bench-store: install
 # BENCH_PEERS_ARGS passes options on, e.g. BENCH_PEERS_ARGS="--only sparkbus,postgres --workloads send,receive".
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]' --config-settings editable_mode=compat
+	$(EDITABLE) -e '.[test,bench]' --config-settings editable_mode=compat
 	touch $(BENCH_STAMP)
 
 bench-servers:

@@ -26,7 +26,8 @@ JOB = textwrap.dedent('''
 def test_the_built_wheel_installs_with_its_spark_extra_and_runs_from_an_empty_directory(tmp_path):
     """In an environment where the wheel is installed (its bin/ first on PATH, as when it is activated): the
     README's hello world runs as written, the CLI sends, and `sparkbus submit` runs a job with the packaged
-    Spark configuration (no INFO logging) that finds the "sparkbus" data source without registration."""
+    Spark configuration (no INFO logging) that finds the "sparkbus" data source without registration; with
+    the ui extra, the Explorer renders from the templates and stylesheet the wheel carries."""
     from test_docs import README, code_blocks
 
     dist, venv, work = tmp_path / "dist", tmp_path / "venv", tmp_path / "work"
@@ -38,7 +39,7 @@ def test_the_built_wheel_installs_with_its_spark_extra_and_runs_from_an_empty_di
     subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
     python, sparkbus_command = str(venv / "bin" / "python"), str(venv / "bin" / "sparkbus")
     # --no-compile: imports compile what they use (compiling all of pyspark and pandas first took 10 s)
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-compile", f"{wheels[0]}[spark]"], check=True,
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-compile", f"{wheels[0]}[spark,ui]"], check=True,
                    capture_output=True)
     hello = next(block for block in code_blocks(README) if block.runnable)
     (work / "hello.py").write_text(hello.code)
@@ -54,6 +55,10 @@ def test_the_built_wheel_installs_with_its_spark_extra_and_runs_from_an_empty_di
     printed = run(python, "hello.py").stdout.splitlines()
     assert all(line in printed for line in hello.output), printed
     run(sparkbus_command, "send", "--namespace", "hello-ns", "--entity", "orders", "--body", "kept")
+    explorer = run(python, "-c", "import importlib.resources as r; from sparkbus.explorer.notebook import "
+                   "dashboard_html; print(r.files('sparkbus.explorer.static').joinpath('explorer.css').is_file(), "
+                   "'>orders<' in dashboard_html('hello-ns'))")
+    assert explorer.stdout.split() == ["True", "True"], explorer.stdout
     job = run(sparkbus_command, "submit", "--master", "local[1]", "--conf", "spark.ui.enabled=false", "job.py")
     assert job.stdout.splitlines()[-1] == "rows: 1"
     assert " INFO " not in job.stderr, job.stderr[-3000:]
