@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from .autolock import AutoLockRenewer
+    from .processor import MessageHandler, ServiceBusProcessor
 
 ReceiveMode = Union[ServiceBusReceiveMode, str]
 SubQueue = Optional[Union[ServiceBusSubQueue, str]]
@@ -166,6 +167,25 @@ class ServiceBusClient:
         when = None if after is None else to_utc(after, "state_updated_after")
         return self._governor.call(info.path, lambda: sessions.listed(info.tables, when),
                                    lambda _: Usage(throttling.MANAGEMENT_COST), self._retry)
+
+    def get_queue_processor(self, queue_name: str, process_message: "MessageHandler",
+                            **options: Any) -> "ServiceBusProcessor":
+        """A processor running process_message for every message of a queue (sparkbus.processor; the
+        options are ServiceBusProcessor's: process_error, max_concurrent_calls, auto_complete_messages,
+        max_auto_lock_renewal_duration, receive_mode)."""
+        from .processor import ServiceBusProcessor
+
+        self._check_entity_path(queue_name, "queue")
+        return ServiceBusProcessor(self, queue_name, process_message, **options)
+
+    def get_subscription_processor(self, topic_name: str, subscription_name: str, process_message: "MessageHandler",
+                                   **options: Any) -> "ServiceBusProcessor":
+        """A processor of a subscription's messages, as get_queue_processor."""
+        from .processor import ServiceBusProcessor
+
+        self._check_entity_path(topic_name, "topic")
+        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        return ServiceBusProcessor(self, path, process_message, **options)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

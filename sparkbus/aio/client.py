@@ -10,7 +10,9 @@ from typing import Any, AsyncIterator, Optional, Union
 from ..client import ServiceBusClient as SyncClient
 from ..receiver import ServiceBusReceiveMode, ServiceBusSessionFilter, ServiceBusSubQueue
 from ..transactions import ServiceBusTransaction
+from ..core.names import subscription_path
 from .autolock import AutoLockRenewer
+from .processor import MessageHandler, ServiceBusProcessor
 from .connection import Connection
 from .receiver import ServiceBusReceiver, queue_receiver, subscription_receiver
 from .runner import listed_on_pool
@@ -57,6 +59,16 @@ class ServiceBusClient(Connection):
         return subscription_receiver(self, topic_name, subscription_name, receive_mode=receive_mode,
                                      sub_queue=sub_queue, prefetch_count=prefetch_count, max_wait_time=max_wait_time,
                                      session_id=session_id, auto_lock_renewer=auto_lock_renewer, **kwargs)
+
+    def get_queue_processor(self, queue_name: str, process_message: MessageHandler,
+                            **options: Any) -> ServiceBusProcessor:
+        """A processor awaiting process_message for every message of a queue (sparkbus.aio.processor)."""
+        return ServiceBusProcessor(self, queue_name, process_message, **options)
+
+    def get_subscription_processor(self, topic_name: str, subscription_name: str, process_message: MessageHandler,
+                                   **options: Any) -> ServiceBusProcessor:
+        """A processor of a subscription's messages, as get_queue_processor."""
+        return ServiceBusProcessor(self, subscription_path(topic_name, subscription_name), process_message, **options)
 
     list_queue_sessions = listed_on_pool(SyncClient.list_queue_sessions)
     list_subscription_sessions = listed_on_pool(SyncClient.list_subscription_sessions)

@@ -1,0 +1,206 @@
+"""ServiceBusProcessor on a real namespace: every message handled once by at most max_concurrent_calls
+handlers at a time, a slow handler keeping its lock by renewal, a raising handler's message abandoned until
+it is dead-lettered (the error handler called each time), stop() in a burst leaving nothing locked, run()
+returning when idle, handlers that settle themselves, and subscriptions."""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from sparkbus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from sparkbus.exceptions import MessagingEntityNotFoundError
+from sparkbus.processor import ProcessErrorContext, ProcessMessageContext
+
+
+def _sent(client, queue: str, count: int) -> None:
+    with client.get_queue_sender(queue) as sender:
+        sender.send_messages([ServiceBusMessage(f"m{n}") for n in range(count)])
+
+
+def test_every_message_once_with_at_most_the_concurrent_calls(admin, ns_path):
+    admin.create_queue("jobs")
+    seen, active, peak, guard = [], [0], [0], threading.Lock()
+
+    def handle(context: ProcessMessageContext) -> None:
+        with guard:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with guard:
+            active[0] -= 1
+            seen.append(str(context.message))
+
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "jobs", 120)
+        processor = client.get_queue_processor("jobs", handle, max_concurrent_calls=4)
+        processor.run(until_idle=timedelta(seconds=2))
+    assert sorted(seen) == sorted(f"m{n}" for n in range(120))  # each once
+    assert 1 < peak[0] <= 4
+    assert (processor.counts.received, processor.counts.completed, processor.counts.failed) == (120, 120, 0)
+    assert admin.get_queue_runtime_properties("jobs").total_message_count == 0
+
+
+@pytest.mark.slow
+def test_a_handler_slower_than_the_lock_keeps_it_by_renewal(admin, ns_path):
+    admin.create_queue("slow", lock_duration=timedelta(seconds=5))
+    deliveries = []
+
+    def handle(context: ProcessMessageContext) -> None:
+        deliveries.append(context.message.delivery_count)
+        time.sleep(8)  # past the 5-second lock
+
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "slow", 1)
+        with client.get_queue_processor("slow", handle, max_concurrent_calls=2) as processor:
+            processor.run(until_idle=timedelta(seconds=1))
+    assert deliveries == [1] and processor.counts.completed == 1 and processor.counts.lock_renewal_failures == 0
+    assert admin.get_queue_runtime_properties("slow").total_message_count == 0
+
+
+def test_a_raising_handler_abandons_until_the_message_is_dead_lettered(admin, ns_path):
+    admin.create_queue("poison", max_delivery_count=3)
+    errors: list[ProcessErrorContext] = []
+
+    def handle(context: ProcessMessageContext) -> None:
+        raise RuntimeError(f"cannot handle {context.message}")
+
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "poison", 1)
+        processor = client.get_queue_processor("poison", handle, process_error=errors.append)
+        processor.run(until_idle=timedelta(seconds=1.5))
+        with client.get_queue_receiver("poison", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dead:
+            [message] = dead.peek_messages(5)
+    assert [(e.error_source, str(e.error), str(e.message)) for e in errors] == \
+        [("process_message", "cannot handle m0", "m0")] * 3
+    assert message.dead_letter_reason == "MaxDeliveryCountExceeded"
+    assert (processor.counts.failed, processor.counts.abandoned) == (3, 3)
+
+
+def test_stop_in_a_burst_leaves_each_message_settled_once_or_available(admin, ns_path):
+    admin.create_queue("burst")
+    handled, started = [], threading.Event()
+
+    def handle(context: ProcessMessageContext) -> None:
+        started.set()
+        time.sleep(0.1)
+        handled.append(str(context.message))
+
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "burst", 60)
+        processor = client.get_queue_processor("burst", handle, max_concurrent_calls=3)
+        processor.start()
+        assert started.wait(30)
+        time.sleep(0.3)
+        processor.stop()
+        assert not processor.is_running
+        with client.get_queue_receiver("burst") as receiver:  # nothing left locked: the rest receivable now
+            rest = receiver.receive_messages(60, max_wait_time=5)
+            while len(rest) < 60 - len(handled):
+                more = receiver.receive_messages(60, max_wait_time=2)
+                if not more:
+                    break
+                rest += more
+    assert 0 < len(handled) < 60 and len(set(handled)) == len(handled)
+    assert sorted(handled + [str(m) for m in rest]) == sorted(f"m{n}" for n in range(60))
+    assert processor.counts.completed == len(handled)
+
+
+def test_handlers_that_settle_themselves_are_not_completed_again(admin, ns_path):
+    admin.create_queue("mixed")
+
+    def handle(context: ProcessMessageContext) -> None:
+        body = str(context.message)
+        if body == "m0":
+            context.dead_letter(reason="checked", error_description="by the handler")
+        elif body == "m1":
+            context.defer()
+        # m2: completed by the processor
+
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "mixed", 3)
+        processor = client.get_queue_processor("mixed", handle)
+        processor.run(until_idle=timedelta(seconds=1))
+    counts = processor.counts
+    assert (counts.dead_lettered, counts.deferred, counts.completed, counts.errors) == (1, 1, 1, 0)
+    runtime = admin.get_queue_runtime_properties("mixed")
+    assert (runtime.dead_letter_message_count, runtime.deferred_message_count, runtime.active_message_count) == (1, 1, 1)
+
+
+def test_a_processor_of_no_such_queue_reports_it_and_bad_options_are_refused(admin, ns_path):
+    errors: list[ProcessErrorContext] = []
+    with ServiceBusClient(ns_path) as client:
+        processor = client.get_queue_processor("missing", lambda context: None, process_error=errors.append)
+        processor.run(until_idle=timedelta(seconds=0.5))
+        assert errors and errors[0].error_source == "receive"
+        assert isinstance(errors[0].error, MessagingEntityNotFoundError) and "'missing'" in str(errors[0].error)
+        with pytest.raises(ValueError, match="max_concurrent_calls must be an int of at least 1"):
+            client.get_queue_processor("missing", lambda context: None, max_concurrent_calls=0)
+        with pytest.raises(TypeError, match="process_message must be callable"):
+            client.get_queue_processor("missing", "not a function")
+
+
+def test_the_async_processor_runs_coroutine_handlers_concurrently(admin, ns_path):
+    import asyncio
+
+    from sparkbus.aio import ServiceBusClient as AsyncClient
+
+    admin.create_queue("jobs")
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "jobs", 40)
+    seen, active, peak = [], [0], [0]
+
+    async def handle(context) -> None:
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        await asyncio.sleep(0.05)
+        active[0] -= 1
+        seen.append(str(context.message))
+
+    async def main():
+        async with AsyncClient(ns_path) as client:
+            processor = client.get_queue_processor("jobs", handle, max_concurrent_calls=4)
+            await processor.run(until_idle=timedelta(seconds=2))
+            return processor
+
+    processor = asyncio.run(main())
+    assert sorted(seen) == sorted(f"m{n}" for n in range(40)) and 1 < peak[0] <= 4
+    assert processor.counts.completed == 40
+    assert admin.get_queue_runtime_properties("jobs").total_message_count == 0
+
+
+def test_a_cancelled_async_processor_leaves_nothing_locked(admin, ns_path):
+    import asyncio
+
+    from sparkbus.aio import ServiceBusClient as AsyncClient
+
+    admin.create_queue("jobs")
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "jobs", 5)
+    started = []
+
+    async def handle(context) -> None:
+        started.append(str(context.message))
+        await asyncio.sleep(60)  # cancelled long before
+
+    async def main():
+        async with AsyncClient(ns_path) as client:
+            processor = client.get_queue_processor("jobs", handle, max_concurrent_calls=2)
+            running = asyncio.create_task(processor.run())
+            while len(started) < 2:
+                await asyncio.sleep(0.05)
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+
+    asyncio.run(main())
+    with ServiceBusClient(ns_path) as client, client.get_queue_receiver("jobs") as receiver:
+        got = receiver.receive_messages(5, max_wait_time=5)
+        while len(got) < 5:
+            more = receiver.receive_messages(5, max_wait_time=2)
+            if not more:
+                break
+            got += more
+    assert sorted(str(m) for m in got) == [f"m{n}" for n in range(5)]  # the cancelled handlers' ones too, at once
