@@ -165,7 +165,7 @@ def test_help_lists_each_command_once_by_group_and_options_where_they_apply(caps
     out = capsys.readouterr().out
     listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and not line.startswith("  -")]
     assert listed == [name for _, names in COMMAND_GROUPS for name in names]
-    assert len(listed) == len(set(listed)) == 22 and out.count("\n  dead-letter ") == 1
+    assert len(listed) == len(set(listed)) == 23 and out.count("\n  dead-letter ") == 1
     assert out.splitlines()[0] == "usage: sparkbus [-h] [--version] <command> ..."
     assert main(["peek", "--help"]) == 0
     peek = capsys.readouterr().out

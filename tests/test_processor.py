@@ -204,3 +204,36 @@ def test_a_cancelled_async_processor_leaves_nothing_locked(admin, ns_path):
                 break
             got += more
     assert sorted(str(m) for m in got) == [f"m{n}" for n in range(5)]  # the cancelled handlers' ones too, at once
+
+
+def test_sparkbus_process_runs_a_handler_until_sigterm_stops_it_gracefully(admin, ns_path, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    admin.create_queue("jobs")
+    (tmp_path / "work.py").write_text(
+        "import time\n"
+        "def handle(context):\n"
+        "    time.sleep(0.05)\n"
+        "    print('handled', context.message, flush=True)\n")
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "jobs", 10)
+    worker = subprocess.Popen([sys.executable, "-m", "sparkbus.cli", "process", "--namespace", ns_path, "--entity", "jobs",
+                               "--handler", "work:handle", "--concurrency", "2"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              text=True)
+    lines = []
+    try:
+        while sum(line.startswith("handled") for line in lines) < 10:
+            line = worker.stdout.readline()
+            assert line, lines
+            lines.append(line)
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0
+    assert lines[0].startswith("processing jobs with work:handle (2 at a time")
+    assert sorted(line.split()[1] for line in lines if line.startswith("handled")) == sorted(f"m{n}" for n in range(10))
+    assert "stopped: 10 received, 10 completed, 0 failed" in out
+    assert admin.get_queue_runtime_properties("jobs").total_message_count == 0

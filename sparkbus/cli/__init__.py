@@ -120,6 +120,40 @@ def _ui(args: argparse.Namespace) -> None:
     serve(args.namespace, host=args.host, port=args.port, allow_changes=args.allow_changes, block=True)
 
 
+def _process(args: argparse.Namespace) -> None:
+    """A processor (sparkbus.processor) running --handler for every message of --entity until SIGTERM or
+    Ctrl-C, which stop it gracefully: the handlers under way finish and settle."""
+    import importlib
+
+    from ..client import ServiceBusClient
+    from ..core.names import split_subscription_path
+
+    module_name, _, function_name = args.handler.partition(":")
+    if not module_name or not function_name:
+        raise UsageError(f"--handler takes MODULE:FUNCTION, e.g. workers.orders:handle, got {args.handler!r}")
+    sys.path.insert(0, os.getcwd())  # a module beside the command, as `python -m` finds it
+    handler = getattr(importlib.import_module(module_name), function_name, None)
+    if not callable(handler):
+        raise ValueError(f"{args.handler}: {module_name} has no function {function_name!r}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with ServiceBusClient(args.namespace) as client:
+        subscription = split_subscription_path(args.entity)
+        processor = client.get_subscription_processor(*subscription, handler, max_concurrent_calls=args.concurrency) \
+            if subscription else client.get_queue_processor(args.entity, handler, max_concurrent_calls=args.concurrency)
+        processor.start()
+        print(f"processing {args.entity} with {args.handler} ({args.concurrency} at a time; Ctrl-C stops)", flush=True)
+        try:
+            while not stop.wait(0.5) and processor.is_running:
+                pass
+        except KeyboardInterrupt:
+            pass
+        processor.stop()
+    counts = processor.counts
+    print(f"stopped: {counts.received} received, {counts.completed} completed, {counts.failed} failed", flush=True)
+
+
 def _update_namespace(args: argparse.Namespace) -> None:
     """Scale a premium namespace or change a basic/standard namespace's credits per second."""
     changes = {name: vars(args)[name] for name in ("messaging_units", "credits_per_second") if name in vars(args)}
@@ -397,8 +431,8 @@ COMMAND_GROUPS = (
     ("messages", ("send", "peek", "receive", "dead-letter", "send-batch")),
     ("entities", ("queue", "topic", "subscription", "rule", "apply")),
     ("looking at a namespace", ("ui", "show", "metrics", "capacity")),
-    ("running a namespace", ("namespace", "update-namespace", "serve", "fanout", "forward", "maintain", "partition",
-                             "submit")),
+    ("running a namespace", ("namespace", "update-namespace", "serve", "process", "fanout", "forward", "maintain",
+                             "partition", "submit")),
 )
 
 
@@ -444,6 +478,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="offer and accept changes: send, settle, resubmit, purge, entities and rules "
                          "(default: read-only)")
     ui.set_defaults(run=_ui)
+    proc = commands.add_parser("process", help="run a handler for every message of a queue or subscription")
+    proc.add_argument("--entity", required=True, help="queue or '<topic>/Subscriptions/<name>'")
+    proc.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
+                      help="the function called with each message's context (sparkbus.processor), e.g. jobs.work:handle")
+    proc.add_argument("--concurrency", type=whole(1, 256), default=1, help="handlers at a time (default 1)")
+    proc.set_defaults(run=_process)
     upd = commands.add_parser("update-namespace", help="scale a premium namespace or set the credit budget")
     upd.add_argument("--messaging-units", type=whole(1), default=argparse.SUPPRESS, help="premium: 1, 2, 4, 8 or 16")
     upd.add_argument("--credits-per-second", type=credits_argument, default=argparse.SUPPRESS,
@@ -510,7 +550,7 @@ def _parser() -> argparse.ArgumentParser:
     for sub in (apply, show, met, upd, part, cap, batch):
         sub.add_argument("--json", action="store_true", help="one JSON object instead of text")
     default = os.environ.get(NAMESPACE_VARIABLE) or None
-    for sub in (apply, show, met, ui, upd, part, fan, forward, batch, serve, *messaging, *management):
+    for sub in (apply, show, met, ui, proc, upd, part, fan, forward, batch, serve, *messaging, *management):
         sub.add_argument("--namespace", required=default is None, default=default,
                          help="namespace directory, file:// URI or object-store URI (az://, abfss://, s3://); "
                               f"default: ${NAMESPACE_VARIABLE}" + (f" ({default})" if default else " (not set)"))
