@@ -99,6 +99,26 @@ class ProcessorCounts:
 
 
 MessageHandler = Callable[[ProcessMessageContext], Any]
+
+
+def checked_options(process_message: object, max_concurrent_calls: object,
+                    max_auto_lock_renewal_duration: Union[timedelta, float]) -> float:
+    """A processor's options checked (the sync and the async one's alike); the renewal duration in seconds.
+    ValueError or TypeError saying what is allowed."""
+    if isinstance(max_concurrent_calls, bool) or not isinstance(max_concurrent_calls, int) or max_concurrent_calls < 1:
+        raise ValueError(f"max_concurrent_calls must be an int of at least 1, got {max_concurrent_calls!r}")
+    if not callable(process_message):
+        raise TypeError(f"process_message must be callable, got {type(process_message).__name__}")
+    renewal = (max_auto_lock_renewal_duration.total_seconds()
+               if isinstance(max_auto_lock_renewal_duration, timedelta) else float(max_auto_lock_renewal_duration))
+    if not renewal >= 0:
+        raise ValueError(f"max_auto_lock_renewal_duration must not be negative, got {max_auto_lock_renewal_duration!r}")
+    return renewal
+
+
+def receiver_options(mode: ServiceBusReceiveMode, renewer: object) -> dict[str, Any]:
+    """The keywords of a processor worker's receiver: one message at a time, waits short enough to see stop()."""
+    return {"receive_mode": mode, "auto_lock_renewer": renewer, "max_wait_time": RECEIVE_WAIT_SECONDS}
 ErrorHandler = Callable[[ProcessErrorContext], Any]
 
 
@@ -133,15 +153,7 @@ class ServiceBusProcessor:
                  auto_complete_messages: bool = True,
                  max_auto_lock_renewal_duration: Union[timedelta, float] = timedelta(minutes=5),
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK) -> None:
-        if isinstance(max_concurrent_calls, bool) or not isinstance(max_concurrent_calls, int) \
-                or max_concurrent_calls < 1:
-            raise ValueError(f"max_concurrent_calls must be an int of at least 1, got {max_concurrent_calls!r}")
-        renewal = (max_auto_lock_renewal_duration.total_seconds()
-                   if isinstance(max_auto_lock_renewal_duration, timedelta) else float(max_auto_lock_renewal_duration))
-        if renewal < 0:
-            raise ValueError(f"max_auto_lock_renewal_duration must not be negative, got {max_auto_lock_renewal_duration!r}")
-        if not callable(process_message):
-            raise TypeError(f"process_message must be callable, got {type(process_message).__name__}")
+        renewal = checked_options(process_message, max_concurrent_calls, max_auto_lock_renewal_duration)
         self._client, self.entity_path = client, entity_path
         self._handler, self._on_error = process_message, process_error
         self.max_concurrent_calls, self.auto_complete_messages = max_concurrent_calls, auto_complete_messages
@@ -209,8 +221,7 @@ class ServiceBusProcessor:
 
     def _receiver(self, renewer: Optional[AutoLockRenewer]) -> ServiceBusReceiver:
         subscription = split_subscription_path(self.entity_path)
-        options: dict[str, Any] = {"receive_mode": self._mode, "auto_lock_renewer": renewer,
-                                   "max_wait_time": RECEIVE_WAIT_SECONDS}
+        options = receiver_options(self._mode, renewer)
         if subscription is None:
             return self._client.get_queue_receiver(self.entity_path, **options)
         return self._client.get_subscription_receiver(*subscription, **options)

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, Awaitable, Callable, Optional, Protocol, Union
 
 from ..core.names import split_subscription_path
-from ..processor import RECEIVE_WAIT_SECONDS, ProcessErrorContext, ProcessorCounts
+from ..processor import RECEIVE_WAIT_SECONDS, ProcessErrorContext, ProcessorCounts, checked_options, receiver_options
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from .autolock import AutoLockRenewer
 from .receiver import ServiceBusReceiver
@@ -79,16 +79,10 @@ class ServiceBusProcessor:
                  auto_complete_messages: bool = True,
                  max_auto_lock_renewal_duration: Union[timedelta, float] = timedelta(minutes=5),
                  receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK) -> None:
-        if isinstance(max_concurrent_calls, bool) or not isinstance(max_concurrent_calls, int) \
-                or max_concurrent_calls < 1:
-            raise ValueError(f"max_concurrent_calls must be an int of at least 1, got {max_concurrent_calls!r}")
-        if not callable(process_message):
-            raise TypeError(f"process_message must be callable, got {type(process_message).__name__}")
+        self._renewal = checked_options(process_message, max_concurrent_calls, max_auto_lock_renewal_duration)
         self._client, self.entity_path = client, entity_path
         self._handler, self._on_error = process_message, process_error
         self.max_concurrent_calls, self.auto_complete_messages = max_concurrent_calls, auto_complete_messages
-        self._renewal = (max_auto_lock_renewal_duration.total_seconds()
-                         if isinstance(max_auto_lock_renewal_duration, timedelta) else float(max_auto_lock_renewal_duration))
         self._mode = receive_mode
         self.counts = ProcessorCounts()
         self._stopping = asyncio.Event()
@@ -138,8 +132,7 @@ class ServiceBusProcessor:
 
     def _receiver(self, renewer: Optional[AutoLockRenewer]) -> ServiceBusReceiver:
         subscription = split_subscription_path(self.entity_path)
-        options: dict[str, Any] = {"receive_mode": self._mode, "auto_lock_renewer": renewer,
-                                   "max_wait_time": RECEIVE_WAIT_SECONDS}
+        options = receiver_options(self._mode, renewer)
         if subscription is None:
             return self._client.get_queue_receiver(self.entity_path, **options)
         return self._client.get_subscription_receiver(*subscription, **options)
