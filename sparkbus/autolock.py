@@ -27,13 +27,23 @@ class _Registration:
 
 class AutoLockRenewer:
     """Renews the locks of registered messages from a background thread until they are settled, their
-    max_lock_renewal_duration (seconds) passes, or a renewal fails (then on_lock_renew_failure is called
-    with the message and the error)."""
+    max_lock_renewal_duration passes, or a renewal fails (then on_lock_renew_failure is called).
+
+    Args:
+        max_lock_renewal_duration: Seconds a registered lock is kept alive, unless register is given another.
+        on_lock_renew_failure: Called with the message (or session) and the error when a renewal fails, unless
+            register is given another; default: none.
+        executor: azure-servicebus', accepted for ported code: one thread renews every lock here (a renewal is
+            one small commit), so no pool is needed.
+        max_workers: As executor.
+
+    Raises:
+        TypeError: executor is not a concurrent.futures.Executor.
+        ValueError: max_workers is not an int >= 1 or None, or max_lock_renewal_duration is not positive.
+    """
 
     def __init__(self, max_lock_renewal_duration: float = 300, on_lock_renew_failure: Optional[FailureCallback] = None,
                  executor: Optional[Executor] = None, max_workers: Optional[int] = None) -> None:
-        """executor and max_workers are azure-servicebus' and accepted for ported code: one thread renews
-        every lock here (a renewal is one small commit), so no pool is needed."""
         if executor is not None and not isinstance(executor, Executor):
             raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
         if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
@@ -55,7 +65,19 @@ class AutoLockRenewer:
     def register(self, receiver: ServiceBusReceiver, renewable: Renewable,
                  max_lock_renewal_duration: Optional[float] = None,
                  on_lock_renew_failure: Optional[FailureCallback] = None) -> None:
-        """Keep renewable's lock (a received message, or a receiver's session) alive through receiver."""
+        """Keep renewable's lock alive through receiver.
+
+        Args:
+            receiver: The receiver that received the message, or holds the session.
+            renewable: A message received in PEEK_LOCK mode, or a receiver's session.
+            max_lock_renewal_duration: Seconds to keep it alive; default: the renewer's.
+            on_lock_renew_failure: Called with it and the error when a renewal fails; default: the renewer's.
+
+        Raises:
+            TypeError: receiver is not a ServiceBusReceiver.
+            ValueError: renewable carries no lock to renew, the renewer is closed, or the duration is not
+                positive.
+        """
         if not hasattr(receiver, "renew_message_lock"):
             raise TypeError(f"receiver must be a ServiceBusReceiver, got {type(receiver).__name__}")
         if not _is_session(renewable) and getattr(renewable, "lock_token", None) is None:
@@ -76,7 +98,11 @@ class AutoLockRenewer:
                 self._thread.start()
 
     def close(self, wait: bool = True) -> None:
-        """Stop renewing; locks then lapse on their own."""
+        """Stop renewing; locks then lapse on their own.
+
+        Args:
+            wait: Whether to return only once the renewing thread has ended.
+        """
         self._stop.set()
         if wait and self._thread is not None:
             self._thread.join()

@@ -30,11 +30,28 @@ def plan(body_size: int, *, header_size: Optional[int] = None, application_prope
          max_partition_size_in_bytes: Optional[int] = None) -> CapacityPlan:
     """Plan a queue (subscriptions=0) or a topic with that many subscriptions for messages of body_size bytes.
 
-    The header is header_size bytes, or else estimated for a message with these application_properties and
-    a default message id (ServiceBusMessage(...).size_in_bytes - body length gives it for any message).
-    Other arguments as in queue creation; partition_count is the premium namespace's; max_partition_size_in_bytes
-    caps each partition (as a namespace's max_partition_size_in_kilobytes override). Invalid arguments raise
-    TypeError/ValueError saying what is allowed; a message over the tier's size limit MessageSizeExceededError.
+    Args:
+        body_size: The messages' body size in bytes.
+        header_size: Their header size in bytes (ServiceBusMessage(...).size_in_bytes - body length gives it for
+            any message); default: estimated from application_properties.
+        application_properties: The messages' application properties: the header is estimated for a message
+            with these and a default message id (not with header_size).
+        max_size_in_megabytes: As in queue creation.
+        tier: As in queue creation: "basic", "standard" or "premium".
+        enable_partitioning: As in queue creation.
+        subscriptions: 0 plans a queue; more, a topic with that many subscriptions.
+        partition_count: The premium namespace's partition count.
+        max_partition_size_in_bytes: Caps each partition (as a namespace's max_partition_size_in_kilobytes
+            override).
+
+    Returns:
+        The plan: what is stored per message, per partition, and how many messages fit.
+
+    Raises:
+        TypeError: an invalid argument (the message says what is allowed).
+        ValueError: an invalid argument (the message says what is allowed), or both header_size and
+            application_properties.
+        MessageSizeExceededError: a message over the tier's size limit.
     """
     if header_size is not None and application_properties is not None:
         raise ValueError("give header_size or application_properties (to estimate the header), not both")
@@ -46,7 +63,14 @@ def plan(body_size: int, *, header_size: Optional[int] = None, application_prope
 
 
 def format_plan(p: CapacityPlan) -> str:
-    """A plan as text: what is stored per message, per partition, and how many messages fit."""
+    """A plan as text: what is stored per message, per partition, and how many messages fit.
+
+    Args:
+        p: A plan, as plan returns it.
+
+    Returns:
+        The plan's text.
+    """
     copies = f" x {p.subscriptions} subscriptions" if p.kind == "topic" else ""
     partitions = f"{p.partitions} partition{'s' if p.partitions > 1 else ''}"
     return "\n".join([
@@ -82,7 +106,14 @@ def seed_table() -> list[SeedRow]:
 
 
 def format_seed_table(rows: Optional[list[SeedRow]] = None) -> str:
-    """seed_table() (or rows) as an aligned text table."""
+    """seed_table() (or rows) as an aligned text table.
+
+    Args:
+        rows: The rows to show; default: seed_table().
+
+    Returns:
+        The table's text.
+    """
     rows = seed_table() if rows is None else rows
     head = ("message", "queue", "Service Bus measured", "sparkbus", "sparkbus/measured", "sparkbus partitioned (x16)")
     cells = [head] + [(f"{r.message_kilobytes} KB", f"{r.queue_gigabytes} GB", f"{r.measured:,}",

@@ -69,7 +69,16 @@ class ServiceBusClient:
 
     @classmethod
     def from_connection_string(cls, conn_str: str, **kwargs: Any) -> "ServiceBusClient":
-        """'Endpoint=sparkbus://<path>;...'; an EntityPath binds the client to that entity, as in the SDK."""
+        """A client of the namespace a connection string names.
+
+        Args:
+            conn_str: 'Endpoint=sparkbus://<path>;...'; an EntityPath binds the client to that entity, as in
+                the SDK.
+            **kwargs: The constructor's keyword arguments (retry settings, spark, storage_options, ...).
+
+        Returns:
+            The client.
+        """
         info = parse_connection_string(conn_str)
         client = cls(info.fully_qualified_namespace, **kwargs)
         client._entity_path = info.entity_path
@@ -100,6 +109,10 @@ class ServiceBusClient:
 
         Args:
             queue_name: The queue's name.
+            **kwargs: The SDK's other keyword arguments, accepted and ignored.
+
+        Returns:
+            The queue's sender.
 
         Raises:
             ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
@@ -108,6 +121,18 @@ class ServiceBusClient:
         return ServiceBusSender(self._catalog, queue_name, self.spark, retry=self._retry)
 
     def get_topic_sender(self, topic_name: str, **kwargs: object) -> ServiceBusSender:
+        """A sender for a topic; the topic is looked up at the first send, as for get_queue_sender.
+
+        Args:
+            topic_name: The topic's name.
+            **kwargs: The SDK's other keyword arguments, accepted and ignored.
+
+        Returns:
+            The topic's sender.
+
+        Raises:
+            ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
+        """
         self._check_entity_path(topic_name, "topic")
         return ServiceBusSender(self._catalog, topic_name, self.spark, retry=self._retry)
 
@@ -125,6 +150,10 @@ class ServiceBusClient:
             max_wait_time: Seconds receive_messages waits for a first message (None: until one arrives).
             session_id: A session id or NEXT_AVAILABLE_SESSION: a session receiver, the session locked for it.
             auto_lock_renewer: An AutoLockRenewer every received message, and the session, is registered with.
+            **kwargs: The SDK's other keyword arguments, accepted and ignored.
+
+        Returns:
+            The receiver.
 
         Raises:
             ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
@@ -139,6 +168,26 @@ class ServiceBusClient:
                                   prefetch_count: int = 0, max_wait_time: Optional[float] = None,
                                   session_id: SessionId = None, auto_lock_renewer: Optional["AutoLockRenewer"] = None,
                                   **kwargs: object) -> ServiceBusReceiver:
+        """A receiver of a subscription, its dead-letter sub-queue, or one of its sessions.
+
+        Args:
+            topic_name: The topic's name.
+            subscription_name: The subscription's name.
+            receive_mode: PEEK_LOCK (settle each message) or RECEIVE_AND_DELETE (removed when received).
+            sub_queue: ServiceBusSubQueue.DEAD_LETTER to read the dead-letter sub-queue.
+            prefetch_count: Messages to lock ahead of receive_messages calls (0: none).
+            max_wait_time: Seconds receive_messages waits for a first message (None: until one arrives).
+            session_id: A session id or NEXT_AVAILABLE_SESSION: a session receiver, the session locked for it.
+            auto_lock_renewer: An AutoLockRenewer every received message, and the session, is registered with.
+            **kwargs: The SDK's other keyword arguments, accepted and ignored.
+
+        Returns:
+            The receiver.
+
+        Raises:
+            ValueError: a name is not a name an entity can have, or the topic's is not the connection
+                string's EntityPath.
+        """
         self._check_entity_path(topic_name, "topic")
         path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
         return ServiceBusReceiver(self._catalog, path,
@@ -148,14 +197,43 @@ class ServiceBusClient:
 
     def list_queue_sessions(self, queue_name: str, *, state_updated_after: Optional[datetime] = None,
                             **kwargs: object) -> list[str]:
-        """Session ids of a session-enabled queue: sessions with messages in it or with a session state;
-        with state_updated_after, those whose state was set after that time."""
+        """Session ids of a session-enabled queue: sessions with messages in it or with a session state.
+
+        Args:
+            queue_name: The queue's name.
+            state_updated_after: Only the sessions whose state was set after that time (a naive datetime is
+                UTC); default: every session.
+            **kwargs: The SDK's other keyword arguments, accepted and ignored.
+
+        Returns:
+            The session ids.
+
+        Raises:
+            ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
+            InvalidOperationError: the queue does not require sessions.
+        """
         self._check_entity_path(queue_name, "queue")
         return self._list_sessions(queue_name, ("queue",), state_updated_after)
 
     def list_subscription_sessions(self, topic_name: str, subscription_name: str, *,
                                    state_updated_after: Optional[datetime] = None, **kwargs: object) -> list[str]:
-        """Session ids of a session-enabled subscription (as list_queue_sessions)."""
+        """Session ids of a session-enabled subscription (as list_queue_sessions).
+
+        Args:
+            topic_name: The topic's name.
+            subscription_name: The subscription's name.
+            state_updated_after: Only the sessions whose state was set after that time (a naive datetime is
+                UTC); default: every session.
+            **kwargs: The SDK's other keyword arguments, accepted and ignored.
+
+        Returns:
+            The session ids.
+
+        Raises:
+            ValueError: a name is not a name an entity can have, or the topic's is not the connection
+                string's EntityPath.
+            InvalidOperationError: the subscription does not require sessions.
+        """
         self._check_entity_path(topic_name, "topic")
         path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
         return self._list_sessions(path, ("subscription",), state_updated_after)
@@ -170,9 +248,20 @@ class ServiceBusClient:
 
     def get_queue_processor(self, queue_name: str, process_message: "MessageHandler",
                             **options: Any) -> "ServiceBusProcessor":
-        """A processor running process_message for every message of a queue (sparkbus.processor; the
-        options are ServiceBusProcessor's: process_error, max_concurrent_calls, auto_complete_messages,
-        max_auto_lock_renewal_duration, receive_mode)."""
+        """A processor running process_message for every message of a queue (sparkbus.processor).
+
+        Args:
+            queue_name: The queue's name.
+            process_message: The handler, called with a ProcessMessageContext for each message.
+            **options: ServiceBusProcessor's options: process_error, max_concurrent_calls,
+                auto_complete_messages, max_auto_lock_renewal_duration, receive_mode.
+
+        Returns:
+            The processor, not started yet.
+
+        Raises:
+            ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
+        """
         from .processor import ServiceBusProcessor
 
         self._check_entity_path(queue_name, "queue")
@@ -180,7 +269,21 @@ class ServiceBusClient:
 
     def get_subscription_processor(self, topic_name: str, subscription_name: str, process_message: "MessageHandler",
                                    **options: Any) -> "ServiceBusProcessor":
-        """A processor of a subscription's messages, as get_queue_processor."""
+        """A processor of a subscription's messages, as get_queue_processor.
+
+        Args:
+            topic_name: The topic's name.
+            subscription_name: The subscription's name.
+            process_message: The handler, called with a ProcessMessageContext for each message.
+            **options: ServiceBusProcessor's options, as get_queue_processor's.
+
+        Returns:
+            The processor, not started yet.
+
+        Raises:
+            ValueError: a name is not a name an entity can have, or the topic's is not the connection
+                string's EntityPath.
+        """
         from .processor import ServiceBusProcessor
 
         self._check_entity_path(topic_name, "topic")

@@ -43,13 +43,20 @@ def _management(method: F) -> F:
 
 class ServiceBusAdministrationClient:
     """Management plane of a namespace, constructed as azure-servicebus':
-    ServiceBusAdministrationClient(fully_qualified_namespace, credential, **kwargs) with the namespace's
-    location (a directory or file:// URI, optionally written 'sparkbus://<location>'), or
-    from_connection_string(conn_str). The credential is accepted and ignored by local namespaces.
+    ServiceBusAdministrationClient(fully_qualified_namespace, credential, **kwargs), or
+    from_connection_string(conn_str).
 
-    Retry settings are azure-core's (retry_total=10, retry_backoff_factor=0.8, retry_backoff_max=120,
-    retry_mode="exponential"): a throttled management call is retried under them. Other azure-core
-    keyword arguments (api_version, logging_enable, ...) are accepted and ignored.
+    Args:
+        fully_qualified_namespace: The namespace's location: a directory or file:// URI, optionally written
+            'sparkbus://<location>'.
+        credential: An azure-core credential; accepted and ignored by local namespaces.
+        retry_total: azure-core's retry settings: a throttled management call is retried under them.
+        retry_backoff_factor: As retry_total.
+        retry_backoff_max: As retry_total.
+        retry_mode: "exponential" or "fixed".
+        storage_options: An object-store namespace's options (account_key, sas_token, ...); default: the
+            environment's credentials.
+        **kwargs: Other azure-core keyword arguments (api_version, logging_enable, ...), accepted and ignored.
     """
 
     def __init__(self, fully_qualified_namespace: str, credential: Optional[object] = None, *,
@@ -63,7 +70,15 @@ class ServiceBusAdministrationClient:
 
     @classmethod
     def from_connection_string(cls, conn_str: str, **kwargs: Any) -> "ServiceBusAdministrationClient":
-        """Accepts 'Endpoint=sparkbus://<namespace path or URI>;...' (EntityPath is ignored, as in the SDK)."""
+        """A client of the namespace a connection string names.
+
+        Args:
+            conn_str: 'Endpoint=sparkbus://<namespace path or URI>;...' (EntityPath is ignored, as in the SDK).
+            **kwargs: The constructor's keyword arguments (retry settings, storage_options, ...).
+
+        Returns:
+            The client.
+        """
         return cls(parse_connection_string(conn_str).fully_qualified_namespace, **kwargs)
 
     def __enter__(self) -> "ServiceBusAdministrationClient":
@@ -83,32 +98,82 @@ class ServiceBusAdministrationClient:
 
     def set_partition_availability(self, entity_path: Optional[str], partition_id: int, available: bool, *,
                                    reason: str = "") -> None:
-        """Operator control: mark partition_id of an entity (entity_path None: of every entity) unavailable
-        (available False) or available again. While it is unavailable, keyless sends go to other
-        partitions, keyed sends raise PartitionUnavailableError, receives serve the other partitions and
-        management operations on the entity fail; get_* report availability_status "Limited"."""
+        """Operator control: mark a partition of an entity unavailable or available again. While it is
+        unavailable, keyless sends go to other partitions, keyed sends raise PartitionUnavailableError,
+        receives serve the other partitions and management operations on the entity fail; get_* report
+        availability_status "Limited".
+
+        Args:
+            entity_path: A queue's or topic's name or '<topic>/Subscriptions/<name>'; None: every entity.
+            partition_id: The partition, from 0.
+            available: False marks it unavailable, True available again.
+            reason: Why, recorded with an unavailable partition.
+
+        Raises:
+            TypeError: an argument of the wrong type.
+            ValueError: a partition the entity does not have.
+            MessagingEntityNotFoundError: there is no such entity.
+        """
         mark_partition(self._catalog, partition_id, available, entity_path=entity_path, reason=reason)
 
     def update_namespace(self, *, messaging_units: Optional[int] = None,
                          credits_per_second: Union[int, None, EllipsisType] = ...) -> NamespaceProperties:
-        """Scale a premium namespace to messaging_units (1, 2, 4, 8 or 16), or set a basic/standard one's
-        credits_per_second (None: no credit throttling). Running clients follow at their next operation."""
+        """Scale a premium namespace, or set a basic/standard one's credit budget. Running clients follow at
+        their next operation.
+
+        Args:
+            messaging_units: A premium namespace's messaging units: 1, 2, 4, 8 or 16 (None: unchanged).
+            credits_per_second: A basic/standard namespace's credits per second; None: no credit throttling
+                (not given: unchanged).
+
+        Returns:
+            The namespace's properties, updated.
+
+        Raises:
+            TypeError: neither argument is given.
+            ValueError: an argument does not apply to the namespace's tier (nothing changes).
+        """
         return update_namespace(self._catalog, messaging_units=messaging_units, credits_per_second=credits_per_second)
 
     # ---- metrics ---------------------------------------------------------------------------------------
 
     def get_namespace_metrics(self, *, start_time: Optional[datetime] = None, end_time: Optional[datetime] = None,
                               period: timedelta = metrics.MINUTE) -> Metrics:
-        """Request and message counts of the whole namespace, per period (a minute, or 10 seconds or any
-        multiple of it; ValueError otherwise) and in total: what every process persisted to the metrics
-        table, plus this process's counts not yet persisted."""
+        """Request and message counts of the whole namespace, per period and in total: what every process
+        persisted to the metrics table, plus this process's counts not yet persisted.
+
+        Args:
+            start_time: Only counts from this time on (default: from the first).
+            end_time: Only counts before this time (default: up to the last).
+            period: A minute, or 10 seconds or any multiple of it.
+
+        Returns:
+            The counts, per period and in total.
+
+        Raises:
+            ValueError: period is not 10 seconds or a multiple of it.
+        """
         return metrics.read(self._catalog.root, self._governor.recorder, start=start_time, end=end_time,
                             period=period)
 
     def get_entity_metrics(self, entity_path: str, *, start_time: Optional[datetime] = None,
                            end_time: Optional[datetime] = None, period: timedelta = metrics.MINUTE) -> Metrics:
-        """The data-plane counts of one queue, topic or subscription ('<topic>/Subscriptions/<name>');
-        management operations are the namespace's. period as get_namespace_metrics."""
+        """The data-plane counts of one queue, topic or subscription; management operations are the
+        namespace's.
+
+        Args:
+            entity_path: A queue's or topic's name or '<topic>/Subscriptions/<name>'.
+            start_time: Only counts from this time on (default: from the first).
+            end_time: Only counts before this time (default: up to the last).
+            period: As get_namespace_metrics'.
+
+        Returns:
+            The counts, per period and in total.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such entity.
+            ValueError: period is not 10 seconds or a multiple of it.
+        """
         return metrics.read(self._catalog.root, self._governor.recorder,
                             entity=admin.entity_path(self._catalog, entity_path), start=start_time, end=end_time,
                             period=period)
@@ -117,22 +182,72 @@ class ServiceBusAdministrationClient:
 
     @_management
     def create_queue(self, queue_name: str, **kwargs: object) -> QueueProperties:
+        """Create a queue.
+
+        Args:
+            queue_name: The queue's name.
+            **kwargs: Its settings, as azure-servicebus' (max_delivery_count, lock_duration, requires_session,
+                enable_partitioning, forward_to, ...); the others take their defaults.
+
+        Returns:
+            The queue's properties.
+
+        Raises:
+            MessagingEntityAlreadyExistsError: a queue or topic of that name exists.
+            TypeError: an unknown setting.
+        """
         validate_entity_name(queue_name, "queue")
         return cast(QueueProperties,
                     admin.create_entity(self._catalog, "queue", queue_name, entities.check_options("queue", kwargs)))
 
     @_management
     def create_topic(self, topic_name: str, **kwargs: object) -> TopicProperties:
+        """Create a topic.
+
+        Args:
+            topic_name: The topic's name.
+            **kwargs: Its settings, as azure-servicebus' (max_size_in_megabytes, enable_partitioning,
+                requires_duplicate_detection, ...); the others take their defaults.
+
+        Returns:
+            The topic's properties.
+
+        Raises:
+            MessagingEntityAlreadyExistsError: a queue or topic of that name exists.
+            TypeError: an unknown setting.
+        """
         validate_entity_name(topic_name, "topic")
         return cast(TopicProperties,
                     admin.create_entity(self._catalog, "topic", topic_name, entities.check_options("topic", kwargs)))
 
     @_management
     def get_queue(self, queue_name: str) -> QueueProperties:
+        """A queue's settings.
+
+        Args:
+            queue_name: The queue's name, or its properties.
+
+        Returns:
+            The queue's properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such queue.
+        """
         return cast(QueueProperties, admin.get_entity(self._catalog, "queue", _name_of(queue_name, "queue")))
 
     @_management
     def get_topic(self, topic_name: str) -> TopicProperties:
+        """A topic's settings.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+
+        Returns:
+            The topic's properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+        """
         return cast(TopicProperties, admin.get_entity(self._catalog, "topic", _name_of(topic_name, "topic")))
 
     @_management
@@ -145,33 +260,102 @@ class ServiceBusAdministrationClient:
 
     @_management
     def update_queue(self, queue: Union[QueueProperties, dict[str, Any], str], **kwargs: object) -> None:
+        """Change a queue's settings.
+
+        Args:
+            queue: The queue's properties (as get_queue returns them, changed), a dict of them, or its name.
+            **kwargs: Settings to change, over those queue carries; needed when queue is a name.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such queue.
+            InvalidOperationError: a setting that is fixed at creation would change.
+            TypeError: an unknown setting, or a name without settings to change.
+        """
         self._update("queue", _name_of(queue, "queue"), entities.settable_values("queue", queue, kwargs))
 
     @_management
     def update_topic(self, topic: Union[TopicProperties, dict[str, Any], str], **kwargs: object) -> None:
+        """Change a topic's settings.
+
+        Args:
+            topic: The topic's properties (as get_topic returns them, changed), a dict of them, or its name.
+            **kwargs: Settings to change, over those topic carries; needed when topic is a name.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+            InvalidOperationError: a setting that is fixed at creation would change.
+            TypeError: an unknown setting, or a name without settings to change.
+        """
         self._update("topic", _name_of(topic, "topic"), entities.settable_values("topic", topic, kwargs))
 
     @_management
     def delete_queue(self, queue: Union[str, QueueProperties]) -> None:
+        """Delete a queue with all its data.
+
+        Args:
+            queue: The queue's name, or its properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such queue.
+        """
         admin.delete_entity(self._catalog, "queue", _name_of(queue, "queue"))
 
     @_management
     def delete_topic(self, topic: Union[str, TopicProperties]) -> None:
-        """Deletes the topic with its subscriptions, their rules, and all their data."""
+        """Deletes the topic with its subscriptions, their rules, and all their data.
+
+        Args:
+            topic: The topic's name, or its properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+        """
         admin.delete_entity(self._catalog, "topic", _name_of(topic, "topic"))
 
     @_management
     def get_queue_runtime_properties(self, queue_name: str) -> QueueRuntimeProperties:
+        """A queue's message counts and size.
+
+        Args:
+            queue_name: The queue's name, or its properties.
+
+        Returns:
+            The queue's runtime properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such queue.
+        """
         return cast(QueueRuntimeProperties, admin.get_runtime(self._catalog, "queue", _name_of(queue_name, "queue")))
 
     @_management
     def get_topic_runtime_properties(self, topic_name: str) -> TopicRuntimeProperties:
+        """A topic's message counts and size.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+
+        Returns:
+            The topic's runtime properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+        """
         return cast(TopicRuntimeProperties, admin.get_runtime(self._catalog, "topic", _name_of(topic_name, "topic")))
 
     @_management
     def get_topic_awaiting_fanout(self, topic_name: str) -> int:
         """sparkbus: how many of the topic's messages no fan-out has delivered to its subscriptions yet (those
-        scheduled for later not counted). The namespace service or fanout_once delivers them."""
+        scheduled for later not counted). The namespace service or fanout_once delivers them.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+
+        Returns:
+            The number of messages.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+        """
         return admin.awaiting_fanout(self._catalog, _name_of(topic_name, "topic"))
 
     @_management
@@ -186,7 +370,23 @@ class ServiceBusAdministrationClient:
 
     @_management
     def create_subscription(self, topic_name: str, subscription_name: str, **kwargs: object) -> SubscriptionProperties:
-        """Creates the subscription with the rule '$Default' (TrueRuleFilter); it has its topic's partitions."""
+        """Creates the subscription with the rule '$Default' (TrueRuleFilter); it has its topic's partitions.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name.
+            **kwargs: Its settings, as azure-servicebus' (max_delivery_count, lock_duration, requires_session,
+                forward_to, ...); the others take their defaults.
+
+        Returns:
+            The subscription's properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+            MessagingEntityAlreadyExistsError: the topic has a subscription of that name.
+            ServiceBusQuotaExceededError: the topic has the most subscriptions allowed.
+            TypeError: an unknown setting.
+        """
         topic_name = _name_of(topic_name, "topic")
         validate_child_name(subscription_name, "subscription")
         return admin.create_subscription(self._catalog, topic_name, subscription_name,
@@ -194,33 +394,101 @@ class ServiceBusAdministrationClient:
 
     @_management
     def get_subscription(self, topic_name: str, subscription_name: str) -> SubscriptionProperties:
+        """A subscription's settings.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name, or its properties.
+
+        Returns:
+            The subscription's properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic or subscription.
+        """
         return admin.get_subscription(self._catalog, _name_of(topic_name, "topic"),
                                       _name_of(subscription_name, "subscription"))
 
     @_management
     def list_subscriptions(self, topic_name: str) -> list[SubscriptionProperties]:
+        """The settings of every subscription of a topic.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+
+        Returns:
+            The subscriptions' properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+        """
         return cast(list[SubscriptionProperties],
                     admin.list_entities(self._catalog, "subscription", _name_of(topic_name, "topic")))
 
     @_management
     def update_subscription(self, topic_name: str, subscription: Union[SubscriptionProperties, dict[str, Any], str],
                             **kwargs: object) -> None:
+        """Change a subscription's settings.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription: The subscription's properties (as get_subscription returns them, changed), a dict of
+                them, or its name.
+            **kwargs: Settings to change, over those subscription carries; needed when subscription is a name.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic or subscription.
+            InvalidOperationError: a setting that is fixed at creation would change.
+            TypeError: an unknown setting, or a name without settings to change.
+        """
         path = subscription_path(_name_of(topic_name, "topic"), _name_of(subscription, "subscription"))
         self._update("subscription", path, entities.settable_values("subscription", subscription, kwargs))
 
     @_management
     def delete_subscription(self, topic_name: str, subscription: Union[str, SubscriptionProperties]) -> None:
+        """Delete a subscription with its rules and all its data.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription: The subscription's name, or its properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such subscription.
+        """
         path = subscription_path(_name_of(topic_name, "topic"), _name_of(subscription, "subscription"))
         admin.delete_entity(self._catalog, "subscription", path)
 
     @_management
     def get_subscription_runtime_properties(self, topic_name: str,
                                             subscription_name: str) -> SubscriptionRuntimeProperties:
+        """A subscription's message counts.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name, or its properties.
+
+        Returns:
+            The subscription's runtime properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic or subscription.
+        """
         return admin.get_subscription_runtime(self._catalog, _name_of(topic_name, "topic"),
                                               _name_of(subscription_name, "subscription"))
 
     @_management
     def list_subscriptions_runtime_properties(self, topic_name: str) -> list[SubscriptionRuntimeProperties]:
+        """The message counts of every subscription of a topic.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+
+        Returns:
+            The subscriptions' runtime properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic.
+        """
         return cast(list[SubscriptionRuntimeProperties],
                     admin.list_runtime(self._catalog, "subscription", _name_of(topic_name, "topic")))
 
@@ -230,6 +498,25 @@ class ServiceBusAdministrationClient:
     def create_rule(self, topic_name: str, subscription_name: str, rule_name: str, *,
                     filter: Optional[RuleFilter] = None, action: Optional[SqlRuleAction] = None,
                     **kwargs: object) -> RuleProperties:
+        """Add a rule to a subscription.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name, or its properties.
+            rule_name: The rule's name.
+            filter: A SqlRuleFilter, CorrelationRuleFilter, TrueRuleFilter or FalseRuleFilter; default:
+                TrueRuleFilter.
+            action: A SqlRuleAction run on the messages the filter takes; default: none.
+
+        Returns:
+            The rule's properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic or subscription.
+            MessagingEntityAlreadyExistsError: the subscription has a rule of that name.
+            TypeError: another keyword argument, or a filter or action of another type.
+            ValueError: the filter's or action's SQL does not parse.
+        """
         if kwargs:
             raise TypeError(f"unknown rule option(s) {sorted(kwargs)}; allowed: filter, action")
         validate_child_name(rule_name, "rule")
@@ -239,18 +526,55 @@ class ServiceBusAdministrationClient:
 
     @_management
     def get_rule(self, topic_name: str, subscription_name: str, rule_name: str) -> RuleProperties:
+        """A rule of a subscription.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name, or its properties.
+            rule_name: The rule's name.
+
+        Returns:
+            The rule's properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic, subscription or rule.
+        """
         return admin.get_rule(self._catalog, _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription"),
                               rule_name)
 
     @_management
     def list_rules(self, topic_name: str, subscription_name: str) -> list[RuleProperties]:
+        """The rules of a subscription.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name, or its properties.
+
+        Returns:
+            The rules' properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic or subscription.
+        """
         return admin.list_rules(self._catalog, _name_of(topic_name, "topic"),
                                 _name_of(subscription_name, "subscription"))
 
     @_management
     def update_rule(self, topic_name: str, subscription_name: str, rule: Union[RuleProperties, dict[str, Any], str],
                     **kwargs: object) -> None:
-        """Replace a rule's filter and/or action; what is not given keeps its stored value."""
+        """Replace a rule's filter and/or action; what is not given keeps its stored value.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name, or its properties.
+            rule: The rule's properties (as get_rule returns them, changed), a dict of them, or its name.
+            **kwargs: filter and/or action, over those rule carries.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic, subscription or rule.
+            TypeError: an option other than filter and action, or a filter or action of another type.
+            ValueError: the filter's or action's SQL does not parse.
+        """
         given: dict[str, object]
         if isinstance(rule, RuleProperties):
             given = {"filter": rule.filter, "action": rule.action}
@@ -272,26 +596,65 @@ class ServiceBusAdministrationClient:
 
     @_management
     def delete_rule(self, topic_name: str, subscription_name: str, rule: Union[str, RuleProperties]) -> None:
+        """Delete a rule of a subscription.
+
+        Args:
+            topic_name: The topic's name, or its properties.
+            subscription_name: The subscription's name, or its properties.
+            rule: The rule's name, or its properties.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such topic, subscription or rule.
+        """
         admin.delete_rule(self._catalog, _name_of(topic_name, "topic"), _name_of(subscription_name, "subscription"),
                           _name_of(rule, "rule"))
 
     # ---- storage ---------------------------------------------------------------------------------------
 
     def get_entity_tables(self, entity_path: str) -> dict[str, str]:
-        """Role -> Delta table location of a queue, topic or subscription ('<topic>/Subscriptions/<name>')."""
+        """Role -> Delta table location of a queue, topic or subscription.
+
+        Args:
+            entity_path: A queue's or topic's name or '<topic>/Subscriptions/<name>'.
+
+        Returns:
+            Each table's location, by its role.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such entity.
+        """
         return admin.entity_tables(self._catalog, entity_path)
 
     @_management
     def get_partition_message_counts(self, entity_path: str) -> dict[int, int]:
-        """sparkbus: the messages in each partition of a queue, topic (those not yet fanned out) or subscription
-        ('<topic>/Subscriptions/<name>'), every partition named (0 when empty): how evenly partition keys,
-        session ids and message ids spread the load. A partition that cannot be read is left out."""
+        """sparkbus: the messages in each partition of a queue, topic (those not yet fanned out) or
+        subscription: how evenly partition keys, session ids and message ids spread the load.
+
+        Args:
+            entity_path: A queue's or topic's name or '<topic>/Subscriptions/<name>'.
+
+        Returns:
+            The message count by partition id, every partition named (0 when empty); a partition that cannot
+            be read is left out.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such entity.
+        """
         return admin.partition_message_counts(self._catalog, entity_path)
 
     def list_sessions(self, entity_path: str) -> list[SessionSummary]:
-        """sparkbus: the sessions of a queue or subscription ('<topic>/Subscriptions/<name>') that hold
-        messages or a stored lock or state, by session id, with their message count, lock and state size
-        (what Service Bus Explorer shows of sessions). MessagingEntityNotFoundError if there is no such entity."""
+        """sparkbus: the sessions of a queue or subscription that hold messages or a stored lock or state
+        (what Service Bus Explorer shows of sessions).
+
+        Args:
+            entity_path: A queue's name or '<topic>/Subscriptions/<name>'.
+
+        Returns:
+            The sessions, by session id, with their message count, lock and state size.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such entity.
+        """
         return admin.sessions(self._catalog, entity_path)
 
     def _update(self, kind: str, path: str, values: dict[str, Any]) -> None:

@@ -46,7 +46,15 @@ class MessageBody(bytes):
 
 def public_body(body_type: Optional[str], stored: bytes) -> Any:
     """`message.body` of a stored body: MessageBody for one data section (the usual case), an iterator of
-    sections for several data or sequence sections, the value of a value body."""
+    sections for several data or sequence sections, the value of a value body.
+
+    Args:
+        body_type: The stored body type (None: one data section, stored as it is).
+        stored: The stored body.
+
+    Returns:
+        The body, as message.body gives it.
+    """
     if body_type is None:
         return MessageBody(stored)
     kind, body = amqp.loaded_body(body_type, stored)
@@ -54,7 +62,16 @@ def public_body(body_type: Optional[str], stored: bytes) -> Any:
 
 
 def body_text(body_type: Optional[str], stored: bytes, encoding: str = "utf-8") -> str:
-    """str(message) as azure-servicebus gives it: data sections decoded and joined, otherwise str(body)."""
+    """str(message) as azure-servicebus gives it: data sections decoded and joined, otherwise str(body).
+
+    Args:
+        body_type: The stored body type (None: one data section, stored as it is).
+        stored: The stored body.
+        encoding: The data sections' encoding (bytes it cannot decode are replaced).
+
+    Returns:
+        The text.
+    """
     if body_type is None:
         return stored.decode(encoding, errors="replace")
     kind, body = amqp.loaded_body(body_type, stored)
@@ -64,7 +81,19 @@ def body_text(body_type: Optional[str], stored: bytes, encoding: str = "utf-8") 
 
 
 def amqp_text(value: Any, name: str) -> Optional[str]:
-    """An AMQP property read as a ServiceBusMessage str field (bytes are UTF-8 text on the wire)."""
+    """An AMQP property read as a ServiceBusMessage str field (bytes are UTF-8 text on the wire).
+
+    Args:
+        value: The property's value: None, str, bytes, int or uuid.UUID.
+        name: The property's name, for error messages.
+
+    Returns:
+        The text, or None.
+
+    Raises:
+        TypeError: a value of another type.
+        ValueError: bytes that are not UTF-8.
+    """
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bytes):
@@ -76,7 +105,17 @@ def amqp_text(value: Any, name: str) -> Optional[str]:
 
 def str_keys(props: Optional[dict[Any, Any]], what: str = "property map") -> Optional[dict[str, Any]]:
     """Property keys as str: azure-servicebus hands back bytes keys, and re-sending them must work.
-    ValueError for a bytes key that is not UTF-8, naming `what` holds it."""
+
+    Args:
+        props: A property map; anything else is returned as it is.
+        what: What holds the map, named by the error.
+
+    Returns:
+        The map with its bytes keys decoded.
+
+    Raises:
+        ValueError: a bytes key is not UTF-8.
+    """
     if not isinstance(props, dict):
         return props
     return {_utf8(k, f"the {what} key {k!r}") if isinstance(k, bytes) else k: v for k, v in props.items()}
@@ -91,8 +130,19 @@ def _utf8(value: bytes, name: str) -> str:
 
 
 def to_utc(value: object, name: str) -> Optional[datetime]:
-    """value in UTC (a naive datetime is taken as UTC); TypeError for a non-datetime, ValueError for a time
-    that has no UTC datetime (beyond year 9999 once converted)."""
+    """value in UTC (a naive datetime is taken as UTC).
+
+    Args:
+        value: A datetime, or None.
+        name: The argument's name, for error messages.
+
+    Returns:
+        The time in UTC, or None for None.
+
+    Raises:
+        TypeError: value is not a datetime.
+        ValueError: the time has no UTC datetime (beyond year 9999 once converted).
+    """
     if value is None:
         return None
     if not isinstance(value, datetime):
@@ -105,8 +155,17 @@ def to_utc(value: object, name: str) -> Optional[datetime]:
 
 
 def check_string_property(name: str, value: object) -> None:
-    """A str system property (message_id, subject, ...): None or valid text, the ids 1 to 128 characters;
-    TypeError or ValueError naming the property."""
+    """Check a str system property (message_id, subject, ...).
+
+    Args:
+        name: The property's name.
+        value: None or valid text; the ids (message_id, session_id, partition_key, reply_to_session_id) 1 to
+            128 characters.
+
+    Raises:
+        TypeError: value is not a str, naming the property.
+        ValueError: value is not valid text or an id's length is out of range, naming the property.
+    """
     if value is None:
         return
     if not isinstance(value, str):
@@ -118,7 +177,15 @@ def check_string_property(name: str, value: object) -> None:
 
 
 def check_time_to_live(value: object) -> None:
-    """None or a positive timedelta (TypeError or ValueError otherwise)."""
+    """Check a time-to-live.
+
+    Args:
+        value: None or a positive timedelta.
+
+    Raises:
+        TypeError: value is not a timedelta.
+        ValueError: value is not positive.
+    """
     if value is None:
         return
     if not isinstance(value, timedelta):
@@ -130,13 +197,45 @@ def check_time_to_live(value: object) -> None:
 def amqp_ttl(value: Optional[timedelta]) -> Optional[int]:
     """A time-to-live as an AMQP header's time_to_live: milliseconds, at most the AMQP uint maximum (a
     longer time-to-live, such as an entity's default of TimeSpan.MaxValue, is given as that maximum, about
-    49.7 days: the header has no room for more)."""
+    49.7 days: the header has no room for more).
+
+    Args:
+        value: The time-to-live, or None.
+
+    Returns:
+        The milliseconds, or None for None.
+    """
     return None if value is None else min(value // timedelta(milliseconds=1), MAX_AMQP_TTL_MS)
 
 
 class ServiceBusMessage:
-    """A message to send. body is bytes or str (stored as UTF-8), or a list of them (one data section each);
-    message_id defaults to a new uuid4 hex. ServiceBusMessage.from_amqp wraps an AmqpAnnotatedMessage."""
+    """A message to send, constructed as azure-servicebus'. ServiceBusMessage.from_amqp wraps an
+    AmqpAnnotatedMessage.
+
+    Args:
+        body: bytes, or str (encoded with encoding), or a list of them (one data section each); None is an
+            empty body.
+        application_properties: str keys (bytes keys are decoded as UTF-8) and values of str, int, float, bool,
+            bytes, datetime, uuid.UUID or None, each with a wire form.
+        session_id: The session the message belongs to, 1 to 128 characters.
+        message_id: Its id, 1 to 128 characters; default: a new uuid4 hex.
+        partition_key: The key that places it in a partition of a partitioned entity, 1 to 128 characters.
+        scheduled_enqueue_time_utc: When the message becomes receivable (a naive datetime is UTC).
+        time_to_live: A positive timedelta; the entity's default_message_time_to_live when shorter or not given.
+        content_type: The body's content type.
+        correlation_id: An application-defined id, such as the message_id of the message this one answers.
+        subject: An application-defined label.
+        to: An application-defined destination address.
+        reply_to: The entity to send replies to.
+        reply_to_session_id: The session to send replies to, 1 to 128 characters.
+        encoding: The encoding of a str body.
+        label: The older SDKs' name of subject (still in the SDK's samples): sets subject when subject is not
+            given.
+
+    Raises:
+        TypeError: a value of a type the field does not take.
+        ValueError: a value without a wire form, such as text with a lone surrogate or an id that is too long.
+    """
 
     session_id: Optional[str]
     message_id: Optional[str]
@@ -156,9 +255,7 @@ class ServiceBusMessage:
                  correlation_id: Optional[str] = None, subject: Optional[str] = None, to: Optional[str] = None,
                  reply_to: Optional[str] = None, reply_to_session_id: Optional[str] = None,
                  encoding: str = "UTF-8", label: Optional[str] = None) -> None:
-        """As azure-servicebus' constructor: a str body is encoded with `encoding` and None is an empty body;
-        `label`, the older SDKs' name of subject (still in the SDK's samples), sets subject when subject is
-        not given."""
+        """As azure-servicebus' constructor; its arguments are described on the class."""
         if subject is None:
             subject = label
         if body is None:
@@ -196,7 +293,18 @@ class ServiceBusMessage:
     def from_amqp(cls, message: AmqpAnnotatedMessage) -> "ServiceBusMessage":
         """The message a sender sends for an AmqpAnnotatedMessage: its body of any kind, application
         properties, the properties that are message fields, header time_to_live (ms) and the partition-key
-        and scheduled-time annotations. Raises TypeError or ValueError as the constructor does."""
+        and scheduled-time annotations.
+
+        Args:
+            message: The AMQP message.
+
+        Returns:
+            The message to send.
+
+        Raises:
+            TypeError: as the constructor does.
+            ValueError: as the constructor does.
+        """
         properties = message.properties or AmqpMessageProperties()
         fields = {name: amqp_text(properties.get(amqp_name), amqp_name) for name, amqp_name in AMQP_PROPERTY_FIELDS.items()}
         annotations = str_keys(message.annotations, "annotations") or {}
@@ -262,8 +370,20 @@ def to_outgoing(messages: Iterable[ServiceBusMessage]) -> pa.Table:
 
     Messages are checked again here, not only when constructed: their attributes can be changed after
     construction, and what is sent is what they hold now. A batch costs one vectorised pass (suspect_rows)
-    over it, a send of up to EXACT_CHECKS messages the exact check of each; only a row the pass flags, or a batch whose conversion failed, is checked
-    value by value, which raises TypeError or ValueError naming the message and the field."""
+    over it, a send of up to EXACT_CHECKS messages the exact check of each; only a row the pass flags, or a
+    batch whose conversion failed, is checked value by value, which raises TypeError or ValueError naming
+    the message and the field.
+
+    Args:
+        messages: The messages to send.
+
+    Returns:
+        Their rows, in order.
+
+    Raises:
+        TypeError: a value of a type its field does not take.
+        ValueError: a value without a wire form.
+    """
     messages = list(messages)
     try:
         columns: dict[str, list[Any]] = {name: [getattr(m, name) for m in messages] for name in STRING_PROPERTIES}
@@ -328,7 +448,18 @@ def _from_epoch_ms(value: int, name: str) -> datetime:
 
 def message_size(message: ServiceBusMessage) -> int:
     """Body + header bytes of one message, as the entity will count it (core.encoding.header_size, the
-    per-message form of the sizes a send computes). Raises TypeError or ValueError as sending it would."""
+    per-message form of the sizes a send computes).
+
+    Args:
+        message: The message.
+
+    Returns:
+        Its body and header bytes.
+
+    Raises:
+        TypeError: as sending it would.
+        ValueError: as sending it would.
+    """
     return _row_size(_outgoing_row(message))
 
 
@@ -357,7 +488,12 @@ def _row_size(row: tuple[Any, ...]) -> int:
 class ServiceBusMessageBatch:
     """Messages that fit in one send; add_message raises MessageSizeExceededError once the batch is full.
     A message is sent as it was when it was added (its values are taken and checked then, as the SDK
-    encodes a message when it is added): changing it afterwards does not change the batch."""
+    encodes a message when it is added): changing it afterwards does not change the batch.
+
+    Args:
+        max_size_in_bytes: The most body and header bytes its messages may hold together (create_message_batch
+            gives the entity's batch limit).
+    """
 
     def __init__(self, max_size_in_bytes: int) -> None:
         self.max_size_in_bytes = max_size_in_bytes
@@ -366,8 +502,17 @@ class ServiceBusMessageBatch:
         self._size = 0
 
     def add_message(self, message: Union[ServiceBusMessage, AmqpAnnotatedMessage]) -> None:
-        """Add a message; MessageSizeExceededError when it does not fit, TypeError or ValueError when it
-        holds a value without a wire form (nothing is added)."""
+        """Add a message; when it raises, nothing is added.
+
+        Args:
+            message: A ServiceBusMessage, or an AmqpAnnotatedMessage (added as ServiceBusMessage.from_amqp makes
+                it).
+
+        Raises:
+            MessageSizeExceededError: it does not fit.
+            TypeError: it is not such a message, or holds a value without a wire form.
+            ValueError: it holds a value without a wire form.
+        """
         if isinstance(message, AmqpAnnotatedMessage):
             message = ServiceBusMessage.from_amqp(message)
         if not isinstance(message, ServiceBusMessage):

@@ -192,9 +192,14 @@ class ServiceBusReceivedMessage:
 
     def __init__(self, row: Mapping[str, Any], state_row: Optional[Mapping[str, Any]],
                  state: ServiceBusMessageState) -> None:
-        """A message of one stored row (of the messages table, with the state columns a receive or peek
-        adds) and its state row; raises what reading the row raises (DECODE_ERRORS for a row that does
-        not decode)."""
+        """A message of one stored row and its state row; raises what reading the row raises
+        (DECODE_ERRORS for a row that does not decode).
+
+        Args:
+            row: A row of the messages table, with the state columns a receive or peek adds.
+            state_row: Its state row (None: none).
+            state: The message's state.
+        """
         self._bind(records.Columns.of_rows([row]), records.Columns.of_rows([state_row or {}]), 0, state)
         self._load()
 
@@ -228,8 +233,18 @@ class ServiceBusReceivedMessage:
     def from_bytes(cls, message: bytes) -> "ServiceBusReceivedMessage":
         """A message decoded from an AMQP 1.0 message payload, as azure-servicebus' from_bytes: broker
         annotations in it (sequence number, enqueued time, lock token, ...) fill those properties, absent ones
-        are None. It has no receiver and cannot be settled. Raises TypeError unless message is bytes,
-        ValueError if it is empty or not an AMQP message."""
+        are None. It has no receiver and cannot be settled.
+
+        Args:
+            message: The AMQP 1.0 message payload.
+
+        Returns:
+            The decoded message.
+
+        Raises:
+            TypeError: message is not bytes.
+            ValueError: message is empty or not an AMQP message.
+        """
         if not isinstance(message, bytes):
             raise TypeError(f"message must be bytes, got {type(message).__name__}")
         if not message:
@@ -376,7 +391,16 @@ class ServiceBusSession:
         return state
 
     def set_state(self, state: Union[str, bytes, bytearray, None]) -> None:
-        """Replace the session state (durable before this returns); at most the entity's max message size."""
+        """Replace the session state (durable before this returns).
+
+        Args:
+            state: The new state: bytes, or str (stored as UTF-8), at most the entity's max message size;
+                None removes it.
+
+        Raises:
+            TypeError: state is not bytes, str or None.
+            ValueError: state is larger than the entity's max message size.
+        """
         if isinstance(state, str):
             state = check_text(state, "session state").encode("utf-8")
         if state is not None and not isinstance(state, (bytes, bytearray)):
@@ -622,7 +646,16 @@ class ServiceBusReceiver:
         of its dead-letter sub-queue) by sequence number, all or none, as receive_deferred_messages does
         for deferred ones: a sparkbus addition (Service Bus receives only deferred messages by number) for
         acting on a message a user picked from a peek, e.g. resubmitting one dead-lettered message.
-        MessageNotFoundError names a number that is not such a message, unlocked, and nothing is locked."""
+
+        Args:
+            sequence_numbers: One sequence number or several, of messages of the receiver's queue.
+
+        Returns:
+            The messages, locked, in the order the numbers were given.
+
+        Raises:
+            MessageNotFoundError: a number is not such a message, unlocked (nothing is locked).
+        """
         return self._numbered(sequence_numbers, SUB_QUEUE_STATES[self.sub_queue] if self.sub_queue else ACTIVE)
 
     def _numbered(self, sequence_numbers: Union[int, Iterable[int]], queue: str) -> list[ServiceBusReceivedMessage]:
@@ -735,7 +768,19 @@ class ServiceBusReceiver:
 
     @requires_open
     def receive_dataframe(self, max_message_count: int = 1000, max_wait_time: Optional[float] = None) -> "DataFrame":
-        """Locked messages as a Spark DataFrame (one row per message, lock_token included)."""
+        """Locked messages as a Spark DataFrame (one row per message, lock_token included).
+
+        Args:
+            max_message_count: At most this many messages.
+            max_wait_time: Seconds to wait for the first message, as receive_messages' (default: the
+                receiver's).
+
+        Returns:
+            The messages, one row each.
+
+        Raises:
+            InvalidOperationError: the client has no SparkSession (ServiceBusClient(path, spark=spark)).
+        """
         if self._spark is None:
             raise InvalidOperationError("receive_dataframe needs a SparkSession: ServiceBusClient(path, spark=spark)")
         from .spark.dataframes import messages_to_arrow
@@ -759,16 +804,36 @@ class ServiceBusReceiver:
 
     @requires_open
     def complete_messages(self, messages: Iterable[ServiceBusReceivedMessage]) -> int:
-        """Complete many messages with one commit per partition (a sparkbus addition). If any lock was
-        lost, MessageLockLostError and nothing is completed."""
+        """Complete many messages with one commit per partition (a sparkbus addition).
+
+        Args:
+            messages: Messages this receiver received.
+
+        Returns:
+            How many were completed.
+
+        Raises:
+            MessageLockLostError: a lock was lost; nothing is completed.
+        """
         messages = list(messages)
         self._settle(messages, transitions.completed)
         return len(messages)
 
     @requires_open
     def complete_dataframe(self, df: "DataFrame") -> int:
-        """Complete the messages of a DataFrame (sequence_number and lock_token columns), one commit per
-        partition; a lost lock raises MessageLockLostError before anything is completed."""
+        """Complete the messages of a DataFrame, one commit per partition.
+
+        Args:
+            df: The messages' sequence_number and lock_token columns, as receive_dataframe returns them.
+
+        Returns:
+            How many were completed.
+
+        Raises:
+            ValueError: df lacks the sequence_number or lock_token column.
+            InvalidOperationError: the receiver is in RECEIVE_AND_DELETE mode (its messages are settled already).
+            MessageLockLostError: a lock was lost, before anything is completed.
+        """
         from .spark.dataframes import check_dataframe
 
         check_dataframe(df, "complete_dataframe")
@@ -832,7 +897,18 @@ class ServiceBusReceiver:
 
     @requires_open
     def renew_message_lock(self, message: ServiceBusReceivedMessage) -> datetime:
-        """Extend the lock by lock_duration from now; returns the new locked_until_utc."""
+        """Extend the lock by lock_duration from now.
+
+        Args:
+            message: A message this receiver received.
+
+        Returns:
+            The new locked_until_utc.
+
+        Raises:
+            TypeError: the receiver holds a session: renew the session lock (receiver.session.renew_lock()).
+            MessageLockLostError: its lock expired or was taken over.
+        """
         if self.session is not None:
             raise TypeError("renewing a message lock is not possible with sessions: renew the session lock "
                             "(receiver.session.renew_lock()) instead")
@@ -928,8 +1004,14 @@ class ServiceBusReceiver:
 
     @requires_open
     def purge_messages(self, *, before_enqueued_time_utc: Optional[datetime] = None) -> int:
-        """delete_messages until none is left that qualifies (enqueued before before_enqueued_time_utc,
-        default the time of the call); returns how many were removed."""
+        """delete_messages until none is left that qualifies.
+
+        Args:
+            before_enqueued_time_utc: Only messages enqueued before this time (default: the time of the call).
+
+        Returns:
+            How many were removed.
+        """
         before = to_utc(before_enqueued_time_utc, "before_enqueued_time_utc") or clock.now()
         total = 0
         while True:
@@ -946,6 +1028,16 @@ class ServiceBusReceiver:
 
         Repeated calls continue where the last ended, partition by partition, until every message was
         seen once; a call may return fewer messages than asked (seed, "Browse/Peek messages").
+
+        Args:
+            max_message_count: At most this many messages, 1 to 2**31 - 1.
+            sequence_number: Where to start; 0 (the default): at the cursor, where the last call ended.
+
+        Returns:
+            The messages, not locked: they cannot be settled.
+
+        Raises:
+            ValueError: max_message_count or sequence_number is out of range.
         """
         if isinstance(max_message_count, bool) or not isinstance(max_message_count, int) \
                 or not 1 <= max_message_count <= MAX_MESSAGE_COUNT:

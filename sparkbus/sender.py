@@ -36,7 +36,17 @@ Sendable = Union[Single, Iterable[Single], ServiceBusMessageBatch]
 
 
 def as_messages(message: Sendable) -> list[ServiceBusMessage]:
-    """The messages to send; AmqpAnnotatedMessages become the ServiceBusMessages they stand for."""
+    """The messages to send; AmqpAnnotatedMessages become the ServiceBusMessages they stand for.
+
+    Args:
+        message: A ServiceBusMessage or AmqpAnnotatedMessage, a list of them, or a ServiceBusMessageBatch.
+
+    Returns:
+        The ServiceBusMessages, in order.
+
+    Raises:
+        TypeError: message is none of those.
+    """
     if isinstance(message, (ServiceBusMessage, AmqpAnnotatedMessage)):
         message = [message]
     if isinstance(message, ServiceBusMessageBatch):
@@ -62,7 +72,14 @@ def _renumbered(info: EntityInfo) -> MessageNotFoundError:
 
 
 def sent(count: int) -> Usage:
-    """A send of `count` messages: 1 credit each."""
+    """A send of `count` messages: 1 credit each.
+
+    Args:
+        count: How many messages the send holds.
+
+    Returns:
+        Its usage: the credits it costs and the incoming messages it counts.
+    """
     return Usage(data_cost(count), incoming_messages=count)
 
 
@@ -234,7 +251,11 @@ class ServiceBusSender:
         Args:
             max_size_in_bytes: Its size limit, at most the tier's batch limit (the default).
 
+        Returns:
+            The empty batch.
+
         Raises:
+            TypeError: max_size_in_bytes is not an int.
             ValueError: max_size_in_bytes is not between 1 and the entity's batch limit.
         """
         limit = self.entity_info().max_batch_bytes

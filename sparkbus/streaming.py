@@ -22,8 +22,15 @@ def start_fanout(spark: SparkSession, namespace: str, topic_name: Optional[str] 
                  storage_options: Optional[dict[str, str]] = None) -> StreamingQuery:
     """Start fanning out topic messages to subscriptions; returns the StreamingQuery.
 
-    topic_name None: every topic, including topics created later. trigger: keyword arguments of
-    DataStreamWriter.trigger (default {"processingTime": "500 milliseconds"}).
+    Args:
+        spark: The SparkSession the stream runs in.
+        namespace: The namespace's location, as create_namespace's path.
+        topic_name: The topic to fan out; None: every topic, including topics created later.
+        trigger: Keyword arguments of DataStreamWriter.trigger (default {"processingTime": "500 milliseconds"}).
+        storage_options: An object-store namespace's credentials and endpoints (default: the environment's).
+
+    Returns:
+        The running stream.
     """
     from .spark.background import start
     from .spark.datasource import ALL_TOPICS
@@ -35,7 +42,17 @@ def start_fanout(spark: SparkSession, namespace: str, topic_name: Optional[str] 
 def fanout_once(spark: SparkSession, namespace: str, topic_name: Optional[str] = None, *,
                 storage_options: Optional[dict[str, str]] = None) -> "FanoutResult":
     """Fan out everything pending now and return what was done (a trigger(availableNow=True) run): for batch
-    jobs and tests. Over Spark Connect the batches run in the server's process: the result is empty."""
+    jobs and tests. Over Spark Connect the batches run in the server's process: the result is empty.
+
+    Args:
+        spark: The SparkSession the batches run in.
+        namespace: The namespace's location, as create_namespace's path.
+        topic_name: The topic to fan out; None: every topic.
+        storage_options: An object-store namespace's credentials and endpoints (default: the environment's).
+
+    Returns:
+        The messages handled, filter evaluations, and copies and dead-letters per subscription.
+    """
     from .spark.background import run_once
     from .spark.datasource import ALL_TOPICS
 
@@ -46,7 +63,17 @@ def fanout_once(spark: SparkSession, namespace: str, topic_name: Optional[str] =
 def start_forwarding(spark: SparkSession, namespace: str, *, trigger: Optional[dict[str, Any]] = None,
                      storage_options: Optional[dict[str, str]] = None) -> StreamingQuery:
     """Start forwarding the messages (and dead-letters) of every queue and subscription that forwards,
-    including ones configured later; returns the StreamingQuery."""
+    including ones configured later; returns the StreamingQuery.
+
+    Args:
+        spark: The SparkSession the stream runs in.
+        namespace: The namespace's location, as create_namespace's path.
+        trigger: Keyword arguments of DataStreamWriter.trigger (default {"processingTime": "500 milliseconds"}).
+        storage_options: An object-store namespace's credentials and endpoints (default: the environment's).
+
+    Returns:
+        The running stream.
+    """
     from .spark.background import start
     from .spark.datasource import ALL_FORWARDING
 
@@ -57,7 +84,16 @@ def start_forwarding(spark: SparkSession, namespace: str, *, trigger: Optional[d
 def forward_once(spark: SparkSession, namespace: str, *,
                  storage_options: Optional[dict[str, str]] = None) -> "ForwardResult":
     """Forward everything forwardable now and return what was moved (empty over Spark Connect, as
-    fanout_once)."""
+    fanout_once).
+
+    Args:
+        spark: The SparkSession the batches run in.
+        namespace: The namespace's location, as create_namespace's path.
+        storage_options: An object-store namespace's credentials and endpoints (default: the environment's).
+
+    Returns:
+        The messages forwarded and transfer-dead-lettered, per source entity.
+    """
     from .spark.background import run_once
     from .spark.datasource import ALL_FORWARDING
 
@@ -68,7 +104,18 @@ def forward_once(spark: SparkSession, namespace: str, *,
 def serve(spark: SparkSession, namespace: str, *, trigger: Optional[dict[str, Any]] = None,
           maintenance_interval: float = 30.0, storage_options: Optional[dict[str, str]] = None) -> "NamespaceService":
     """Run all background work of the namespace (fan-out, forwarding, scheduled messages falling due,
-    maintenance every maintenance_interval seconds) until .stop() is called on the returned handle."""
+    maintenance) until .stop() is called on the returned handle.
+
+    Args:
+        spark: The SparkSession the stream runs in.
+        namespace: The namespace's location, as create_namespace's path.
+        trigger: Keyword arguments of DataStreamWriter.trigger (default {"processingTime": "500 milliseconds"}).
+        maintenance_interval: Seconds between maintenance sweeps.
+        storage_options: An object-store namespace's credentials and endpoints (default: the environment's).
+
+    Returns:
+        The running service.
+    """
     from .spark.service import NamespaceService
 
     return NamespaceService(spark, namespace, trigger=trigger, maintenance_interval=maintenance_interval,

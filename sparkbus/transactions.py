@@ -23,7 +23,11 @@ _NO_KEY = object()
 
 class ServiceBusTransaction:
     """Collects messages for one entity of one namespace; commit() writes them atomically, discard() drops
-    them. namespace: the location of the client's namespace (None: the namespace of the first send)."""
+    them.
+
+    Args:
+        namespace: The location of the client's namespace (None: the namespace of the first send).
+    """
 
     def __init__(self, namespace: Optional[str] = None) -> None:
         self._namespace = namespace
@@ -36,7 +40,18 @@ class ServiceBusTransaction:
     def add(self, info: EntityInfo, send: Callable[[list[ServiceBusMessage]], object],
             messages: list[ServiceBusMessage]) -> None:
         """Validate and hold messages for the entity `info`, to be written by send(messages) at commit; a
-        violation raises here and holds nothing."""
+        violation raises here and holds nothing.
+
+        Args:
+            info: The entity the messages are sent to.
+            send: Writes a list of messages in one commit; called with the messages held, at commit.
+            messages: The messages to hold.
+
+        Raises:
+            InvalidOperationError: the transaction has ended; the entity is of another namespace, or another
+                entity than the transaction's; on a partitioned entity, a message has no partition key, or
+                another than the others'.
+        """
         if not self._open:
             raise InvalidOperationError("the transaction has ended; start a new `with client.transaction()` block")
         namespace = self._namespace if self._namespace is not None else info.namespace.path

@@ -39,8 +39,19 @@ def read_spark_conf(path: str) -> dict[str, str]:
 
 def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_file: Optional[str] = None,
               settings: Optional[dict[str, str]] = None) -> SparkSession:
-    """Get or create the SparkSession; conf_file defaults to $SPARKBUS_SPARK_CONF, else the packaged
-    spark-defaults.conf (CONF_DIR)."""
+    """Get or create the SparkSession.
+
+    Args:
+        app_name: The application's name.
+        master: The master URL; default: the settings' spark.master, else local[*] (under spark-submit, the
+            session keeps its --master).
+        conf_file: A spark-defaults style file of settings; default: $SPARKBUS_SPARK_CONF, else the packaged
+            spark-defaults.conf (CONF_DIR).
+        settings: Settings over those of conf_file.
+
+    Returns:
+        The SparkSession.
+    """
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -72,7 +83,11 @@ def get_spark(app_name: str = "sparkbus", *, master: Optional[str] = None, conf_
 def register(spark: SparkSession) -> None:
     """Make .format("sparkbus") available in a session. Sessions of Spark 4 import it on their own (the
     installed module pyspark_sparkbus; spark.sql.pyspark.dataSource.staticImport.enabled): this serves
-    sessions where that import is off."""
+    sessions where that import is off.
+
+    Args:
+        spark: The session, classic or over Spark Connect.
+    """
     from .datasource import SparkbusDataSource
 
     jvm_session = getattr(spark, "_jsparkSession", None)  # None over Spark Connect: register there
