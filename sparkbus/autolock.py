@@ -6,7 +6,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from .exceptions import ServiceBusError
 from .receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSession
 from .engine import clock
 
@@ -132,7 +131,7 @@ class AutoLockRenewer:
             else:
                 item.receiver.renew_message_lock(message)
             return True
-        except (ServiceBusError, ValueError) as error:  # ValueError: the receiver was closed
+        except Exception as error:  # reported, never up the renewing thread (ValueError: receiver closed)
             if item.on_failure is not None:
                 item.on_failure(message, error)
             return False

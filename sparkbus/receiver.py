@@ -417,9 +417,10 @@ class ServiceBusSession:
         """Extend the session lock (and the locks of its unsettled messages) by lock_duration from now."""
         def renewed(row: dict[str, Any], info: EntityInfo, now: datetime) -> dict[str, Any]:
             return {**row, "locked_until_utc": now + info.options.lock_duration}
-        self._lock.locked_until_utc = self._delivery.update_session(self._lock, renewed)["locked_until_utc"]
-        self._delivery.extend_locks(self._lock, dict(self._held), self._lock.locked_until_utc)
-        return self._lock.locked_until_utc
+        until: datetime = self._delivery.update_session(self._lock, renewed)["locked_until_utc"]
+        self._delivery.extend_locks(self._lock, dict(self._held), until)
+        self._lock.locked_until_utc = until  # once the messages' locks are extended too
+        return until
 
     def _release(self) -> None:
         """End the locks of its unsettled messages now (they are delivered again first), then its own."""
@@ -570,8 +571,9 @@ class ServiceBusReceiver:
                                   changed=None if wait == 0 else self._delivery.watch(), stop=self._closing) or [])
 
     def _renewed(self, messages: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
-        """messages, registered with the receiver's auto_lock_renewer (PEEK_LOCK mode), as the SDK does."""
-        if self._renewer is not None and not self._deletes:
+        """messages, registered with the receiver's auto_lock_renewer (PEEK_LOCK mode), as the SDK does; under
+        a session the renewer keeps the session lock, which holds its messages' locks too."""
+        if self._renewer is not None and not self._deletes and self.session is None:
             for message in messages:
                 self._renewer.register(self, message)
         return messages

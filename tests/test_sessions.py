@@ -105,6 +105,24 @@ def test_auto_lock_renewer_keeps_a_session(admin, client, clock):
         receiver.complete_message(receiver.receive_messages()[0])
 
 
+def test_a_session_receivers_auto_lock_renewer_keeps_the_session_while_a_message_waits(admin, client, clock):
+    """auto_lock_renewer= on a session receiver renews the session lock (which holds its messages' locks):
+    a received message is completed after twice the lock duration, and no renewal failure is reported."""
+    _session_queue(admin, lock_duration="PT5S")
+    _send(client, "s", "a", 1)
+    failures: list = []
+    with AutoLockRenewer(max_lock_renewal_duration=30, on_lock_renew_failure=lambda r, e: failures.append(e)) as renewer:
+        receiver = client.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION, auto_lock_renewer=renewer)
+        [message] = receiver.receive_messages()
+        for step in (3.5, 3.5, 3.5):
+            before = receiver.session.locked_until_utc
+            clock.advance(step)
+            assert wait_until(lambda: receiver.session.locked_until_utc > before, 10)
+        receiver.complete_message(message)
+        receiver.close()
+    assert failures == [] and client.get_queue_receiver("s", session_id="a").peek_messages(5) == []
+
+
 def test_next_available_session_and_errors(admin, client):
     _session_queue(admin)
     admin.create_queue("plain")
