@@ -47,7 +47,7 @@ from .engine import fanout
 from .engine.registry import EntityDeleted, EntityInfo, resolve_current
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
 from .engine.throttle import Usage
-from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError,
+from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError, ServiceBusError,
                          MessagingEntityDisabledError, MessagingEntityNotFoundError, SessionLockLostError)
 from .core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
 from .handler import requires_open
@@ -529,7 +529,14 @@ class ServiceBusReceiver:
     def close(self) -> None:
         """Message locks simply expire, as in Service Bus. A held session is released: the locks of its
         unsettled messages end now (they are delivered again first), then the session lock. The receiver
-        refuses further operations; a receive waiting in another thread returns what it has (nothing)."""
+        refuses further operations; a receive waiting in another thread returns what it has (nothing).
+        Prefetched messages, never handed out, are given back at once (as if never received)."""
+        prefetched, self._prefetched = self._prefetched, []
+        if prefetched and not self._deletes and not self._closed:
+            try:
+                self._give_back(prefetched)
+            except ServiceBusError:
+                pass  # their locks lapse on their own
         self._closed = True
         self._closing.set()
         if self.session is not None and not self._session_closed:

@@ -190,6 +190,22 @@ def test_prefetch_serves_from_cache(admin, client):
     receiver.complete_messages([first, *second])
 
 
+
+def test_closing_a_receiver_gives_its_prefetched_messages_back_at_once(admin, client):
+    """Messages locked into the prefetch cache but never handed out are available to other receivers as soon
+    as the receiver closes, with their delivery counts as before (not after the lock duration)."""
+    admin.create_queue("q")
+    send(client, "q", *(ServiceBusMessage(f"m{i}") for i in range(4)))
+    receiver = client.get_queue_receiver("q", prefetch_count=3)
+    (first,) = receiver.receive_messages()
+    other = client.get_queue_receiver("q")
+    assert other.receive_messages(max_message_count=5, max_wait_time=0.2) == []  # m1-m3 are prefetched
+    receiver.complete_message(first)
+    receiver.close()
+    again = other.receive_messages(max_message_count=5)
+    assert [(str(m), m.delivery_count) for m in again] == [("m1", 1), ("m2", 1), ("m3", 1)]
+    other.complete_messages(again)
+
 @pytest.mark.slow
 @pytest.mark.local_only
 def test_prefetched_messages_whose_lock_lapsed_are_not_handed_out(admin, client, clock):
