@@ -54,6 +54,7 @@ class AutoLockRenewer:
         self._guard = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.renewals = 0  # locks renewed so far (a sparkbus addition: processors count them)
 
     def __enter__(self) -> "AutoLockRenewer":
         return self
@@ -130,6 +131,7 @@ class AutoLockRenewer:
                 message.renew_lock()
             else:
                 item.receiver.renew_message_lock(message)
+            self.renewals += 1
             return True
         except Exception as error:  # reported, never up the renewing thread (ValueError: receiver closed)
             if item.on_failure is not None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from .autolock import AutoLockRenewer
-    from .processor import MessageHandler, ServiceBusProcessor
+    from .processor import MessageHandler, ServiceBusProcessor, ServiceBusSessionProcessor
 
 ReceiveMode = Union[ServiceBusReceiveMode, str]
 SubQueue = Optional[Union[ServiceBusSubQueue, str]]
@@ -254,7 +254,7 @@ class ServiceBusClient:
             queue_name: The queue's name.
             process_message: The handler, called with a ProcessMessageContext for each message.
             **options: ServiceBusProcessor's options: process_error, max_concurrent_calls,
-                auto_complete_messages, max_auto_lock_renewal_duration, receive_mode.
+                auto_complete_messages, max_auto_lock_renewal_duration, receive_mode, prefetch_count.
 
         Returns:
             The processor, not started yet.
@@ -289,6 +289,53 @@ class ServiceBusClient:
         self._check_entity_path(topic_name, "topic")
         path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
         return ServiceBusProcessor(self, path, process_message, **options)
+
+    def get_queue_session_processor(self, queue_name: str, process_message: "MessageHandler",
+                                    **options: Any) -> "ServiceBusSessionProcessor":
+        """A processor of a session-enabled queue: each session's messages in order, sessions in parallel
+        (sparkbus.processor.ServiceBusSessionProcessor).
+
+        Args:
+            queue_name: The queue's name.
+            process_message: The handler, called with a ProcessMessageContext for each message.
+            **options: ServiceBusSessionProcessor's options: max_concurrent_sessions,
+                max_concurrent_calls_per_session, session_ids, session_idle_timeout, process_error,
+                auto_complete_messages, max_auto_lock_renewal_duration, receive_mode, prefetch_count.
+
+        Returns:
+            The processor, not started yet.
+
+        Raises:
+            ValueError: the name is not a name an entity can have, or not the connection string's EntityPath.
+        """
+        from .processor import ServiceBusSessionProcessor
+
+        self._check_entity_path(queue_name, "queue")
+        return ServiceBusSessionProcessor(self, queue_name, process_message, **options)
+
+    def get_subscription_session_processor(self, topic_name: str, subscription_name: str,
+                                           process_message: "MessageHandler",
+                                           **options: Any) -> "ServiceBusSessionProcessor":
+        """A processor of a session-enabled subscription, as get_queue_session_processor.
+
+        Args:
+            topic_name: The topic's name.
+            subscription_name: The subscription's name.
+            process_message: The handler, called with a ProcessMessageContext for each message.
+            **options: ServiceBusSessionProcessor's options, as get_queue_session_processor's.
+
+        Returns:
+            The processor, not started yet.
+
+        Raises:
+            ValueError: a name is not a name an entity can have, or the topic's is not the connection
+                string's EntityPath.
+        """
+        from .processor import ServiceBusSessionProcessor
+
+        self._check_entity_path(topic_name, "topic")
+        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        return ServiceBusSessionProcessor(self, path, process_message, **options)
 
     @contextmanager
     def transaction(self) -> Iterator[ServiceBusTransaction]:

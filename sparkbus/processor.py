@@ -12,21 +12,33 @@ Semantics as .NET documents them: a handler that returns completes its message w
 poison message to the dead-letter sub-queue) and the error handler is called; a lost lock, a failed settle
 or a failed receive goes to the error handler, never up the worker, and a failed receive backs off with the
 client's retry settings before the worker goes on. stop() stops receiving, lets the handlers under way
-finish and settle, then closes the receivers: nothing stays locked by a stopped processor (prefetch is not
-used). A processor killed outright leaves its locked messages to come back when their locks lapse.
+finish and settle, then closes the receivers, which gives prefetched messages back: nothing stays locked by
+a stopped processor. A processor killed outright leaves its locked messages to come back when their locks
+lapse.
+
+ServiceBusSessionProcessor: max_concurrent_sessions workers, each holding one session at a time (a session
+receiver, the session locked by a conditional commit, so no two workers or processes hold one session). A
+worker hands its session's messages to the handler in order, max_concurrent_calls_per_session at a time (1:
+strictly in order), and lets the session go once none came for session_idle_timeout, the handler called
+release_session(), or its lock was lost; then it takes the next session with messages (or the next of
+session_ids). The session lock is renewed while the worker holds it, up to max_auto_lock_renewal_duration.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Callable, Optional, Protocol, Union
 
 from .autolock import AutoLockRenewer
 from .core.names import split_subscription_path
-from .receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver
+from .core.wire import check_id
+from .exceptions import InvalidOperationError, OperationTimeoutError, SessionCannotBeLockedError
+from .receiver import (NEXT_AVAILABLE_SESSION, ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver,
+                       ServiceBusSession, ServiceBusSessionFilter)
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +49,10 @@ class Receivers(Protocol):
     def get_queue_receiver(self, queue_name: str, **options: Any) -> ServiceBusReceiver: ...
 
     def get_subscription_receiver(self, topic_name: str, subscription_name: str, **options: Any) -> ServiceBusReceiver: ...
+
+
 RECEIVE_WAIT_SECONDS = 0.5  # how long a worker's receive waits before it looks at stop() again
+SESSION_IDLE_SECONDS = 1.0  # a session processor lets a session go after this long without a message
 
 
 @dataclass
@@ -48,10 +63,35 @@ class ProcessMessageContext:
     receiver: ServiceBusReceiver
     entity_path: str
     settled_as: Optional[str] = None  # "complete", "abandon", "defer", "dead-letter"; "deleted" when received so
+    release_requested: bool = False  # release_session() was called
 
     @property
     def settled(self) -> bool:
         return self.settled_as is not None
+
+    @property
+    def session(self) -> ServiceBusSession:
+        """The session the message belongs to (a session processor's). InvalidOperationError otherwise."""
+        if self.receiver.session is None:
+            raise InvalidOperationError(f"{self.entity_path!r} is not processed by sessions: no session to use")
+        return self.receiver.session
+
+    @property
+    def session_id(self) -> Optional[str]:
+        return self.message.session_id
+
+    def get_session_state(self) -> Optional[bytes]:
+        """The session's state (bytes), or None. InvalidOperationError outside a session processor."""
+        return self.session.get_state()
+
+    def set_session_state(self, state: Union[str, bytes, bytearray, None]) -> None:
+        """Replace the session's state (durable before this returns); see ServiceBusSession.set_state."""
+        self.session.set_state(state)
+
+    def release_session(self) -> None:
+        """Let the session go once this handler returns (other sessions' turn), as .NET's ReleaseSession."""
+        _ = self.session  # raises outside a session processor
+        self.release_requested = True
 
     def complete(self) -> None:
         self.receiver.complete_message(self.message)
@@ -95,7 +135,9 @@ class ProcessorCounts:
     deferred: int = 0
     failed: int = 0  # handler calls that raised
     errors: int = 0  # error handler calls, of any source
+    lock_renewals: int = 0  # message (or session) locks renewed while handlers ran
     lock_renewal_failures: int = 0
+    sessions_accepted: int = 0  # a session processor's sessions taken
 
 
 MessageHandler = Callable[[ProcessMessageContext], Any]
@@ -116,10 +158,70 @@ def checked_options(process_message: object, max_concurrent_calls: object,
     return renewal
 
 
-def receiver_options(mode: ServiceBusReceiveMode, renewer: object) -> dict[str, Any]:
-    """The keywords of a processor worker's receiver: one message at a time, waits short enough to see stop()."""
-    return {"receive_mode": mode, "auto_lock_renewer": renewer, "max_wait_time": RECEIVE_WAIT_SECONDS}
+def checked_prefetch(prefetch_count: object) -> int:
+    """prefetch_count checked (ValueError saying what is allowed)."""
+    if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or prefetch_count < 0:
+        raise ValueError(f"prefetch_count must be an int >= 0, got {prefetch_count!r}")
+    return prefetch_count
+
+
+def receiver_options(mode: ServiceBusReceiveMode, renewer: object, prefetch_count: int = 0,
+                     session_id: Union[str, ServiceBusSessionFilter, None] = None) -> dict[str, Any]:
+    """The keywords of a processor worker's receiver: waits short enough to see stop(); a session's, if any."""
+    options = {"receive_mode": mode, "auto_lock_renewer": renewer, "max_wait_time": RECEIVE_WAIT_SECONDS,
+               "prefetch_count": prefetch_count}
+    return options if session_id is None else {**options, "session_id": session_id}
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a session processor does with sessions (checked by session_options)."""
+
+    max_concurrent_sessions: int
+    max_concurrent_calls_per_session: int
+    session_ids: Optional[tuple[str, ...]]  # None: any session with messages
+    session_idle_timeout: float  # seconds
+
+
+def session_options(max_concurrent_sessions: object, max_concurrent_calls_per_session: object,
+                    session_ids: object, session_idle_timeout: Union[timedelta, float, None]) -> SessionOptions:
+    """A session processor's options checked (the sync and the async one's alike). ValueError or TypeError
+    saying what is allowed."""
+    for name, value in (("max_concurrent_sessions", max_concurrent_sessions),
+                        ("max_concurrent_calls_per_session", max_concurrent_calls_per_session)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
+    ids: Optional[tuple[str, ...]] = None
+    if session_ids is not None:
+        if isinstance(session_ids, (str, bytes)) or not hasattr(session_ids, "__iter__"):
+            raise TypeError(f"session_ids must be a list of session ids or None, got {type(session_ids).__name__}")
+        ids = tuple(dict.fromkeys(check_id("session_id", i) for i in session_ids))
+        if not ids:
+            raise ValueError("session_ids must name at least one session (None: any session)")
+    idle = SESSION_IDLE_SECONDS if session_idle_timeout is None else (
+        session_idle_timeout.total_seconds() if isinstance(session_idle_timeout, timedelta)
+        else float(session_idle_timeout))
+    if not idle > 0:
+        raise ValueError(f"session_idle_timeout must be positive, got {session_idle_timeout!r}")
+    assert isinstance(max_concurrent_sessions, int) and isinstance(max_concurrent_calls_per_session, int)
+    return SessionOptions(max_concurrent_sessions, max_concurrent_calls_per_session, ids, idle)
+
+
+def next_session(options: SessionOptions, held: set[str], turn: int) -> Union[str, ServiceBusSessionFilter, None]:
+    """The session a worker should take next: any with messages, or the first of session_ids from turn on
+    that no worker of this processor holds (None: all are held)."""
+    if options.session_ids is None:
+        return NEXT_AVAILABLE_SESSION
+    count = len(options.session_ids)
+    for step in range(count):
+        candidate = options.session_ids[(turn + step) % count]
+        if candidate not in held:
+            return candidate
+    return None
+
+
 ErrorHandler = Callable[[ProcessErrorContext], Any]
+COUNTERS = {"complete": "completed", "abandon": "abandoned", "defer": "deferred", "dead-letter": "dead_lettered"}
 
 
 @dataclass
@@ -127,7 +229,7 @@ class _Worker:
     thread: Optional[threading.Thread] = None
     receiver: Optional[ServiceBusReceiver] = None
     renewer: Optional[AutoLockRenewer] = None
-    busy: bool = False
+    busy: int = 0  # handlers running (a session worker may run several)
     idle_since: float = field(default_factory=time.monotonic)
 
 
@@ -143,25 +245,36 @@ class ServiceBusProcessor:
         auto_complete_messages: Complete a message whose handler returned without settling it.
         max_auto_lock_renewal_duration: How long a message's lock is renewed while its handler runs.
         receive_mode: PEEK_LOCK (the default) or RECEIVE_AND_DELETE (nothing to settle or renew).
+        prefetch_count: Messages each worker locks ahead of its handler (0: none); given back at stop().
 
     Raises:
-        ValueError: max_concurrent_calls below 1, or a negative renewal duration.
+        ValueError: max_concurrent_calls below 1, a negative renewal duration or prefetch_count.
     """
 
     def __init__(self, client: Receivers, entity_path: str, process_message: MessageHandler, *,
                  process_error: Optional[ErrorHandler] = None, max_concurrent_calls: int = 1,
                  auto_complete_messages: bool = True,
                  max_auto_lock_renewal_duration: Union[timedelta, float] = timedelta(minutes=5),
-                 receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK) -> None:
+                 receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+                 prefetch_count: int = 0) -> None:
         renewal = checked_options(process_message, max_concurrent_calls, max_auto_lock_renewal_duration)
+        self._prefetch = checked_prefetch(prefetch_count)
         self._client, self.entity_path = client, entity_path
         self._handler, self._on_error = process_message, process_error
         self.max_concurrent_calls, self.auto_complete_messages = max_concurrent_calls, auto_complete_messages
         self._renewal, self._mode = renewal, receive_mode
-        self.counts = ProcessorCounts()
+        self._workers_wanted = max_concurrent_calls
+        self._counts = ProcessorCounts()
         self._guard = threading.Lock()
         self._stopping = threading.Event()
         self._workers: list[_Worker] = []
+
+    @property
+    def counts(self) -> ProcessorCounts:
+        """What the processor did since it was made (a copy; lock renewals include those under way)."""
+        with self._guard:
+            live = sum(w.renewer.renewals for w in self._workers if w.renewer is not None)
+            return replace(self._counts, lock_renewals=self._counts.lock_renewals + live)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -175,7 +288,7 @@ class ServiceBusProcessor:
             return
         self._stopping.clear()
         self._workers = []
-        for n in range(self.max_concurrent_calls):
+        for n in range(self._workers_wanted):
             worker = _Worker()
             worker.thread = threading.Thread(target=self._work, args=(worker,), name=f"sparkbus-processor-{n}",
                                              daemon=True)
@@ -219,21 +332,35 @@ class ServiceBusProcessor:
 
     # ---- a worker ------------------------------------------------------------------------------------
 
-    def _receiver(self, renewer: Optional[AutoLockRenewer]) -> ServiceBusReceiver:
+    def _receiver(self, renewer: Optional[AutoLockRenewer],
+                  session_id: Union[str, ServiceBusSessionFilter, None] = None) -> ServiceBusReceiver:
         subscription = split_subscription_path(self.entity_path)
-        options = receiver_options(self._mode, renewer)
+        options = receiver_options(self._mode, renewer, self._prefetch, session_id)
         if subscription is None:
             return self._client.get_queue_receiver(self.entity_path, **options)
         return self._client.get_subscription_receiver(*subscription, **options)
 
+    def _renewer(self, worker: _Worker) -> Optional[AutoLockRenewer]:
+        """The worker's lock renewer (none in RECEIVE_AND_DELETE mode or without renewal)."""
+        if self._mode is not ServiceBusReceiveMode.PEEK_LOCK or not self._renewal:
+            return None
+        worker.renewer = AutoLockRenewer(max_lock_renewal_duration=self._renewal, on_lock_renew_failure=self._lock_lost)
+        return worker.renewer
+
+    def _retire(self, worker: _Worker) -> None:
+        """A worker's end: its renewer closed, its renewals counted."""
+        if worker.renewer is not None:
+            worker.renewer.close()
+            with self._guard:
+                self._counts.lock_renewals += worker.renewer.renewals
+                worker.renewer = None
+
     def _work(self, worker: _Worker) -> None:
-        peek_lock = self._mode is ServiceBusReceiveMode.PEEK_LOCK
-        renewer = AutoLockRenewer(max_lock_renewal_duration=self._renewal,
-                                  on_lock_renew_failure=self._lock_lost) if peek_lock and self._renewal else None
+        renewer = self._renewer(worker)
         failures = 0
         try:
             with self._receiver(renewer) as receiver:
-                worker.receiver, worker.renewer = receiver, renewer
+                worker.receiver = receiver
                 while not self._stopping.is_set():
                     try:
                         got = receiver.receive_messages(1, max_wait_time=RECEIVE_WAIT_SECONDS)
@@ -244,29 +371,29 @@ class ServiceBusProcessor:
                         self._stopping.wait(self._backoff(failures))
                         continue
                     for message in got:
-                        self._handle(worker, receiver, message, peek_lock)
+                        self._handle(worker, receiver, message)
         except Exception as error:  # the receiver could not even be made (e.g. no such entity)
             self._report(error, "receive")
         finally:
-            if renewer is not None:
-                renewer.close()
+            self._retire(worker)
 
     def _backoff(self, failures: int) -> float:
         factor = getattr(self._client, "retry_backoff_factor", 0.8)
         return float(min(factor * 2 ** (failures - 1), getattr(self._client, "retry_backoff_max", 120.0)))
 
-    def _handle(self, worker: _Worker, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage,
-                peek_lock: bool) -> None:
+    def _handle(self, worker: _Worker, receiver: ServiceBusReceiver,
+                message: ServiceBusReceivedMessage) -> ProcessMessageContext:
+        peek_lock = self._mode is ServiceBusReceiveMode.PEEK_LOCK
         context = ProcessMessageContext(message, receiver, self.entity_path, None if peek_lock else "deleted")
         with self._guard:
-            worker.busy = True
-            self.counts.received += 1
+            worker.busy += 1
+            self._counts.received += 1
         log.debug("processing message %s of %s", message.message_id, self.entity_path)
         try:
             self._handler(context)
         except Exception as error:
             with self._guard:
-                self.counts.failed += 1
+                self._counts.failed += 1
             if not context.settled:
                 self._settle(context, "abandon")
             self._report(error, "process_message", message)
@@ -277,8 +404,9 @@ class ServiceBusProcessor:
                 self._count(context.settled_as)
         finally:
             with self._guard:
-                worker.busy = False
+                worker.busy -= 1
                 worker.idle_since = time.monotonic()
+        return context
 
     def _settle(self, context: ProcessMessageContext, how: str) -> None:
         try:
@@ -289,21 +417,20 @@ class ServiceBusProcessor:
         self._count(context.settled_as)
 
     def _count(self, settled_as: Optional[str]) -> None:
-        counter = {"complete": "completed", "abandon": "abandoned", "defer": "deferred",
-                   "dead-letter": "dead_lettered"}.get(settled_as or "")
+        counter = COUNTERS.get(settled_as or "")
         if counter is not None:
             with self._guard:
-                setattr(self.counts, counter, getattr(self.counts, counter) + 1)
+                setattr(self._counts, counter, getattr(self._counts, counter) + 1)
 
     def _lock_lost(self, message: Any, error: Optional[BaseException]) -> None:
         with self._guard:
-            self.counts.lock_renewal_failures += 1
+            self._counts.lock_renewal_failures += 1
         self._report(error or RuntimeError("the message's lock could not be renewed"), "renew_lock", message)
 
     def _report(self, error: BaseException, source: str, message: Optional[ServiceBusReceivedMessage] = None) -> None:
         """The error handler (default: a warning in the log); an error handler that raises is logged."""
         with self._guard:
-            self.counts.errors += 1
+            self._counts.errors += 1
         if self._on_error is None:
             log.warning("sparkbus processor of %s: %s in %s: %s", self.entity_path, type(error).__name__, source, error)
             return
@@ -311,3 +438,107 @@ class ServiceBusProcessor:
             self._on_error(ProcessErrorContext(error, source, self.entity_path, message))
         except Exception:
             log.exception("the error handler of the processor of %s raised", self.entity_path)
+
+
+class ServiceBusSessionProcessor(ServiceBusProcessor):
+    """Runs a handler for every message of a session-enabled queue or subscription, each session's messages
+    in order and sessions in parallel (module docstring); what .NET's ServiceBusSessionProcessor does.
+
+    Args:
+        client: The ServiceBusClient of the namespace.
+        entity_path: A queue's name or '<topic>/Subscriptions/<name>' that requires sessions.
+        process_message: Called with a ProcessMessageContext for each message; its session, state and
+            release_session() are on the context.
+        process_error: Called with a ProcessErrorContext for each error (default: logged at warning).
+        max_concurrent_sessions: Sessions held at once (worker threads), at least 1.
+        max_concurrent_calls_per_session: Handlers running at once within a session (1: strictly in order).
+        session_ids: Process only these sessions; None (the default): any session with messages.
+        session_idle_timeout: How long a session is held without a message before the next is taken
+            (default 1 second).
+        auto_complete_messages, max_auto_lock_renewal_duration, receive_mode, prefetch_count: As
+            ServiceBusProcessor's (the renewal keeps the session lock).
+
+    Raises:
+        ValueError: a count below 1, an empty session_ids or a bad session id, a non-positive idle timeout.
+        TypeError: session_ids is not a list of ids.
+    """
+
+    def __init__(self, client: Receivers, entity_path: str, process_message: MessageHandler, *,
+                 process_error: Optional[ErrorHandler] = None, max_concurrent_sessions: int = 8,
+                 max_concurrent_calls_per_session: int = 1, session_ids: Optional[list[str]] = None,
+                 session_idle_timeout: Union[timedelta, float, None] = None, auto_complete_messages: bool = True,
+                 max_auto_lock_renewal_duration: Union[timedelta, float] = timedelta(minutes=5),
+                 receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+                 prefetch_count: int = 0) -> None:
+        self.sessions = session_options(max_concurrent_sessions, max_concurrent_calls_per_session, session_ids,
+                                        session_idle_timeout)
+        super().__init__(client, entity_path, process_message, process_error=process_error,
+                         max_concurrent_calls=max_concurrent_sessions * max_concurrent_calls_per_session,
+                         auto_complete_messages=auto_complete_messages,
+                         max_auto_lock_renewal_duration=max_auto_lock_renewal_duration, receive_mode=receive_mode,
+                         prefetch_count=prefetch_count)
+        self._workers_wanted = max_concurrent_sessions
+        self._held: set[str] = set()  # sessions this processor's workers hold
+        self._turn = 0  # where the next worker starts in session_ids
+
+    def _work(self, worker: _Worker) -> None:
+        renewer = self._renewer(worker)
+        calls = self.sessions.max_concurrent_calls_per_session
+        pool = ThreadPoolExecutor(calls, thread_name_prefix="sparkbus-session-call") if calls > 1 else None
+        failures = 0
+        try:
+            while not self._stopping.is_set():
+                with self._guard:
+                    wanted = next_session(self.sessions, self._held, self._turn)
+                    self._turn += 1
+                if wanted is None:  # every named session is held by another worker
+                    self._stopping.wait(RECEIVE_WAIT_SECONDS)
+                    continue
+                try:
+                    receiver = self._receiver(renewer, wanted)
+                    failures = 0
+                except (OperationTimeoutError, SessionCannotBeLockedError):
+                    continue  # no session free now (the acceptance waited): look again
+                except Exception as error:  # reported, then the worker backs off and goes on
+                    self._report(error, "accept_session")
+                    failures += 1
+                    self._stopping.wait(self._backoff(failures))
+                    continue
+                assert receiver.session is not None
+                session_id = receiver.session.session_id
+                with self._guard:
+                    self._counts.sessions_accepted += 1
+                    self._held.add(session_id)
+                try:
+                    with receiver:
+                        worker.receiver = receiver
+                        self._drain(worker, receiver, pool)
+                finally:
+                    with self._guard:
+                        self._held.discard(session_id)
+        finally:
+            if pool is not None:
+                pool.shutdown()
+            self._retire(worker)
+
+    def _drain(self, worker: _Worker, receiver: ServiceBusReceiver, pool: Optional[ThreadPoolExecutor]) -> None:
+        """Hand the session's messages to the handler until the session is idle, released or lost."""
+        calls = self.sessions.max_concurrent_calls_per_session
+        last = time.monotonic()
+        while not self._stopping.is_set():
+            try:
+                got = receiver.receive_messages(calls, max_wait_time=RECEIVE_WAIT_SECONDS)
+            except Exception as error:  # e.g. the session lock was lost: the session goes
+                self._report(error, "receive")
+                return
+            if not got:
+                if time.monotonic() - last >= self.sessions.session_idle_timeout:
+                    return
+                continue
+            if pool is None:
+                contexts = [self._handle(worker, receiver, message) for message in got]
+            else:
+                contexts = list(pool.map(lambda message: self._handle(worker, receiver, message), got))
+            last = time.monotonic()
+            if any(context.release_requested for context in contexts):
+                return

@@ -44,6 +44,11 @@ class AutoLockRenewer:
         self._sync.register(receiver._sync.value, target, max_lock_renewal_duration,
                             None if callback is None else _on_loop(callback, renewable, asyncio.get_running_loop()))
 
+    @property
+    def renewals(self) -> int:
+        """Locks renewed so far (a sparkbus addition: processors count them)."""
+        return self._sync.renewals
+
     async def close(self) -> None:
         """Stop renewing; locks then lapse on their own."""
         await asyncio.to_thread(self._sync.close)

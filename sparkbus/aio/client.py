@@ -12,7 +12,7 @@ from ..receiver import ServiceBusReceiveMode, ServiceBusSessionFilter, ServiceBu
 from ..transactions import ServiceBusTransaction
 from ..core.names import subscription_path
 from .autolock import AutoLockRenewer
-from .processor import MessageHandler, ServiceBusProcessor
+from .processor import MessageHandler, ServiceBusProcessor, ServiceBusSessionProcessor
 from .connection import Connection
 from .receiver import ServiceBusReceiver, queue_receiver, subscription_receiver
 from .runner import listed_on_pool
@@ -69,6 +69,19 @@ class ServiceBusClient(Connection):
                                    **options: Any) -> ServiceBusProcessor:
         """A processor of a subscription's messages, as get_queue_processor."""
         return ServiceBusProcessor(self, subscription_path(topic_name, subscription_name), process_message, **options)
+
+    def get_queue_session_processor(self, queue_name: str, process_message: MessageHandler,
+                                    **options: Any) -> ServiceBusSessionProcessor:
+        """A processor of a session-enabled queue: each session's messages in order, sessions in parallel
+        (sparkbus.aio.processor; options as the sync client's get_queue_session_processor)."""
+        return ServiceBusSessionProcessor(self, queue_name, process_message, **options)
+
+    def get_subscription_session_processor(self, topic_name: str, subscription_name: str,
+                                           process_message: MessageHandler,
+                                           **options: Any) -> ServiceBusSessionProcessor:
+        """A processor of a session-enabled subscription, as get_queue_session_processor."""
+        return ServiceBusSessionProcessor(self, subscription_path(topic_name, subscription_name), process_message,
+                                          **options)
 
     list_queue_sessions = listed_on_pool(SyncClient.list_queue_sessions)
     list_subscription_sessions = listed_on_pool(SyncClient.list_subscription_sessions)

@@ -1,25 +1,30 @@
-"""The async ServiceBusProcessor: sparkbus.processor's semantics with coroutine handlers and tasks.
+"""The async processors: sparkbus.processor's semantics with coroutine handlers and tasks.
 
 max_concurrent_calls tasks, each with an async receiver of its own, receive one message at a time, await
 the handler and settle; locks are renewed by a sparkbus.aio AutoLockRenewer while handlers run. stop()
-stops receiving, lets the handlers under way finish and settle, then closes the receivers. A processor
-task that is cancelled (its `run` cancelled from outside) closes its receivers too: the message whose
-handler was cancelled is abandoned, so nothing stays locked.
+stops receiving, lets the handlers under way finish and settle, then closes the receivers (prefetched
+messages given back). A processor task that is cancelled (its `run` cancelled from outside) closes its
+receivers too: the message whose handler was cancelled is abandoned, so nothing stays locked.
+
+ServiceBusSessionProcessor: max_concurrent_sessions tasks, each holding one session at a time and awaiting
+the handler for its messages in order (max_concurrent_calls_per_session at a time), as the sync one does.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, Optional, Protocol, Union
 
 from ..core.names import split_subscription_path
-from ..processor import RECEIVE_WAIT_SECONDS, ProcessErrorContext, ProcessorCounts, checked_options, receiver_options
-from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
+from ..exceptions import InvalidOperationError, OperationTimeoutError, SessionCannotBeLockedError
+from ..processor import (COUNTERS, RECEIVE_WAIT_SECONDS, ProcessErrorContext, ProcessorCounts, checked_options,
+                         checked_prefetch, next_session, receiver_options, session_options)
+from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSessionFilter
 from .autolock import AutoLockRenewer
-from .receiver import ServiceBusReceiver
+from .receiver import ServiceBusReceiver, ServiceBusSession
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,7 @@ class ProcessMessageContext:
     receiver: ServiceBusReceiver
     entity_path: str
     settled_as: Optional[str] = None
+    release_requested: bool = False  # release_session() was called
 
     @property
     def settled(self) -> bool:
@@ -64,10 +70,34 @@ class ProcessMessageContext:
     async def renew_lock(self) -> None:
         await self.receiver.renew_message_lock(self.message)
 
+    @property
+    def session(self) -> ServiceBusSession:
+        """The session the message belongs to (a session processor's). InvalidOperationError otherwise."""
+        if self.receiver.session is None:
+            raise InvalidOperationError(f"{self.entity_path!r} is not processed by sessions: no session to use")
+        return self.receiver.session
+
+    @property
+    def session_id(self) -> Optional[str]:
+        return self.message.session_id
+
+    async def get_session_state(self) -> Optional[bytes]:
+        """The session's state (bytes), or None. InvalidOperationError outside a session processor."""
+        state: Optional[bytes] = await self.session.get_state()
+        return state
+
+    async def set_session_state(self, state: Union[str, bytes, bytearray, None]) -> None:
+        """Replace the session's state (durable before this returns); see ServiceBusSession.set_state."""
+        await self.session.set_state(state)
+
+    def release_session(self) -> None:
+        """Let the session go once this handler returns (other sessions' turn), as .NET's ReleaseSession."""
+        _ = self.session  # raises outside a session processor
+        self.release_requested = True
+
 
 MessageHandler = Callable[[ProcessMessageContext], Awaitable[Any]]
 ErrorHandler = Callable[[ProcessErrorContext], Any]
-COUNTERS = {"complete": "completed", "abandon": "abandoned", "defer": "deferred", "dead-letter": "dead_lettered"}
 
 
 class ServiceBusProcessor:
@@ -78,17 +108,27 @@ class ServiceBusProcessor:
                  process_error: Optional[ErrorHandler] = None, max_concurrent_calls: int = 1,
                  auto_complete_messages: bool = True,
                  max_auto_lock_renewal_duration: Union[timedelta, float] = timedelta(minutes=5),
-                 receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK) -> None:
+                 receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+                 prefetch_count: int = 0) -> None:
         self._renewal = checked_options(process_message, max_concurrent_calls, max_auto_lock_renewal_duration)
+        self._prefetch = checked_prefetch(prefetch_count)
         self._client, self.entity_path = client, entity_path
         self._handler, self._on_error = process_message, process_error
         self.max_concurrent_calls, self.auto_complete_messages = max_concurrent_calls, auto_complete_messages
         self._mode = receive_mode
-        self.counts = ProcessorCounts()
+        self._tasks_wanted = max_concurrent_calls
+        self._counts = ProcessorCounts()
+        self._renewers: list[AutoLockRenewer] = []  # of the tasks under way
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._busy = 0
         self._idle_since = time.monotonic()
+
+    @property
+    def counts(self) -> ProcessorCounts:
+        """What the processor did since it was made (a copy; lock renewals include those under way)."""
+        live = sum(renewer.renewals for renewer in self._renewers)
+        return replace(self._counts, lock_renewals=self._counts.lock_renewals + live)
 
     @property
     def is_running(self) -> bool:
@@ -100,7 +140,7 @@ class ServiceBusProcessor:
             return
         self._stopping = asyncio.Event()
         self._tasks = [asyncio.create_task(self._work(), name=f"sparkbus-processor-{n}")
-                       for n in range(self.max_concurrent_calls)]
+                       for n in range(self._tasks_wanted)]
 
     async def stop(self) -> None:
         """Stop receiving; the handlers under way finish and settle; returns when every task has ended."""
@@ -130,17 +170,41 @@ class ServiceBusProcessor:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _receiver(self, renewer: Optional[AutoLockRenewer]) -> ServiceBusReceiver:
+    def _receiver(self, renewer: Optional[AutoLockRenewer],
+                  session_id: Union[str, ServiceBusSessionFilter, None] = None) -> ServiceBusReceiver:
         subscription = split_subscription_path(self.entity_path)
-        options = receiver_options(self._mode, renewer)
+        options = receiver_options(self._mode, renewer, self._prefetch, session_id)
         if subscription is None:
             return self._client.get_queue_receiver(self.entity_path, **options)
         return self._client.get_subscription_receiver(*subscription, **options)
 
+    def _renewer(self) -> Optional[AutoLockRenewer]:
+        """A task's lock renewer (none in RECEIVE_AND_DELETE mode or without renewal)."""
+        if self._mode is not ServiceBusReceiveMode.PEEK_LOCK or not self._renewal:
+            return None
+        renewer = AutoLockRenewer(max_lock_renewal_duration=self._renewal, on_lock_renew_failure=self._lock_lost)
+        self._renewers.append(renewer)
+        return renewer
+
+    async def _retire(self, renewer: Optional[AutoLockRenewer]) -> None:
+        """A task's end: its renewer closed, its renewals counted."""
+        if renewer is not None:
+            await renewer.close()
+            self._renewers.remove(renewer)
+            self._counts.lock_renewals += renewer.renewals
+
+    @staticmethod
+    def _backoff(failures: int) -> float:
+        return float(min(0.8 * 2 ** (failures - 1), 120))
+
+    async def _wait_stop(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
     async def _work(self) -> None:
-        peek_lock = self._mode is ServiceBusReceiveMode.PEEK_LOCK
-        renewer = AutoLockRenewer(max_lock_renewal_duration=self._renewal, on_lock_renew_failure=self._lock_lost) \
-            if peek_lock and self._renewal else None
+        renewer = self._renewer()
         failures = 0
         try:
             async with self._receiver(renewer) as receiver:
@@ -151,23 +215,20 @@ class ServiceBusProcessor:
                     except Exception as error:  # reported, then the task backs off and goes on
                         await self._report(error, "receive")
                         failures += 1
-                        try:
-                            await asyncio.wait_for(self._stopping.wait(), min(0.8 * 2 ** (failures - 1), 120))
-                        except asyncio.TimeoutError:
-                            pass
+                        await self._wait_stop(self._backoff(failures))
                         continue
                     for message in got:
-                        await self._handle(receiver, message, peek_lock)
+                        await self._handle(receiver, message)
         except Exception as error:  # the receiver could not even be made (e.g. no such entity)
             await self._report(error, "receive")
         finally:
-            if renewer is not None:
-                await renewer.close()
+            await self._retire(renewer)
 
-    async def _handle(self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage, peek_lock: bool) -> None:
+    async def _handle(self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage) -> ProcessMessageContext:
+        peek_lock = self._mode is ServiceBusReceiveMode.PEEK_LOCK
         context = ProcessMessageContext(message, receiver, self.entity_path, None if peek_lock else "deleted")
         self._busy += 1
-        self.counts.received += 1
+        self._counts.received += 1
         log.debug("processing message %s of %s", message.message_id, self.entity_path)
         try:
             await self._handler(context)
@@ -176,7 +237,7 @@ class ServiceBusProcessor:
                 await asyncio.shield(self._settle(context, "abandon"))
             raise
         except Exception as error:
-            self.counts.failed += 1
+            self._counts.failed += 1
             if not context.settled:
                 await self._settle(context, "abandon")
             await self._report(error, "process_message", message)
@@ -188,6 +249,7 @@ class ServiceBusProcessor:
         finally:
             self._busy -= 1
             self._idle_since = time.monotonic()
+        return context
 
     async def _settle(self, context: ProcessMessageContext, how: str) -> None:
         try:
@@ -200,15 +262,15 @@ class ServiceBusProcessor:
     def _count(self, settled_as: Optional[str]) -> None:
         counter = COUNTERS.get(settled_as or "")
         if counter is not None:
-            setattr(self.counts, counter, getattr(self.counts, counter) + 1)
+            setattr(self._counts, counter, getattr(self._counts, counter) + 1)
 
     async def _lock_lost(self, message: Any, error: Optional[BaseException]) -> None:
-        self.counts.lock_renewal_failures += 1
+        self._counts.lock_renewal_failures += 1
         await self._report(error or RuntimeError("the message's lock could not be renewed"), "renew_lock", message)
 
     async def _report(self, error: BaseException, source: str,
                       message: Optional[ServiceBusReceivedMessage] = None) -> None:
-        self.counts.errors += 1
+        self._counts.errors += 1
         if self._on_error is None:
             log.warning("sparkbus processor of %s: %s in %s: %s", self.entity_path, type(error).__name__, source, error)
             return
@@ -218,3 +280,80 @@ class ServiceBusProcessor:
                 await done
         except Exception:
             log.exception("the error handler of the processor of %s raised", self.entity_path)
+
+
+class ServiceBusSessionProcessor(ServiceBusProcessor):
+    """Runs a coroutine handler for every message of a session-enabled queue or subscription, each
+    session's in order and sessions in parallel; options as sparkbus.processor.ServiceBusSessionProcessor's."""
+
+    def __init__(self, client: Receivers, entity_path: str, process_message: MessageHandler, *,
+                 process_error: Optional[ErrorHandler] = None, max_concurrent_sessions: int = 8,
+                 max_concurrent_calls_per_session: int = 1, session_ids: Optional[list[str]] = None,
+                 session_idle_timeout: Union[timedelta, float, None] = None, auto_complete_messages: bool = True,
+                 max_auto_lock_renewal_duration: Union[timedelta, float] = timedelta(minutes=5),
+                 receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+                 prefetch_count: int = 0) -> None:
+        self.sessions = session_options(max_concurrent_sessions, max_concurrent_calls_per_session, session_ids,
+                                        session_idle_timeout)
+        super().__init__(client, entity_path, process_message, process_error=process_error,
+                         max_concurrent_calls=max_concurrent_sessions * max_concurrent_calls_per_session,
+                         auto_complete_messages=auto_complete_messages,
+                         max_auto_lock_renewal_duration=max_auto_lock_renewal_duration, receive_mode=receive_mode,
+                         prefetch_count=prefetch_count)
+        self._tasks_wanted = max_concurrent_sessions
+        self._held: set[str] = set()  # sessions this processor's tasks hold
+        self._turn = 0  # where the next task starts in session_ids
+
+    async def _work(self) -> None:
+        renewer = self._renewer()
+        failures = 0
+        try:
+            while not self._stopping.is_set():
+                wanted = next_session(self.sessions, self._held, self._turn)
+                self._turn += 1
+                if wanted is None:  # every named session is held by another task
+                    await self._wait_stop(RECEIVE_WAIT_SECONDS)
+                    continue
+                receiver = self._receiver(renewer, wanted)
+                try:
+                    await receiver.__aenter__()  # locks the session
+                    failures = 0
+                except (OperationTimeoutError, SessionCannotBeLockedError):
+                    await receiver.close()
+                    continue  # no session free now (the acceptance waited): look again
+                except Exception as error:  # reported, then the task backs off and goes on
+                    await receiver.close()
+                    await self._report(error, "accept_session")
+                    failures += 1
+                    await self._wait_stop(self._backoff(failures))
+                    continue
+                assert receiver.session is not None
+                session_id = receiver.session.session_id
+                self._counts.sessions_accepted += 1
+                self._held.add(session_id)
+                try:
+                    await self._drain(receiver)
+                finally:
+                    self._held.discard(session_id)
+                    await receiver.close()
+        finally:
+            await self._retire(renewer)
+
+    async def _drain(self, receiver: ServiceBusReceiver) -> None:
+        """Await the handler for the session's messages until the session is idle, released or lost."""
+        calls = self.sessions.max_concurrent_calls_per_session
+        last = time.monotonic()
+        while not self._stopping.is_set():
+            try:
+                got = await receiver.receive_messages(calls, max_wait_time=RECEIVE_WAIT_SECONDS)
+            except Exception as error:  # e.g. the session lock was lost: the session goes
+                await self._report(error, "receive")
+                return
+            if not got:
+                if time.monotonic() - last >= self.sessions.session_idle_timeout:
+                    return
+                continue
+            contexts = await asyncio.gather(*(self._handle(receiver, message) for message in got))
+            last = time.monotonic()
+            if any(context.release_requested for context in contexts):
+                return

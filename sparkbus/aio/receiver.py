@@ -117,8 +117,10 @@ class ServiceBusReceiver:
         return receiver
 
     def _renewed(self, messages: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
-        """messages, registered with the receiver's auto_lock_renewer (PEEK_LOCK mode), as the SDK does."""
-        if self._renewer is not None and self.receive_mode is ServiceBusReceiveMode.PEEK_LOCK:
+        """messages, registered with the receiver's auto_lock_renewer (PEEK_LOCK mode), as the SDK does; under a
+        session the renewer keeps the session lock, which holds its messages' locks too."""
+        if (self._renewer is not None and self.receive_mode is ServiceBusReceiveMode.PEEK_LOCK
+                and self._session is None):
             for message in messages:
                 self._renewer.register(self, message)
         return messages
