@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from .receiver import ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSession
-from .engine import clock
+from .engine import clock, metrics
 
 Renewable = Union[ServiceBusReceivedMessage, ServiceBusSession]
 FailureCallback = Callable[[Renewable, Optional[Exception]], None]
@@ -132,6 +132,7 @@ class AutoLockRenewer:
             else:
                 item.receiver.renew_message_lock(message)
             self.renewals += 1
+            item.receiver._record(metrics.RENEWED)
             return True
         except Exception as error:  # reported, never up the renewing thread (ValueError: receiver closed)
             if item.on_failure is not None:

@@ -19,7 +19,7 @@ from .engine import context, metrics
 from .engine.metrics import BUCKET_SECONDS, MINUTE, Metrics
 from .engine.namespace import open_catalog
 from .management import ServiceBusAdministrationClient
-from .core.schemas import METRICS_COUNTERS
+from .core.schemas import METRICS_COUNTERS, PROCESSING_COUNTERS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -67,9 +67,11 @@ def metrics_table(namespace: str) -> pa.Table:
 
 def format_metrics(report: Metrics) -> str:
     """Totals and one line per period (a minute unless the report was read per another), as `sparkbus
-    metrics` prints them; cpu % and mem % only where a premium namespace measures them."""
+    metrics` prints them; cpu % and mem % only where a premium namespace measures them, and processors' and
+    lock renewers' counts only where there are some."""
     scope = report.entity or "namespace"
-    lines = [f"{scope}: " + "  ".join(f"{name}={getattr(report, name)}" for name in METRICS_COUNTERS)]
+    shown = [name for name in METRICS_COUNTERS if name not in PROCESSING_COUNTERS or getattr(report, name)]
+    lines = [f"{scope}: " + "  ".join(f"{name}={getattr(report, name)}" for name in shown)]
     if report.cpu_percent is not None:
         lines[0] += f"  cpu_percent={report.cpu_percent:.1f}  memory_percent={report.memory_percent:.1f}"
     fine = report.period.total_seconds() % 60 != 0

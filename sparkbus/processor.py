@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional, Protocol, Union
 from .autolock import AutoLockRenewer
 from .core.names import split_subscription_path
 from .core.wire import check_id
+from .engine.metrics import Counts
 from .exceptions import InvalidOperationError, OperationTimeoutError, SessionCannotBeLockedError
 from .receiver import (NEXT_AVAILABLE_SESSION, ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver,
                        ServiceBusSession, ServiceBusSessionFilter)
@@ -156,6 +157,13 @@ def checked_options(process_message: object, max_concurrent_calls: object,
     if not renewal >= 0:
         raise ValueError(f"max_auto_lock_renewal_duration must not be negative, got {max_auto_lock_renewal_duration!r}")
     return renewal
+
+
+def handled(context: Any, raised: bool) -> Counts:
+    """What one handler call adds to the namespace's metrics (a context of the sync or the async processor)."""
+    return Counts(processed_messages=1, failed_messages=int(raised),
+                  abandoned_messages=int(context.settled_as == "abandon"),
+                  dead_lettered_messages=int(context.settled_as == "dead-letter"))
 
 
 def checked_prefetch(prefetch_count: object) -> int:
@@ -389,9 +397,11 @@ class ServiceBusProcessor:
             worker.busy += 1
             self._counts.received += 1
         log.debug("processing message %s of %s", message.message_id, self.entity_path)
+        raised = False
         try:
             self._handler(context)
         except Exception as error:
+            raised = True
             with self._guard:
                 self._counts.failed += 1
             if not context.settled:
@@ -406,6 +416,7 @@ class ServiceBusProcessor:
             with self._guard:
                 worker.busy -= 1
                 worker.idle_since = time.monotonic()
+        receiver._record(handled(context, raised))
         return context
 
     def _settle(self, context: ProcessMessageContext, how: str) -> None:

@@ -46,6 +46,7 @@ from .engine.namespace import governor_of, open_connection
 from .engine import fanout
 from .engine.registry import EntityDeleted, EntityInfo, resolve_current
 from .engine.retry import DEFAULT as DEFAULT_RETRY, RetryPolicy
+from .engine.metrics import Counts
 from .engine.throttle import Usage
 from .exceptions import (InvalidOperationError, MessageAlreadySettled, MessageNotFoundError, ServiceBusError,
                          MessagingEntityDisabledError, MessagingEntityNotFoundError, SessionLockLostError)
@@ -703,6 +704,14 @@ class ServiceBusReceiver:
         info = self._entity_info()
         self._follow(info)
         return info
+
+    def _record(self, counts: Counts) -> None:
+        """Count what a processor or a lock renewer did with this receiver's messages in the namespace's
+        metrics (sparkbus.engine.metrics); never raises (metrics must not fail the work they count)."""
+        try:
+            self._governor.recorder.add(self._delivery.entity.get().path, counts)
+        except Exception:
+            LOG.debug("metrics of %s not recorded", self.entity_path, exc_info=True)
 
     def _entity_info(self) -> EntityInfo:
         """The entity's settings; for a session receiver, SessionLockLostError once the entity it locked

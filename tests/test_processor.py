@@ -58,6 +58,8 @@ def test_a_handler_slower_than_the_lock_keeps_it_by_renewal(admin, ns_path):
             processor.run(until_idle=timedelta(seconds=1))
     assert deliveries == [1] and processor.counts.completed == 1 and processor.counts.lock_renewal_failures == 0
     assert processor.counts.lock_renewals >= 1
+    recorded = admin.get_entity_metrics("slow")
+    assert recorded.lock_renewals == processor.counts.lock_renewals and recorded.processed_messages == 1
     assert admin.get_queue_runtime_properties("slow").total_message_count == 0
 
 
@@ -78,6 +80,9 @@ def test_a_raising_handler_abandons_until_the_message_is_dead_lettered(admin, ns
         [("process_message", "cannot handle m0", "m0")] * 3
     assert message.dead_letter_reason == "MaxDeliveryCountExceeded"
     assert (processor.counts.failed, processor.counts.abandoned) == (3, 3)
+    recorded = admin.get_entity_metrics("poison")
+    assert (recorded.processed_messages, recorded.failed_messages, recorded.abandoned_messages,
+            recorded.dead_lettered_messages) == (3, 3, 3, 0)  # in the namespace's metrics
 
 
 def test_stop_in_a_burst_leaves_each_message_settled_once_or_available(admin, ns_path):
@@ -207,22 +212,29 @@ def test_a_cancelled_async_processor_leaves_nothing_locked(admin, ns_path):
     assert sorted(str(m) for m in got) == [f"m{n}" for n in range(5)]  # the cancelled handlers' ones too, at once
 
 
-def test_sparkbus_process_runs_a_handler_until_sigterm_stops_it_gracefully(admin, ns_path, tmp_path):
+@pytest.mark.parametrize("sessions", [False, True], ids=["messages", "sessions"])
+def test_sparkbus_process_runs_a_handler_until_sigterm_stops_it_gracefully(admin, ns_path, tmp_path, sessions):
+    """`sparkbus process` (with --sessions: a session processor, each session's messages in order) handles
+    every message, and SIGTERM stops it gracefully with its counts printed."""
     import signal
     import subprocess
     import sys
 
-    admin.create_queue("jobs")
+    admin.create_queue("jobs", requires_session=sessions)
     (tmp_path / "work.py").write_text(
         "import time\n"
         "def handle(context):\n"
         "    time.sleep(0.05)\n"
         "    print('handled', context.message, flush=True)\n")
     with ServiceBusClient(ns_path) as client:
-        _sent(client, "jobs", 10)
-    worker = subprocess.Popen([sys.executable, "-m", "sparkbus.cli", "process", "--namespace", ns_path, "--entity", "jobs",
-                               "--handler", "work:handle", "--concurrency", "2"], cwd=tmp_path, stdout=subprocess.PIPE,
-                              text=True)
+        if sessions:
+            _session_messages(client, "jobs", 2, 5)
+        else:
+            _sent(client, "jobs", 10)
+    command = [sys.executable, "-m", "sparkbus.cli", "process", "--namespace", ns_path, "--entity", "jobs",
+               "--handler", "work:handle", "--concurrency", "1" if sessions else "2"]
+    worker = subprocess.Popen(command + (["--sessions", "2"] if sessions else []), cwd=tmp_path,
+                              stdout=subprocess.PIPE, text=True)
     lines = []
     try:
         while sum(line.startswith("handled") for line in lines) < 10:
@@ -234,8 +246,14 @@ def test_sparkbus_process_runs_a_handler_until_sigterm_stops_it_gracefully(admin
     finally:
         worker.kill()
     assert worker.returncode == 0
-    assert lines[0].startswith("processing jobs with work:handle (2 at a time")
-    assert sorted(line.split()[1] for line in lines if line.startswith("handled")) == sorted(f"m{n}" for n in range(10))
+    handled = [line.split()[1] for line in lines if line.startswith("handled")]
+    if sessions:
+        assert lines[0].startswith("processing jobs with work:handle (2 sessions at a time, 1 call(s) in each")
+        assert [m for m in handled if m.startswith("s0")] == [f"s0-{n}" for n in range(5)]  # in order
+        assert sorted(handled) == sorted(f"s{s}-{n}" for s in range(2) for n in range(5))
+    else:
+        assert lines[0].startswith("processing jobs with work:handle (2 at a time")
+        assert sorted(handled) == sorted(f"m{n}" for n in range(10))
     assert "stopped: 10 received, 10 completed, 0 failed" in out
     assert admin.get_queue_runtime_properties("jobs").total_message_count == 0
 

@@ -184,3 +184,113 @@ def test_cli_fanout_once(spark, admin, client, ns_path, capsys):
     assert "fanned out everything pending on events: 2 topic messages as 2 copies" in capsys.readouterr().out
     assert admin.get_subscription_runtime_properties("events", "s").active_message_count == 2
     assert main(["fanout", "--namespace", ns_path, "--topic", "nope", "--once"]) == 1
+
+
+def test_a_consuming_stream_empties_a_subscription_into_delta_once(spark, admin, client, ns_path, tmp_path):
+    """settle 'complete' over a subscription, three waves of messages while the query runs: every message
+    reaches the Delta table once, over several micro-batches, and the subscription ends empty; a message
+    scheduled for later is read only once it is due."""
+    from datetime import datetime, timedelta, timezone
+
+    from conftest import wait_until
+    from stream_consumer import delta_sink, written
+
+    admin.create_topic("events")
+    admin.create_subscription("events", "eu")
+    table, batches, read_at = str(tmp_path / "delta"), [], {}
+    sink = delta_sink(table)
+
+    def write(df, batch_id):
+        batches.append(batch_id)
+        read_at.update((row.body.decode(), datetime.now(timezone.utc)) for row in df.select("body").collect())
+        sink(df, batch_id)
+
+    query = (spark.readStream.format("sparkbus").option("namespace", ns_path).option("entity", "events/Subscriptions/eu")
+             .option("settle", "complete").load().writeStream.foreachBatch(write)
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="0.5 seconds").start())
+    try:
+        expected: list[str] = []
+        for wave in range(3):
+            bodies = [f"w{wave}-{n}" for n in range(20)]
+            with client.get_topic_sender("events") as sender:
+                sender.send_messages([ServiceBusMessage(body) for body in bodies])
+                if wave == 0:
+                    due = datetime.now(timezone.utc) + timedelta(seconds=15)
+                    sender.schedule_messages(ServiceBusMessage("later"), due)
+            fanout_once(spark, ns_path, "events")
+            expected += bodies
+            assert wait_until(lambda: len(set(written(table)) & set(expected)) == len(expected), 120), wave
+        expected.append("later")  # a topic's scheduled message reaches subscriptions when due (by a fan-out)
+        def arrived() -> bool:
+            fanout_once(spark, ns_path, "events")
+            return len(written(table)) >= len(expected)
+        assert wait_until(arrived, 120, every=2)
+        assert wait_until(lambda: admin.get_subscription_runtime_properties("events", "eu").total_message_count == 0, 60)
+    finally:
+        query.stop()
+    assert sorted(written(table)) == sorted(expected)  # each once
+    assert len(batches) >= 4 and read_at["later"] >= due
+
+
+def test_a_consuming_stream_refuses_what_it_cannot_consume(spark, admin, ns_path):
+    admin.create_topic("events")
+    admin.create_queue("sessions", requires_session=True)
+    admin.create_queue("q")
+
+    def start(entity, **options):
+        reader = spark.readStream.format("sparkbus").option("namespace", ns_path).option("entity", entity)
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        reader.load().writeStream.foreachBatch(lambda df, n: None).trigger(availableNow=True).start().awaitTermination()
+
+    for entity, options, words in (("q", {"settle": "delete"}, "settle must be one of none, complete"),
+                                   ("events", {"settle": "complete"}, "is a topic"),
+                                   ("sessions", {"settle": "complete"}, "requires sessions"),
+                                   ("q", {"settle": "complete", "content": "ranges"}, "content 'ranges'")):
+        with pytest.raises(Exception, match=words):
+            start(entity, **options)
+    with pytest.raises(Exception, match="applies to streams"):
+        spark.read.format("sparkbus").option("namespace", ns_path).option("entity", "q") \
+            .option("settle", "complete").load().collect()
+
+
+@pytest.mark.slow
+def test_a_consuming_streams_driver_killed_between_batches_restarts_from_its_checkpoint(admin, client, ns_path,
+                                                                                         tmp_path):
+    """The consuming query's driver process (and its JVM) killed with SIGKILL while it runs, more messages
+    sent, the query started again from its checkpoint until nothing is left: every message reached the
+    Delta table exactly once and the queue is empty."""
+    import signal
+
+    from conftest import wait_until
+    from stream_consumer import written
+
+    admin.create_queue("orders", enable_partitioning=True)
+    table, checkpoint = str(tmp_path / "delta"), str(tmp_path / "checkpoint")
+    script = os.path.join(os.path.dirname(__file__), "stream_consumer.py")
+
+    def send(prefix: str, count: int) -> list[str]:
+        bodies = [f"{prefix}{n}" for n in range(count)]
+        with client.get_queue_sender("orders") as sender:
+            for start in range(0, count, 10):  # several sends: several micro-batches
+                sender.send_messages([ServiceBusMessage(body) for body in bodies[start:start + 10]])
+                time.sleep(0.3)
+        return bodies
+
+    def consumer(mode: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, script, ns_path, "orders", table, checkpoint, mode],
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    expected = send("a", 30)
+    running = consumer("run")
+    try:
+        assert wait_until(lambda: len(written(table)) >= 10, 180), "the first batch never reached the table"
+        expected += send("b", 30)
+    finally:
+        os.killpg(running.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers
+        running.wait()
+    expected += send("c", 10)
+    drain = consumer("drain")
+    assert drain.wait(timeout=300) == 0
+    assert sorted(written(table)) == sorted(expected)  # nothing lost, nothing written twice
+    assert admin.get_queue_runtime_properties("orders").total_message_count == 0

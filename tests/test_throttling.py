@@ -516,3 +516,36 @@ def test_a_namespace_context_keeps_this_process_state_until_closed_or_discarded(
     assert fresh is not None and fresh is not held and fresh.governor is not held.governor
     context.discard(root)
     assert persisted() == counted and fresh.recorder.pending().num_rows == 0  # the second send's counts dropped
+
+
+def test_a_metrics_table_written_before_the_processing_counters_gains_them(ns_path):
+    """A metrics table of the columns an earlier version wrote: its rows read with the processing counters
+    at 0, and the first append of this version adds the columns (a processor's counts then read back)."""
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+
+    from sparkbus.core.schemas import METRICS, PROCESSING_COUNTERS
+    from sparkbus.engine import metrics
+    from sparkbus.storage import location
+    from sparkbus import storage
+
+    sparkbus.create_namespace(ns_path)
+    uri = location.join(ns_path, metrics.METRICS_DIR)
+    earlier = pa.schema([f for f in METRICS if f.name not in PROCESSING_COUNTERS])
+    storage.create_table(uri, earlier, partition_by=())
+    row = {f.name: 0 for f in earlier} | {"time_utc": datetime.now(timezone.utc), "entity": "q", "process": "old",
+                                          "incoming_messages": 5, "cpu_percent": None, "memory_percent": None}
+    storage.write(uri, pa.Table.from_pylist([row], schema=earlier), mode="append")
+    admin = sparkbus.ServiceBusAdministrationClient(ns_path)
+    admin.create_queue("q")
+    before = admin.get_entity_metrics("q")
+    assert before.incoming_messages == 5 and before.processed_messages == 0
+    with sparkbus.ServiceBusClient(ns_path) as client:
+        client.get_queue_sender("q").send_messages(sparkbus.ServiceBusMessage("m"))
+        client.get_queue_processor("q", lambda context: None).run(until_idle=1)
+    # (the client's close persisted its process's counts: an append naming the new columns)
+    table = storage.open_table(uri)
+    assert set(PROCESSING_COUNTERS) <= {f.name for f in table.schema().fields}
+    after = admin.get_entity_metrics("q")
+    assert (after.incoming_messages, after.processed_messages) == (6, 1)

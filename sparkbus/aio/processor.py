@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Optional, Protocol, Union
 from ..core.names import split_subscription_path
 from ..exceptions import InvalidOperationError, OperationTimeoutError, SessionCannotBeLockedError
 from ..processor import (COUNTERS, RECEIVE_WAIT_SECONDS, ProcessErrorContext, ProcessorCounts, checked_options,
-                         checked_prefetch, next_session, receiver_options, session_options)
+                         checked_prefetch, handled, next_session, receiver_options, session_options)
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSessionFilter
 from .autolock import AutoLockRenewer
 from .receiver import ServiceBusReceiver, ServiceBusSession
@@ -230,6 +230,7 @@ class ServiceBusProcessor:
         self._busy += 1
         self._counts.received += 1
         log.debug("processing message %s of %s", message.message_id, self.entity_path)
+        raised = False
         try:
             await self._handler(context)
         except asyncio.CancelledError:
@@ -237,6 +238,7 @@ class ServiceBusProcessor:
                 await asyncio.shield(self._settle(context, "abandon"))
             raise
         except Exception as error:
+            raised = True
             self._counts.failed += 1
             if not context.settled:
                 await self._settle(context, "abandon")
@@ -249,6 +251,7 @@ class ServiceBusProcessor:
         finally:
             self._busy -= 1
             self._idle_since = time.monotonic()
+        receiver._record(handled(context, raised))
         return context
 
     async def _settle(self, context: ProcessMessageContext, how: str) -> None:

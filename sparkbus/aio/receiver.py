@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Optional, Protocol, Union
 
 from ..engine.delivery import apoll
+from ..engine.metrics import Counts
 from ..receiver import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from ..receiver import ServiceBusReceiver as SyncReceiver
 from ..receiver import ServiceBusSession as SyncSession
@@ -115,6 +116,11 @@ class ServiceBusReceiver:
             if self._renewer is not None and self._session is not None:  # both are, when _open set the flag
                 self._renewer.register(self, self._session)
         return receiver
+
+    def _record(self, counts: Counts) -> None:
+        """As the sync receiver's _record (nothing before the receiver connected)."""
+        if self._sync.value is not None:
+            self._sync.value._record(counts)
 
     def _renewed(self, messages: list[ServiceBusReceivedMessage]) -> list[ServiceBusReceivedMessage]:
         """messages, registered with the receiver's auto_lock_renewer (PEEK_LOCK mode), as the SDK does; under a

@@ -127,6 +127,7 @@ def _process(args: argparse.Namespace) -> None:
 
     from ..client import ServiceBusClient
     from ..core.names import split_subscription_path
+    from ..processor import ServiceBusProcessor
 
     module_name, _, function_name = args.handler.partition(":")
     if not module_name or not function_name:
@@ -140,10 +141,19 @@ def _process(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ServiceBusClient(args.namespace) as client:
         subscription = split_subscription_path(args.entity)
-        processor = client.get_subscription_processor(*subscription, handler, max_concurrent_calls=args.concurrency) \
-            if subscription else client.get_queue_processor(args.entity, handler, max_concurrent_calls=args.concurrency)
+        processor: ServiceBusProcessor
+        if args.sessions:  # a session processor: --sessions sessions at once, --concurrency calls in each
+            options: dict[str, Any] = {"max_concurrent_sessions": args.sessions,
+                                       "max_concurrent_calls_per_session": args.concurrency}
+            processor = client.get_subscription_session_processor(*subscription, handler, **options) \
+                if subscription else client.get_queue_session_processor(args.entity, handler, **options)
+            at_once = f"{args.sessions} sessions at a time, {args.concurrency} call(s) in each"
+        else:
+            processor = client.get_subscription_processor(*subscription, handler, max_concurrent_calls=args.concurrency) \
+                if subscription else client.get_queue_processor(args.entity, handler, max_concurrent_calls=args.concurrency)
+            at_once = f"{args.concurrency} at a time"
         processor.start()
-        print(f"processing {args.entity} with {args.handler} ({args.concurrency} at a time; Ctrl-C stops)", flush=True)
+        print(f"processing {args.entity} with {args.handler} ({at_once}; Ctrl-C stops)", flush=True)
         try:
             while not stop.wait(0.5) and processor.is_running:
                 pass
@@ -482,7 +492,10 @@ def _parser() -> argparse.ArgumentParser:
     proc.add_argument("--entity", required=True, help="queue or '<topic>/Subscriptions/<name>'")
     proc.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
                       help="the function called with each message's context (sparkbus.processor), e.g. jobs.work:handle")
-    proc.add_argument("--concurrency", type=whole(1, 256), default=1, help="handlers at a time (default 1)")
+    proc.add_argument("--concurrency", type=whole(1, 256), default=1,
+                      help="handlers at a time (default 1); with --sessions, in each session")
+    proc.add_argument("--sessions", type=whole(1, 256), default=0, metavar="N",
+                      help="a session-enabled entity: hold N sessions at once, each session's messages in order")
     proc.set_defaults(run=_process)
     upd = commands.add_parser("update-namespace", help="scale a premium namespace or set the credit budget")
     upd.add_argument("--messaging-units", type=whole(1), default=argparse.SUPPRESS, help="premium: 1, 2, 4, 8 or 16")

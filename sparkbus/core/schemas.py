@@ -141,6 +141,15 @@ METRICS = pa.schema([
     pa.field("credits_used", pa.int64(), nullable=False),
     pa.field("cpu_percent", pa.float64()),
     pa.field("memory_percent", pa.float64()),
+    # what processors and lock renewers did (nullable: tables written before them lack the columns, which
+    # the first append naming them adds; a missing value reads as 0)
+    pa.field("processed_messages", pa.int64()),
+    pa.field("failed_messages", pa.int64()),
+    pa.field("abandoned_messages", pa.int64()),
+    pa.field("dead_lettered_messages", pa.int64()),
+    pa.field("lock_renewals", pa.int64()),
 ])
+PROCESSING_COUNTERS = ("processed_messages", "failed_messages", "abandoned_messages", "dead_lettered_messages",
+                       "lock_renewals")
 METRICS_COUNTERS = ("incoming_requests", "successful_requests", "throttled_requests", "user_errors",
-                    "server_errors", "incoming_messages", "outgoing_messages", "credits_used")
+                    "server_errors", "incoming_messages", "outgoing_messages", "credits_used", *PROCESSING_COUNTERS)

@@ -146,14 +146,14 @@ CANDIDATE_STATE_COLUMNS = ("lock_state", "prior_deliveries", "prior_reason", "pr
 
 def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, limit: int,
                sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None,
-               enqueued_before: Optional[datetime] = None) -> pa.Table:
+               enqueued_before: Optional[datetime] = None, up_to: Optional[int] = None) -> pa.Table:
     """Up to `limit` oldest of one partition's messages that a receiver of `queue` may lock now, given
     the partition's message rows and state rows, with the state columns plan() needs (lock_state,
     prior_deliveries, prior_reason, prior_description).
 
     queue: ACTIVE (includes expired and over-delivered messages, which plan() moves instead of
     delivering), DEFERRED or DEAD_LETTERED. sequence_numbers restricts the search (deferred receives),
-    session_id to one session's messages.
+    session_id to one session's messages, up_to to sequence numbers up to that one (a consuming stream's).
     """
     now_us = micros(now)
     numbers = stored_int64s(messages["sequence_number"])
@@ -173,6 +173,8 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
         keep &= np.asarray(pc.fill_null(pc.equal(messages["session_id"], session_id), False), dtype=bool)
     if enqueued_before is not None:
         keep &= _at_most(messages["enqueued_time_utc"], micros(enqueued_before) - 1, False)  # before it
+    if up_to is not None:
+        keep &= numbers <= up_to
     chosen = np.flatnonzero(keep)
     rows = chosen[np.argsort(numbers[chosen], kind="stable")[:limit]]  # the oldest, in order
     if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and (len(rows) < 2 or (np.diff(rows) == 1).all()):

@@ -350,13 +350,17 @@ class Delivery:
 
     def lock_many(self, info: EntityInfo, partitions: list[int], queue: str, count: int, *, delete: bool,
                   decode: Decode[M], sequence_numbers: Optional[list[int]] = None,
-                  session: Optional[SessionLock] = None, skip_faults: bool = True) -> list[M]:
+                  session: Optional[SessionLock] = None, skip_faults: bool = True,
+                  up_to: Optional[Mapping[int, int]] = None, as_of: Optional[datetime] = None,
+                  bodies: bool = True) -> list[M]:
         """Lock (delete: remove) up to count deliverable messages of `queue` (ACTIVE, DEFERRED or
         DEAD_LETTERED), oldest first in each partition, from the partitions in order, in ONE commit (their
         files read side by side first: on an object store a receive across sixteen partitions waits for
         as many requests as one in a single partition). Returns what decode makes of them; a message
         decode fails for is not delivered (see decoded). skip_faults: a partition whose files cannot be
-        read is left out (and reported), as an unavailable one."""
+        read is left out (and reported), as an unavailable one. up_to: per partition, the highest sequence
+        number to take; as_of: the moment deliverability is judged at (default now); bodies=False: decode
+        gets the messages' narrow columns only (nothing to hand out)."""
         rules = policy(info)
         moved = [0]  # undecodable messages the last attempt dead-lettered
         delivered: list[M] = []
@@ -368,7 +372,7 @@ class Delivery:
             if try_number > 0 and getattr(self._operation, "moved", None):
                 self._lost_optimistic = time.monotonic()  # a commit planned on unmoved views lost
             messages, state = self.snapshot(info, again=try_number > 0)
-            now = clock.now()
+            now = clock.now() if as_of is None else as_of
             taking = rules
             if session is not None:  # message locks end with the session lock, so a takeover finds them free
                 self.check_session(info, session, now)
@@ -384,11 +388,13 @@ class Delivery:
                 try:
                     found = transitions.candidates(
                         self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
-                        queue, now, left - len(got) + 16, sequence_numbers, session.session_id if session else None)
+                        queue, now, left - len(got) + 16, sequence_numbers, session.session_id if session else None,
+                        up_to=None if up_to is None else up_to.get(partition))
                     if not found.num_rows:  # nothing to deliver or expire here: nothing to plan or commit
                         continue
                     rows, deliver = transitions.plan(found, taking, now, queue, delete, left - len(got))
-                    whole = self._whole(messages, partition, _rows_at(found, deliver))
+                    chosen = _rows_at(found, deliver)
+                    whole = self._whole(messages, partition, chosen) if bodies else chosen
                 except PartitionUnavailableError as fault:  # its files cannot be read: serve the others
                     if not skip_faults or info.fault_in(fault) != partition or session is not None:
                         raise
@@ -407,6 +413,20 @@ class Delivery:
                 break
         self.retain(info, touched)
         return delivered
+
+    def complete_read(self, info: EntityInfo, up_to: Mapping[int, int], as_of: datetime) -> int:
+        """Complete what a consuming stream read: every message of the partitions in up_to with a sequence
+        number up to up_to[partition] that a receiver could have received at as_of (active, due, not
+        expired, not locked then or since: a message another receiver holds is left to it). Messages
+        expired by as_of are moved as a receive moves them. One commit for all partitions per
+        COMPLETE_READ_CHUNK messages; returns how many were completed."""
+        completed = 0
+        while True:
+            got = self.lock_many(info, sorted(up_to), ACTIVE, COMPLETE_READ_CHUNK, delete=True, decode=_numbered,
+                                 up_to=up_to, as_of=as_of, bodies=False)
+            completed += len(got)
+            if len(got) < COMPLETE_READ_CHUNK:
+                return completed
 
     def lock_exactly(self, info: EntityInfo, queue: str, sequence_numbers: list[int], *, delete: bool,
                      decode: Decode[M], session: Optional[SessionLock] = None) -> list[M]:
@@ -855,6 +875,14 @@ class Delivery:
             return row
         except EntityDeleted as gone:
             raise session_lost(session, str(gone)) from gone
+
+
+COMPLETE_READ_CHUNK = 5000  # messages a consuming stream's completion takes per commit
+
+
+def _numbered(taken: pa.Table, rows: pa.Table) -> list[Union[int, DecodeError]]:
+    """Decode for complete_read: the sequence numbers (nothing is handed out)."""
+    return cast("list[Union[int, DecodeError]]", taken["sequence_number"].to_pylist())
 
 
 def decoded(taken: pa.Table, rows: pa.Table, decode: Decode[M], queue: str,

@@ -52,6 +52,11 @@ class Counts:
     incoming_messages: int = 0
     outgoing_messages: int = 0
     credits_used: int = 0
+    processed_messages: int = 0      # handler calls of processors
+    failed_messages: int = 0         # handler calls that raised
+    abandoned_messages: int = 0      # by a processor (its handler raised, or abandoned the message)
+    dead_lettered_messages: int = 0  # by a processor's handler
+    lock_renewals: int = 0           # message and session locks an AutoLockRenewer renewed
 
     def __add__(self, other: "Counts") -> "Counts":
         return Counts(*(getattr(self, n) + getattr(other, n) for n in METRICS_COUNTERS))
@@ -63,6 +68,7 @@ class Counts:
 THROTTLED = Counts(incoming_requests=1, throttled_requests=1)
 USER_ERROR = Counts(incoming_requests=1, user_errors=1)
 SERVER_ERROR = Counts(incoming_requests=1, server_errors=1)
+RENEWED = Counts(lock_renewals=1)
 
 
 def succeeded(credits: int, incoming_messages: int = 0, outgoing_messages: int = 0) -> Counts:
@@ -173,6 +179,9 @@ class Recorder:
         return pa.table(columns, schema=METRICS)
 
 
+_upgraded: set[str] = set()  # metrics tables this process has checked for missing columns
+
+
 def _append(uri: str, rows: pa.Table) -> None:
     """Append rows to the metrics table (created by the first writer), under the one retry policy: an append
     that lost a race (another process's creation, checkpoint or compaction changed the table's metadata)
@@ -184,6 +193,9 @@ def _append(uri: str, rows: pa.Table) -> None:
             except DeltaError:
                 if not storage.table_exists(uri):  # not another process's creation: a real failure
                     raise
+        if uri not in _upgraded:  # a table written by an earlier version may lack the later counters
+            storage.add_missing_columns(uri, METRICS)
+            _upgraded.add(uri)
         table = storage.open_table(uri)
         storage.write(table, rows, mode="append", post_commithook_properties=storage.NO_HOOKS)
         maintenance.after_commit(table)
@@ -212,7 +224,16 @@ def all_rows(root: str, recorder: Optional[Recorder]) -> pa.Table:
              ] if storage.table_exists(uri) else []
     if recorder is not None:
         parts.append(recorder.pending())
-    return pa.concat_tables([p.select(METRICS.names).cast(METRICS) for p in parts]) if parts else METRICS.empty_table()
+    return pa.concat_tables([_complete(p) for p in parts]) if parts else METRICS.empty_table()
+
+
+def _complete(rows: pa.Table) -> pa.Table:
+    """METRICS rows, counters a table written before them lacks (or left null) as 0."""
+    columns = []
+    for field in METRICS:
+        column = rows[field.name] if field.name in rows.schema.names else pa.nulls(rows.num_rows, field.type)
+        columns.append(column.fill_null(0) if field.name in METRICS_COUNTERS else column)
+    return pa.Table.from_arrays(columns, schema=METRICS)
 
 
 def check_period(period: timedelta) -> int:

@@ -7,6 +7,16 @@ are gap-free and increasing in commit order per partition, so (start, end] names
 committed in between; a message completed and removed by retention before a micro-batch reads it is not
 seen. Executors read with delta-rs; Spark never opens the Delta tables itself.
 
+With .option("settle", "complete") on a queue or subscription the stream consumes: a micro-batch reads the
+messages a receiver could have received when Spark planned it (active, due, not expired), and once Spark
+has committed the batch (the source's commit of its offset) they are completed. An offset then also
+carries, per entity, the moment it was planned at (AT, epoch milliseconds), so what a batch covers is a
+window in (sequence number, due time): those committed by its mark and due by its moment, less those of
+the previous offset; a scheduled message falling due later is read by a later batch. The completion is
+cumulative: everything of the entity up to the committed offset that is still deliverable is completed, in
+one commit per 5,000 messages, so a completion lost with a crash between Spark's commit and ours happens
+at the next commit after the restart. A message another receiver holds a lock on is left to it.
+
 The sink stages each micro-batch's rows as Arrow files on the executors (as send_dataframe does) and
 commits them in one Delta commit that records the batch id as a Delta application transaction keyed on
 the checkpoint location: a batch replayed after a crash finds its id recorded and writes nothing.
@@ -18,10 +28,12 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Callable, Iterator, Mapping, Optional, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -37,14 +49,15 @@ from .. import storage
 from ..core import sequencing
 from ..core.throttling import data_cost
 from ..engine.catalog import Catalog
+from ..engine.delivery import Delivery
 from ..engine.enqueue import EntityWriter
 from ..engine.fanout import topic_cursors
 from ..engine.forwarding import sources as forwarding_sources
 from ..engine.namespace import governor_of, namespace_root
 from ..engine.registry import CachedEntity, EntityDeleted, EntityInfo, resolve
-from ..engine.retry import NO_RETRY
+from ..engine.retry import NO_RETRY, RetryPolicy
 from ..engine.throttle import Usage
-from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, GONE_SQL, MESSAGES
+from ..core.schemas import ACTIVE, BORN_DEAD_LETTER_COLUMNS, GONE_SQL, MESSAGES
 from . import dataframes
 
 FORMAT = "sparkbus"
@@ -56,6 +69,8 @@ WHOLE_NAMESPACE = (ALL_TOPICS, ALL_FORWARDING, ALL_BACKGROUND)
 # is news to a forwarder of dead-letters), and queries over forwarding sources a TICK entity, a clock in
 # TICK_SECONDS steps: scheduled messages falling due change nothing else. Neither names messages to read.
 STATE = "state"
+AT = "at"  # a consuming stream's offsets: when it was planned (epoch ms); see the module docstring
+SETTLES = ("none", "complete")
 TICK = "$tick"
 TICK_SECONDS = 5
 SCHEMA = (
@@ -98,7 +113,8 @@ def option_root(options: Mapping[str, str], role: str) -> str:
 
 @dataclass(frozen=True)
 class Slice(InputPartition):
-    """Messages (start, end] of one partition of one entity (low sequence bits)."""
+    """Messages (start, end] of one partition of one entity (low sequence bits); for a consuming stream
+    (since_ms not None), the window of messages deliverable at until_ms less those deliverable at since_ms."""
 
     entity: str
     messages_uri: str
@@ -106,22 +122,44 @@ class Slice(InputPartition):
     partition: int
     start: int
     end: int
+    since_ms: Optional[int] = None
+    until_ms: Optional[int] = None
 
 
 def read_slice(piece: Slice) -> Iterator[pa.RecordBatch]:
-    """The slice's messages that are not completed or cancelled, oldest first."""
+    """The slice's messages that are not completed or cancelled (consuming: that a receiver could have
+    received at until_ms and not at since_ms), oldest first."""
     locks = storage.open_table(piece.locks_uri)  # before messages: see sparkbus.engine.retention
     messages = storage.open_table(piece.messages_uri)
     low, high = sequencing.compose(piece.partition, piece.start), sequencing.compose(piece.partition, piece.end)
+    if piece.since_ms is None:
+        within, states = f"m.sequence_number > {low}", f"l.state NOT IN ({GONE_SQL})"
+    else:  # scheduled messages of earlier sequence numbers may have fallen due since: filtered below
+        within, states = f"(m.sequence_number > {low} OR m.scheduled_enqueue_time_utc IS NOT NULL)", f"l.state = '{ACTIVE}'"
     rows = storage.query(f"""
         SELECT m.* FROM messages m
         LEFT JOIN locks l ON l.partition_id = {piece.partition} AND l.sequence_number = m.sequence_number
-        WHERE m.partition_id = {piece.partition} AND m.sequence_number > {low} AND m.sequence_number <= {high}
-          AND (l.state IS NULL OR l.state NOT IN ({GONE_SQL}))
+        WHERE m.partition_id = {piece.partition} AND {within} AND m.sequence_number <= {high}
+          AND (l.state IS NULL OR {states})
         ORDER BY m.sequence_number""", messages=messages, locks=locks)
+    if piece.since_ms is not None and piece.until_ms is not None:
+        rows = rows.filter(_window(rows, low, piece.since_ms, piece.until_ms))
     rows = rows.select(SHOWN.names).cast(SHOWN)
     table = pa.Table.from_arrays([pa.array([piece.entity] * rows.num_rows, pa.string()), *rows.columns], schema=_ARROW)
     yield from table.to_batches()
+
+
+def _window(rows: pa.Table, low: int, since_ms: int, until_ms: int) -> pa.Array:
+    """Which rows a consuming stream's slice holds: due and unexpired at until_ms, and not already due at
+    since_ms unless committed after the previous mark (low)."""
+    def micros(column: str) -> np.ndarray:
+        values = pc.cast(rows[column], pa.timestamp("us", tz="UTC")).cast(pa.int64()).fill_null(-1)
+        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
+    due, expires = micros("scheduled_enqueue_time_utc"), micros("expires_at_utc")  # -1: unset
+    numbers = np.asarray(rows["sequence_number"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    visible = (due <= until_ms * 1000) & ((expires < 0) | (expires > until_ms * 1000))
+    new = (numbers > low) | (due > since_ms * 1000)
+    return pa.array(visible & new)
 
 
 @dataclass(frozen=True)
@@ -154,8 +192,17 @@ class _Entities:
         self.content = options.get("content", "messages").lower()
         if self.content not in CONTENTS:
             raise ValueError(f"content must be one of {', '.join(CONTENTS)}, got {options['content']!r}")
+        settle = options.get("settle", "none").lower()
+        if settle not in SETTLES:
+            raise ValueError(f"settle must be one of {', '.join(SETTLES)}, got {options['settle']!r}")
+        self.consuming = settle == "complete"
+        self._due_checked: dict[str, float] = {}  # entity -> monotonic time of the last falls_due look
         if self.entity not in WHOLE_NAMESPACE:
-            self.infos()  # fails early for an unknown entity
+            [info] = self.infos()  # fails early for an unknown entity
+            if self.consuming:
+                check_consumable(info, self.content)
+        elif self.consuming:
+            raise ValueError("settle 'complete' consumes one queue or subscription, not a whole namespace")
 
     def infos(self) -> list[EntityInfo]:
         snap = Catalog(self.root).snapshot()
@@ -182,13 +229,63 @@ class _Entities:
             found[TICK] = {"0": int(time.time() // TICK_SECONDS)}
         return found
 
+    def stamped(self, latest: Offsets, start: Optional[Offsets], cap: Optional[Offsets]) -> None:
+        """A consuming stream's moments (AT) in latest: now where messages arrived since start or a
+        scheduled message fell due since; else start's, so an idle stream plans no batch. cap: an
+        availableNow target, not to be passed."""
+        now_ms = int(time.time() * 1000)
+        for path, partitions in latest.items():
+            begin = (start or {}).get(path, {})
+            since = begin.get(AT, 0)
+            arrived = any(n != begin.get(p, 0) for p, n in partitions.items() if p not in (STATE, AT))
+            at = now_ms if arrived or self.falls_due(path, since, now_ms) else since
+            if cap is not None:
+                at = min(at, cap.get(path, {}).get(AT, since))
+            partitions[AT] = max(at, since)
+
+    def falls_due(self, path: str, since_ms: int, now_ms: int) -> bool:
+        """Whether a scheduled message of the entity fell due after since_ms (looked at once per TICK_SECONDS)."""
+        last = self._due_checked.get(path)
+        if last is not None and time.monotonic() - last < TICK_SECONDS:
+            return False
+        self._due_checked[path] = time.monotonic()
+        info = next((i for i in self.infos() if i.path == path), None)
+        if info is None:
+            return False
+        due = storage.query("SELECT scheduled_enqueue_time_utc AS due FROM messages "
+                            "WHERE scheduled_enqueue_time_utc IS NOT NULL",
+                            messages=storage.open_table(info.tables["messages"]))["due"]
+        micros = np.asarray(pc.cast(due, pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy(zero_copy_only=False))
+        return bool(((micros > since_ms * 1000) & (micros <= now_ms * 1000)).any())
+
+    def settle(self, end: Offsets) -> int:
+        """Complete what a consuming stream read up to the offset Spark committed (sparkbus.engine.delivery:
+        complete_read); returns how many messages were completed."""
+        completed = 0
+        for info in self.infos():
+            marks = end.get(info.path)
+            if marks is None or AT not in marks:
+                continue
+            up_to = {int(p): sequencing.compose(int(p), n) for p, n in marks.items() if p not in (STATE, AT) and n > 0}
+            if not up_to:
+                continue
+            delivery = Delivery(Catalog(self.root), info.path, (info.kind,), RetryPolicy())
+            try:
+                completed += delivery.complete_read(info, up_to, datetime.fromtimestamp(marks[AT] / 1000, timezone.utc))
+            finally:
+                delivery.close()
+        return completed
+
     def _forwarding(self, info: EntityInfo) -> bool:
         return self.entity in (ALL_FORWARDING, ALL_BACKGROUND) and info.kind != "topic"
 
     def starts(self) -> Offsets:
         """Where a new query starts: a topic at its fan-out cursor, anything else at its first message."""
         if self.latest_start:
-            return self.marks()
+            found = self.marks()
+            if self.consuming:
+                self.stamped(found, None, None)
+            return found
         found: Offsets = {}
         for info in self.infos():
             def read(info: EntityInfo = info) -> dict[str, int]:
@@ -199,6 +296,8 @@ class _Entities:
                 read = {str(p): n for p, n in cursors.items()}
                 if self._forwarding(info):
                     read[STATE] = 0
+                if self.consuming:
+                    read[AT] = 0
                 return read
             self._read_into(found, info, read)
         return found
@@ -239,28 +338,46 @@ class _Entities:
             info = infos.get(path)
             if info is None:  # deleted since
                 continue
+            begin = start.get(path, {})
+            since, until = (begin.get(AT, 0), partitions[AT]) if self.consuming and AT in partitions else (None, None)
             for p, last in partitions.items():
-                if p == STATE:
+                if p in (STATE, AT):
                     continue
-                first = start.get(path, {}).get(p, 0)
-                if last > first:
-                    pieces.append(Slice(path, info.tables["messages"], info.tables["locks"], int(p), first, last))
+                first = begin.get(p, 0)
+                if last > first or (since is not None and until is not None and until > since and last > 0):
+                    pieces.append(Slice(path, info.tables["messages"], info.tables["locks"], int(p), first, last,
+                                        since, until))
         return pieces
 
 
 class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The stream of an entity's messages (module docstring). A consuming stream completes what Spark has
+    committed when Spark says so (commit), and also when it asks for the next offset (latestOffset(start)):
+    Spark asks only once the batches up to start are committed, and calls commit for the last batch of a
+    run only when it plans another, so a stream that goes idle would otherwise leave its last batch's
+    messages behind until more arrive."""
+
     def __init__(self, options: Mapping[str, str]) -> None:
         self.entities = _Entities(options)
         self.target: Optional[Offsets] = None  # trigger(availableNow=True): the offsets at the query's start
+        self._initial: Optional[Offsets] = None  # this run's initial offset: nothing was read up to it
+        self._settled: Optional[Offsets] = None  # the offset last completed up to
 
     def prepareForTriggerAvailableNow(self) -> None:
         """availableNow: read what is there now and nothing that arrives later (latestOffset stops here)."""
         self.target = self.entities.marks()
+        if self.entities.consuming:
+            now_ms = int(time.time() * 1000)
+            for partitions in self.target.values():
+                partitions[AT] = now_ms
 
     def initialOffset(self) -> Offsets:
-        return self.entities.starts()
+        self._initial = self.entities.starts()
+        return self._initial
 
     def latestOffset(self, start: Optional[Offsets] = None, limit: object = None) -> Offsets:
+        if start and start != self._initial:
+            self._settle(start)
         latest = self.entities.marks()
         begins: Offsets = {}
         if start:  # topics created later start at their cursor; nothing ever moves back
@@ -274,7 +391,18 @@ class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 begin, cap = begins.get(path, {}), self.target.get(path, {})
                 for p in partitions:
                     partitions[p] = max(min(partitions[p], cap.get(p, begin.get(p, 0))), begin.get(p, 0))
+        if self.entities.consuming:
+            self.entities.stamped(latest, start, self.target)
         return latest
+
+    def commit(self, end: Offsets) -> None:
+        """Spark committed the batches up to end: a consuming stream completes what they read."""
+        self._settle(end)
+
+    def _settle(self, end: Offsets) -> None:
+        if self.entities.consuming and end != self._settled:
+            self.entities.settle(end)
+            self._settled = end
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         return self.entities.partitions(start, end)
@@ -283,11 +411,27 @@ class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.entities.read(partition)
 
 
+def check_consumable(info: EntityInfo, content: str) -> None:
+    """ValueError unless a stream may consume the entity (settle 'complete'): a queue or subscription
+    without sessions, read as messages."""
+    if info.kind not in ("queue", "subscription"):
+        raise ValueError(f"settle 'complete' consumes a queue or subscription; {info.path!r} is a {info.kind} "
+                         "(read one of its subscriptions)")
+    if info.options.requires_session:
+        raise ValueError(f"settle 'complete' cannot consume {info.path!r}: it requires sessions, whose messages "
+                         "only a session's lock holder may settle (use a session processor)")
+    if content != "messages":
+        raise ValueError("settle 'complete' reads messages: it cannot be combined with content 'ranges'")
+
+
 class SparkbusReader(DataSourceReader):
     """A snapshot of the entity's messages that are not completed or cancelled."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.entities = _Entities(options)
+        if self.entities.consuming:
+            raise ValueError("settle 'complete' applies to streams (spark.readStream): a batch read is a snapshot "
+                             "and settles nothing")
 
     def partitions(self) -> Sequence[InputPartition]:
         return self.entities.partitions({}, self.entities.marks())
