@@ -104,6 +104,11 @@ class ServiceBusClient:
             raise ValueError(f"The {what} name provided does not match the EntityPath in the connection string "
                              "used to construct the ServiceBusClient.")
 
+    def _subscription_path(self, topic_name: str, subscription_name: str) -> str:
+        """'<topic>/Subscriptions/<name>', both names checked (ValueError as _check_entity_path's)."""
+        self._check_entity_path(topic_name, "topic")
+        return subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+
     def get_queue_sender(self, queue_name: str, **kwargs: object) -> ServiceBusSender:
         """A sender for a queue; the queue is looked up at the first send, as the SDK connects lazily.
 
@@ -188,8 +193,7 @@ class ServiceBusClient:
             ValueError: a name is not a name an entity can have, or the topic's is not the connection
                 string's EntityPath.
         """
-        self._check_entity_path(topic_name, "topic")
-        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        path = self._subscription_path(topic_name, subscription_name)
         return ServiceBusReceiver(self._catalog, path,
                                   receive_mode=receive_mode, sub_queue=sub_queue, prefetch_count=prefetch_count,
                                   max_wait_time=max_wait_time, session_id=session_id, spark=self.spark,
@@ -234,8 +238,7 @@ class ServiceBusClient:
                 string's EntityPath.
             InvalidOperationError: the subscription does not require sessions.
         """
-        self._check_entity_path(topic_name, "topic")
-        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        path = self._subscription_path(topic_name, subscription_name)
         return self._list_sessions(path, ("subscription",), state_updated_after)
 
     def _list_sessions(self, path: str, kinds: tuple[str, ...], after: Optional[datetime]) -> list[str]:
@@ -286,8 +289,7 @@ class ServiceBusClient:
         """
         from .processor import ServiceBusProcessor
 
-        self._check_entity_path(topic_name, "topic")
-        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        path = self._subscription_path(topic_name, subscription_name)
         return ServiceBusProcessor(self, path, process_message, **options)
 
     def get_queue_session_processor(self, queue_name: str, process_message: "MessageHandler",
@@ -333,8 +335,7 @@ class ServiceBusClient:
         """
         from .processor import ServiceBusSessionProcessor
 
-        self._check_entity_path(topic_name, "topic")
-        path = subscription_path(topic_name, checked_name(subscription_name, "subscription"))
+        path = self._subscription_path(topic_name, subscription_name)
         return ServiceBusSessionProcessor(self, path, process_message, **options)
 
     @contextmanager

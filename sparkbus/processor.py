@@ -111,13 +111,18 @@ class ProcessMessageContext:
         self.settled_as = "dead-letter"
 
     def renew_lock(self) -> None:
-        self.receiver.renew_message_lock(self.message)
+        """Renew the message's lock (a session processor's: the session's lock, which holds the message's)."""
+        if self.receiver.session is not None:
+            self.receiver.session.renew_lock()
+        else:
+            self.receiver.renew_message_lock(self.message)
 
 
 @dataclass(frozen=True)
 class ProcessErrorContext:
     """What an error handler gets: the error, where it happened ("process_message": the handler raised;
-    "settle", "renew_lock", "receive"), the entity and the message concerned (None for a receive)."""
+    "settle", "renew_lock", "receive", "accept_session"), the entity and the message concerned (None for a
+    receive or a session's acceptance)."""
 
     error: BaseException
     error_source: str

@@ -4,8 +4,9 @@
 
 It runs a seeded random sequence of operations on the harness's namespace forever: sends (single,
 batches, scheduled and cancelled), receives with complete, complete_messages, abandon, defer and
-receive_deferred, dead-letter, session state, topic fan-out, forwarding, management, and the async API
-(sends, receives with complete, and receives cancelled while they run). Before each
+receive_deferred, dead-letter, session state, topic fan-out, forwarding, management, the async API
+(sends, receives with complete, and receives cancelled while they run), and a processor (two handlers at
+once, some with prefetch, completing or abandoning each message) run until the queue is idle. Before each
 operation it logs what it starts; after the call returns, what was acknowledged. Every line is fsynced
 before the next call, so the log never claims more than what the namespace acknowledged, and never
 misses an acknowledgement the caller could have acted on.
@@ -26,7 +27,7 @@ from sparkbus.engine import fanout, forwarding
 from sparkbus.engine.namespace import open_catalog
 
 OPERATIONS = ("send", "send_batch", "schedule", "receive_complete", "complete_batch", "abandon", "defer",
-              "dead_letter", "session", "topic", "forward", "management", "async")
+              "dead_letter", "session", "topic", "forward", "management", "async", "processor")
 
 
 class Log:
@@ -113,6 +114,18 @@ def main(namespace: str, log_path: str, seed: int) -> None:
                 log.write(start="complete_deferred", entity="q", ids=names)
                 receiver.complete_messages(again)
                 log.write(ack="completed", entity="q", ids=names)
+        elif op == "processor":
+            def handle(context) -> None:
+                message = context.message
+                log.write(ack="received", entity="q", msgs=received([message]))
+                settle = "abandon" if rng.random() < 0.2 else "complete"
+                log.write(start=settle, entity="q", ids=[message.message_id])
+                getattr(context, settle)()
+                log.write(ack="abandoned" if settle == "abandon" else "completed", entity="q", ids=[message.message_id])
+
+            processor = client.get_queue_processor("q", handle, max_concurrent_calls=2,
+                                                   prefetch_count=rng.choice([0, 5]))
+            processor.run(until_idle=0.3)
         elif op == "session":
             session = f"s{rng.randint(0, 3)}"
             batch = ids(rng.randint(1, 5))

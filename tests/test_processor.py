@@ -20,7 +20,10 @@ def _sent(client, queue: str, count: int) -> None:
         sender.send_messages([ServiceBusMessage(f"m{n}") for n in range(count)])
 
 
-def test_every_message_once_with_at_most_the_concurrent_calls(admin, ns_path):
+@pytest.mark.parametrize("count, calls", [(120, 4), pytest.param(1000, 8, marks=pytest.mark.slow)])
+def test_every_message_once_with_at_most_the_concurrent_calls(admin, ns_path, count, calls):
+    """1,000 messages through max_concurrent_calls=8 (and 120 through 4): each handled once, never more than
+    `calls` handlers at a time and more than one at some moment, every one completed."""
     admin.create_queue("jobs")
     seen, active, peak, guard = [], [0], [0], threading.Lock()
 
@@ -28,18 +31,18 @@ def test_every_message_once_with_at_most_the_concurrent_calls(admin, ns_path):
         with guard:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
-        time.sleep(0.05)
+        time.sleep(0.01)
         with guard:
             active[0] -= 1
             seen.append(str(context.message))
 
     with ServiceBusClient(ns_path) as client:
-        _sent(client, "jobs", 120)
-        processor = client.get_queue_processor("jobs", handle, max_concurrent_calls=4)
+        _sent(client, "jobs", count)
+        processor = client.get_queue_processor("jobs", handle, max_concurrent_calls=calls)
         processor.run(until_idle=timedelta(seconds=2))
-    assert sorted(seen) == sorted(f"m{n}" for n in range(120))  # each once
-    assert 1 < peak[0] <= 4
-    assert (processor.counts.received, processor.counts.completed, processor.counts.failed) == (120, 120, 0)
+    assert sorted(seen) == sorted(f"m{n}" for n in range(count))  # each once
+    assert 1 < peak[0] <= calls
+    assert (processor.counts.received, processor.counts.completed, processor.counts.failed) == (count, count, 0)
     assert admin.get_queue_runtime_properties("jobs").total_message_count == 0
 
 
@@ -282,6 +285,7 @@ def test_a_session_processor_keeps_each_sessions_order_with_sessions_in_parallel
         time.sleep(0.02)
         state = int(context.get_session_state() or b"0")
         context.set_session_state(str(state + 1))
+        context.renew_lock()  # the session's lock
         with guard:
             seen.setdefault(session, []).append(int(number))
             active.discard(context.session_id)
@@ -387,3 +391,42 @@ def test_the_async_session_processor_keeps_order_and_state_across_sessions_in_pa
     assert seen == {f"s{s}": list(range(10)) for s in range(3)} and peak[0] > 1
     assert states == [b"10"] * 3 and processor.counts.completed == 30
     assert admin.get_queue_runtime_properties("orders").total_message_count == 0
+
+
+def test_subscription_processors_get_what_the_fan_out_gave_each_subscription(admin, ns_path):
+    """A topic with a filtered subscription and an unfiltered one, fanned out: a sync processor of the
+    first and an async one of the second each handle exactly their subscription's copies, once."""
+    import asyncio
+
+    from sparkbus import SqlRuleFilter
+    from sparkbus.aio import ServiceBusClient as AsyncClient
+    from sparkbus.engine import fanout
+    from sparkbus.engine.namespace import open_catalog
+
+    admin.create_topic("events")
+    admin.create_subscription("events", "eu")
+    admin.delete_rule("events", "eu", "$Default")
+    admin.create_rule("events", "eu", "region", filter=SqlRuleFilter("region = 'eu'"))
+    admin.create_subscription("events", "all")
+    with ServiceBusClient(ns_path) as client:
+        with client.get_topic_sender("events") as sender:
+            sender.send_messages([ServiceBusMessage(f"e{n}", application_properties={"region": "eu" if n % 2 else "us"})
+                                  for n in range(30)])
+        fanout.drain(open_catalog(ns_path), "events")
+        eu, everything = [], []
+        with client.get_subscription_processor("events", "eu", lambda c: eu.append(str(c.message)),
+                                               max_concurrent_calls=3) as processor:
+            processor.run(until_idle=timedelta(seconds=1.5))
+
+    async def handle(context) -> None:
+        everything.append(str(context.message))
+
+    async def main():
+        async with AsyncClient(ns_path) as client:
+            await client.get_subscription_processor("events", "all", handle, max_concurrent_calls=3).run(until_idle=1.5)
+
+    asyncio.run(main())
+    assert sorted(eu) == sorted(f"e{n}" for n in range(1, 30, 2))
+    assert sorted(everything) == sorted(f"e{n}" for n in range(30))
+    for name in ("eu", "all"):
+        assert admin.get_subscription_runtime_properties("events", name).total_message_count == 0

@@ -186,6 +186,7 @@ def test_cli_fanout_once(spark, admin, client, ns_path, capsys):
     assert main(["fanout", "--namespace", ns_path, "--topic", "nope", "--once"]) == 1
 
 
+@pytest.mark.slow
 def test_a_consuming_stream_empties_a_subscription_into_delta_once(spark, admin, client, ns_path, tmp_path):
     """settle 'complete' over a subscription, three waves of messages while the query runs: every message
     reaches the Delta table once, over several micro-batches, and the subscription ends empty; a message
@@ -246,7 +247,8 @@ def test_a_consuming_stream_refuses_what_it_cannot_consume(spark, admin, ns_path
     for entity, options, words in (("q", {"settle": "delete"}, "settle must be one of none, complete"),
                                    ("events", {"settle": "complete"}, "is a topic"),
                                    ("sessions", {"settle": "complete"}, "requires sessions"),
-                                   ("q", {"settle": "complete", "content": "ranges"}, "content 'ranges'")):
+                                   ("q", {"settle": "complete", "content": "ranges"}, "content 'ranges'"),
+                                   ("q", {"settle": "complete", "startingPosition": "latest"}, "from the earliest")):
         with pytest.raises(Exception, match=words):
             start(entity, **options)
     with pytest.raises(Exception, match="applies to streams"):

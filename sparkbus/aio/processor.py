@@ -68,7 +68,11 @@ class ProcessMessageContext:
         self.settled_as = "dead-letter"
 
     async def renew_lock(self) -> None:
-        await self.receiver.renew_message_lock(self.message)
+        """Renew the message's lock (a session processor's: the session's lock, which holds the message's)."""
+        if self.receiver.session is not None:
+            await self.receiver.session.renew_lock()
+        else:
+            await self.receiver.renew_message_lock(self.message)
 
     @property
     def session(self) -> ServiceBusSession:

@@ -200,7 +200,7 @@ class _Entities:
         if self.entity not in WHOLE_NAMESPACE:
             [info] = self.infos()  # fails early for an unknown entity
             if self.consuming:
-                check_consumable(info, self.content)
+                check_consumable(info, self.content, self.latest_start)
         elif self.consuming:
             raise ValueError("settle 'complete' consumes one queue or subscription, not a whole namespace")
 
@@ -282,10 +282,7 @@ class _Entities:
     def starts(self) -> Offsets:
         """Where a new query starts: a topic at its fan-out cursor, anything else at its first message."""
         if self.latest_start:
-            found = self.marks()
-            if self.consuming:
-                self.stamped(found, None, None)
-            return found
+            return self.marks()
         found: Offsets = {}
         for info in self.infos():
             def read(info: EntityInfo = info) -> dict[str, int]:
@@ -411,9 +408,13 @@ class SparkbusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.entities.read(partition)
 
 
-def check_consumable(info: EntityInfo, content: str) -> None:
+def check_consumable(info: EntityInfo, content: str, latest_start: bool) -> None:
     """ValueError unless a stream may consume the entity (settle 'complete'): a queue or subscription
-    without sessions, read as messages."""
+    without sessions, read as messages from the earliest (the completion covers everything up to an
+    offset, so a stream that skipped the messages before its start would complete them unread)."""
+    if latest_start:
+        raise ValueError("settle 'complete' reads from the earliest message: startingPosition 'latest' would "
+                         "complete the messages before it without reading them")
     if info.kind not in ("queue", "subscription"):
         raise ValueError(f"settle 'complete' consumes a queue or subscription; {info.path!r} is a {info.kind} "
                          "(read one of its subscriptions)")
