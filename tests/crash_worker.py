@@ -119,7 +119,7 @@ def main(namespace: str, log_path: str, seed: int) -> None:
                 message = context.message
                 log.write(ack="received", entity="q", msgs=received([message]))
                 settle = "abandon" if rng.random() < 0.2 else "complete"
-                log.write(start=settle, entity="q", ids=[message.message_id])
+                log.write(start=f"processor_{settle}", entity="q", ids=[message.message_id])
                 getattr(context, settle)()
                 log.write(ack="abandoned" if settle == "abandon" else "completed", entity="q", ids=[message.message_id])
 

@@ -233,6 +233,37 @@ def test_a_consuming_stream_empties_a_subscription_into_delta_once(spark, admin,
     assert len(batches) >= 4 and read_at["later"] >= due
 
 
+def test_a_consuming_stream_moves_a_queue_into_another_through_the_sink_once(spark, admin, client, ns_path, tmp_path):
+    """settle 'complete' into the sparkbus sink with trigger(availableNow=True), twice, a batch replayed in
+    between: the target holds each message once and the source is empty (the last batch is completed
+    before the run ends)."""
+    admin.create_queue("source", enable_partitioning=True)
+    admin.create_queue("target")
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run():
+        (spark.readStream.format("sparkbus").option("namespace", ns_path).option("entity", "source")
+         .option("settle", "complete").load().selectExpr("body", "message_id")
+         .writeStream.format("sparkbus").option("namespace", ns_path).option("entity", "target")
+         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start().awaitTermination())
+
+    with client.get_queue_sender("source") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(25)])
+    run()
+    assert admin.get_queue_runtime_properties("source").total_message_count == 0
+    with client.get_queue_sender("source") as sender:
+        sender.send_messages([ServiceBusMessage(f"n{i}") for i in range(5)])
+    commits = os.path.join(checkpoint, "commits")  # the last batch replayed by the next run: sent once still
+    last = max((name for name in os.listdir(commits) if name.isdigit()), key=int)
+    for name in (last, f".{last}.crc"):  # the batch's file and its checksum
+        os.remove(os.path.join(commits, name))
+    run()
+    with client.get_queue_receiver("target", max_wait_time=1) as receiver:
+        bodies = sorted(str(m) for m in receiver.receive_messages(100))
+    assert bodies == sorted([f"m{i}" for i in range(25)] + [f"n{i}" for i in range(5)])
+    assert admin.get_queue_runtime_properties("source").total_message_count == 0
+
+
 def test_a_consuming_stream_refuses_what_it_cannot_consume(spark, admin, ns_path):
     admin.create_topic("events")
     admin.create_queue("sessions", requires_session=True)
