@@ -88,7 +88,10 @@ def test_a_raising_handler_abandons_until_the_message_is_dead_lettered(admin, ns
             recorded.dead_lettered_messages) == (3, 3, 3, 0)  # in the namespace's metrics
 
 
-def test_stop_in_a_burst_leaves_each_message_settled_once_or_available(admin, ns_path):
+@pytest.mark.parametrize("prefetch", [0, 10])
+def test_stop_in_a_burst_leaves_each_message_settled_once_or_available(admin, ns_path, prefetch):
+    """stop() during a burst: every message handled once or available again at once (prefetched ones
+    given back, never delivered: delivery count 0 before this receive)."""
     admin.create_queue("burst")
     handled, started = [], threading.Event()
 
@@ -99,7 +102,7 @@ def test_stop_in_a_burst_leaves_each_message_settled_once_or_available(admin, ns
 
     with ServiceBusClient(ns_path) as client:
         _sent(client, "burst", 60)
-        processor = client.get_queue_processor("burst", handle, max_concurrent_calls=3)
+        processor = client.get_queue_processor("burst", handle, max_concurrent_calls=3, prefetch_count=prefetch)
         processor.start()
         assert started.wait(30)
         time.sleep(0.3)
@@ -114,7 +117,7 @@ def test_stop_in_a_burst_leaves_each_message_settled_once_or_available(admin, ns
                 rest += more
     assert 0 < len(handled) < 60 and len(set(handled)) == len(handled)
     assert sorted(handled + [str(m) for m in rest]) == sorted(f"m{n}" for n in range(60))
-    assert processor.counts.completed == len(handled)
+    assert processor.counts.completed == len(handled) and {m.delivery_count for m in rest} == {1}
 
 
 def test_handlers_that_settle_themselves_are_not_completed_again(admin, ns_path):
@@ -430,3 +433,22 @@ def test_subscription_processors_get_what_the_fan_out_gave_each_subscription(adm
     assert sorted(everything) == sorted(f"e{n}" for n in range(30))
     for name in ("eu", "all"):
         assert admin.get_subscription_runtime_properties("events", name).total_message_count == 0
+
+
+def test_a_receive_and_delete_processor_handles_each_message_once_with_nothing_to_settle(admin, ns_path):
+    from sparkbus import ServiceBusReceiveMode
+
+    admin.create_queue("jobs")
+    seen, settled = [], []
+
+    def handle(context: ProcessMessageContext) -> None:
+        seen.append(str(context.message))
+        settled.append(context.settled_as)
+
+    with ServiceBusClient(ns_path) as client:
+        _sent(client, "jobs", 30)
+        processor = client.get_queue_processor("jobs", handle, max_concurrent_calls=2,
+                                               receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+        processor.run(until_idle=timedelta(seconds=1))
+    assert sorted(seen) == sorted(f"m{n}" for n in range(30)) and set(settled) == {"deleted"}
+    assert processor.counts.completed == 0 and admin.get_queue_runtime_properties("jobs").total_message_count == 0
