@@ -524,8 +524,10 @@ class ServiceBusSessionProcessor(ServiceBusProcessor):
         session_ids: Process only these sessions; None (the default): any session with messages.
         session_idle_timeout: How long a session is held without a message before the next is taken
             (default 1 second).
-        auto_complete_messages, max_auto_lock_renewal_duration, receive_mode, prefetch_count: As
-            ServiceBusProcessor's (the renewal keeps the session lock).
+        auto_complete_messages: As ServiceBusProcessor's.
+        max_auto_lock_renewal_duration: How long the session's lock is renewed while a worker holds it.
+        receive_mode: As ServiceBusProcessor's.
+        prefetch_count: As ServiceBusProcessor's (per session worker).
 
     Raises:
         ValueError: a count below 1, an empty session_ids or a bad session id, a non-positive idle timeout.

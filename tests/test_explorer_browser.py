@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -63,7 +63,13 @@ def _filled(admin, ns_path: str) -> None:
 
 
 def _cell(browser, path: str, column: str) -> str:
-    return browser.find_element(By.CSS_SELECTOR, f'tr[data-path="{path}"] td[data-col="{column}"]').text
+    """A cell of the dashboard's table, read again when the page's refresh replaced it while it was read."""
+    for _ in range(20):
+        try:
+            return browser.find_element(By.CSS_SELECTOR, f'tr[data-path="{path}"] td[data-col="{column}"]').text
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"the cell {path}/{column} kept being replaced")
 
 
 def _wait(browser, condition, timeout: float = 30):
