@@ -315,11 +315,11 @@ class ServiceBusProcessor:
             return
         self._stopping.clear()
         self._workers = [_Worker() for _ in range(self._workers_wanted)]
-        self._feeder = self._launch()
         for n, worker in enumerate(self._workers):
             worker.thread = threading.Thread(target=self._work, args=(worker,), name=f"sparkbus-processor-{n}",
                                              daemon=True)
             worker.thread.start()
+        self._feeder = self._launch()  # once the workers run: a feeder that fails at once ends them
 
     def _launch(self) -> Optional[_Worker]:
         """The feeder: one receiver locking as many messages as workers are free, in one receive."""

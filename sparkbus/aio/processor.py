@@ -1,10 +1,13 @@
 """The async processors: sparkbus.processor's semantics with coroutine handlers and tasks.
 
-max_concurrent_calls tasks, each with an async receiver of its own, receive one message at a time, await
-the handler and settle; locks are renewed by a sparkbus.aio AutoLockRenewer while handlers run. stop()
-stops receiving, lets the handlers under way finish and settle, then closes the receivers (prefetched
-messages given back). A processor task that is cancelled (its `run` cancelled from outside) closes its
-receivers too: the message whose handler was cancelled is abandoned, so nothing stays locked.
+A feeder task with the processor's one async receiver locks as many messages as worker tasks are free in
+one receive and hands one to each (as the sync processor's feeder: receivers of their own raced each
+other for commits); max_concurrent_calls worker tasks await the handler and settle through that
+receiver; locks are renewed by a sparkbus.aio AutoLockRenewer while handlers run. stop() stops receiving,
+lets the handlers under way finish and settle, then closes the receiver (prefetched messages given back).
+A processor whose `run` is cancelled from outside cancels its workers first (a message whose handler was
+cancelled is abandoned), then the feeder, which abandons what it handed out and no worker took, and
+closes the receiver: nothing stays locked.
 
 ServiceBusSessionProcessor: max_concurrent_sessions tasks, each holding one session at a time and awaiting
 the handler for its messages in order (max_concurrent_calls_per_session at a time), as the sync one does.
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, Optional, Protocol, Union
 
@@ -100,6 +103,17 @@ class ProcessMessageContext:
         self.release_requested = True
 
 
+Job = tuple[ServiceBusReceiver, ServiceBusReceivedMessage]
+
+
+@dataclass
+class _Slot:
+    """A worker task's inbox from the feeder, and whether it holds a message."""
+
+    inbox: "asyncio.Queue[Optional[Job]]" = field(default_factory=asyncio.Queue)
+    assigned: bool = False
+
+
 MessageHandler = Callable[[ProcessMessageContext], Awaitable[Any]]
 ErrorHandler = Callable[[ProcessErrorContext], Any]
 
@@ -125,6 +139,8 @@ class ServiceBusProcessor:
         self._renewers: list[AutoLockRenewer] = []  # of the tasks under way
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._slots: list[_Slot] = []  # the workers the feeder hands messages to
+        self._freed = asyncio.Event()  # set when a worker finished a message
         self._busy = 0
         self._idle_since = time.monotonic()
 
@@ -142,9 +158,15 @@ class ServiceBusProcessor:
         """Start the tasks and return at once."""
         if self.is_running:
             return
-        self._stopping = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._work(), name=f"sparkbus-processor-{n}")
-                       for n in range(self._tasks_wanted)]
+        self._stopping, self._freed = asyncio.Event(), asyncio.Event()
+        self._tasks = self._launch()
+
+    def _launch(self) -> list[asyncio.Task[None]]:
+        """The worker tasks, then the feeder's (sparkbus.processor: one receiver receives for all workers)."""
+        self._slots = [_Slot() for _ in range(self._tasks_wanted)]
+        workers = [asyncio.create_task(self._serve(slot), name=f"sparkbus-processor-{n}")
+                   for n, slot in enumerate(self._slots)]
+        return workers + [asyncio.create_task(self._feed(), name="sparkbus-processor-feeder")]
 
     async def stop(self) -> None:
         """Stop receiving; the handlers under way finish and settle; returns when every task has ended."""
@@ -162,9 +184,9 @@ class ServiceBusProcessor:
                 if idle is not None and not self._busy and time.monotonic() - self._idle_since >= idle:
                     break
         except asyncio.CancelledError:
-            for task in self._tasks:
+            for task in self._tasks:  # workers first: their abandons go through the feeder's receiver
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+                await asyncio.gather(task, return_exceptions=True)
             raise
         await self.stop()
 
@@ -202,31 +224,75 @@ class ServiceBusProcessor:
         return float(min(0.8 * 2 ** (failures - 1), 120))
 
     async def _wait_stop(self, seconds: float) -> None:
+        await self._wait_for(self._stopping, seconds)
+
+    @staticmethod
+    async def _wait_for(event: asyncio.Event, seconds: float) -> None:
         try:
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+            await asyncio.wait_for(event.wait(), seconds)
         except asyncio.TimeoutError:
             pass
 
-    async def _work(self) -> None:
+    async def _feed(self) -> None:
+        """Receive for the workers: as many messages as are free, in one receive, one to each; once
+        stopping, let each worker finish and end, then close the receiver (prefetched messages given back)."""
         renewer = self._renewer()
-        failures = 0
         try:
             async with self._receiver(renewer) as receiver:
-                while not self._stopping.is_set():
-                    try:
-                        got = await receiver.receive_messages(1, max_wait_time=RECEIVE_WAIT_SECONDS)
-                        failures = 0
-                    except Exception as error:  # reported, then the task backs off and goes on
-                        await self._report(error, "receive")
-                        failures += 1
-                        await self._wait_stop(self._backoff(failures))
-                        continue
-                    for message in got:
-                        await self._handle(receiver, message)
+                try:
+                    await self._hand_out(receiver)
+                    await self._end_workers()
+                finally:
+                    await self._abandon_untaken(receiver)
         except Exception as error:  # the receiver could not even be made (e.g. no such entity)
             await self._report(error, "receive")
+            await self._end_workers()
         finally:
             await self._retire(renewer)
+
+    async def _hand_out(self, receiver: ServiceBusReceiver) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            free = [slot for slot in self._slots if not slot.assigned]
+            if not free:
+                self._freed.clear()
+                await self._wait_for(self._freed, RECEIVE_WAIT_SECONDS)
+                continue
+            try:
+                got = await receiver.receive_messages(len(free), max_wait_time=RECEIVE_WAIT_SECONDS)
+                failures = 0
+            except Exception as error:  # reported, then the feeder backs off and goes on
+                await self._report(error, "receive")
+                failures += 1
+                await self._wait_stop(self._backoff(failures))
+                continue
+            for slot, message in zip(free, got):
+                slot.assigned = True
+                slot.inbox.put_nowait((receiver, message))
+
+    async def _abandon_untaken(self, receiver: ServiceBusReceiver) -> None:
+        """Messages handed to a worker cancelled before it took them: abandoned (their locks would lapse)."""
+        for slot in self._slots:
+            while not slot.inbox.empty():
+                job = slot.inbox.get_nowait()
+                if job is not None:
+                    try:
+                        await asyncio.shield(receiver.abandon_message(job[1]))
+                    except Exception:
+                        log.debug("an untaken message of %s was left to its lock", self.entity_path, exc_info=True)
+
+    async def _end_workers(self) -> None:
+        for slot in self._slots:
+            slot.inbox.put_nowait(None)
+        await asyncio.gather(*(task for task in self._tasks if task is not asyncio.current_task()),
+                             return_exceptions=True)
+
+    async def _serve(self, slot: "_Slot") -> None:
+        """Handle what the feeder hands this worker until it hands None."""
+        while (job := await slot.inbox.get()) is not None:
+            await self._handle(*job)
+            slot.assigned = False
+            self._freed.set()
 
     async def _handle(self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage) -> ProcessMessageContext:
         peek_lock = self._mode is ServiceBusReceiveMode.PEEK_LOCK
@@ -310,6 +376,11 @@ class ServiceBusSessionProcessor(ServiceBusProcessor):
         self._tasks_wanted = max_concurrent_sessions
         self._held: set[str] = set()  # sessions this processor's tasks hold
         self._turn = 0  # where the next task starts in session_ids
+
+    def _launch(self) -> list[asyncio.Task[None]]:
+        """One task per session held at once; each receives its session's messages itself."""
+        return [asyncio.create_task(self._work(), name=f"sparkbus-session-processor-{n}")
+                for n in range(self._tasks_wanted)]
 
     async def _work(self) -> None:
         renewer = self._renewer()
