@@ -4,9 +4,9 @@ subscription, as .NET's ServiceBusProcessor and Java's ServiceBusProcessorClient
 Concurrency: one feeder thread with the processor's one receiver, and max_concurrent_calls worker threads.
 The feeder locks as many messages as workers are free in one receive (one commit) and hands one to each;
 a worker calls the handler and settles through that receiver, whose calls are serialised. Workers with a
-receiver each raced for the oldest messages and lost commits to each other: 8 of them handled a third of
-what one receive-and-complete loop did on one partition of a local queue; fed, 8 handle about 1.5 times
-what that loop does. Other processes' receivers compete for messages as usual
+receiver each raced for the oldest messages and lost commits to each other: 8 of them handled under a quarter
+of what one receive-and-complete loop does (`make bench-processor`); fed, 8 handle 1.3 times that loop.
+Other processes' receivers compete for messages as usual
 (each message is locked by one receiver, by a conditional commit). The receiver registers what it receives
 with an AutoLockRenewer, so a handler slower than the lock duration keeps its lock up to
 max_auto_lock_renewal_duration.
