@@ -222,6 +222,66 @@ def test_candidates_choose_what_each_queue_may_lock_oldest_first():
         [1, 2, 3]  # no state rows: every due message, the born-dead one aside
 
 
+def _state_rows(rows: list[dict]) -> "pa.Table":
+    """Locks-table rows, the columns not given null."""
+    from sparkbus.core.records import from_rows
+    from sparkbus.core.schemas import LOCKS
+
+    return from_rows([{name: row.get(name) for name in LOCKS.names} for row in rows], LOCKS)
+
+
+def test_settled_files_are_those_whose_every_number_has_a_state_row_that_is_not_active():
+    """transitions.settled: a message file need not be read to choose from the active queue when every
+    sequence number of its range has a state row other than ACTIVE; a gap, an active row (locked or
+    lapsed), a range without statistics or a duplicated row never makes a file settled."""
+    import math
+
+    from sparkbus.core import transitions
+    from sparkbus.core.schemas import ACTIVE, CANCELLED, COMPLETED, DEAD_LETTERED, DEFERRED
+
+    def states(kinds: dict[int, str]):
+        return _state_rows([{"partition_id": 0, "sequence_number": n, "state": kind, "delivery_count": 1}
+                            for n, kind in kinds.items()])
+
+    gone = {1: COMPLETED, 2: CANCELLED, 3: DEFERRED, 4: DEAD_LETTERED, 5: COMPLETED, 7: COMPLETED, 8: ACTIVE,
+            9: COMPLETED}
+    ranges = [(1, 5), (1, 1), (5, 7), (7, 9), (9, 9), (10, 12), (-math.inf, math.inf), (2, 4)]
+    assert transitions.settled(ranges, states(gone)) == [True, True, False, False, True, False, False, True]
+    assert transitions.settled(ranges, states({})) == [False] * len(ranges)
+    assert transitions.settled([], states(gone)) == []
+    twice = _state_rows([{"partition_id": 0, "sequence_number": n, "state": COMPLETED, "delivery_count": 1}
+                         for n in (1, 1, 3)])  # two rows of 1 and none of 2: never counted as 1 and 2
+    assert transitions.settled([(1, 2), (1, 3), (3, 3)], twice) == [False, False, True]
+
+
+def test_quiet_until_is_the_first_lock_to_lapse_or_schedule_to_fall_due():
+    """transitions.quiet_until: after candidates found nothing in a partition, the earliest moment one of
+    its messages could become receivable without a write: a lock of an active message lapsing or a
+    scheduled message falling due (not a deferred message's or a completed one's); None when no moment."""
+    from sparkbus.core import transitions
+    from sparkbus.core.records import micros
+    from sparkbus.core.schemas import ACTIVE, COMPLETED, DEFERRED
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    soon, later, latest = (now + timedelta(seconds=s) for s in (10, 20, 30))
+
+    def message(seq, scheduled=None):
+        return {"partition_id": 0, "sequence_number": seq, "enqueued_time_utc": now, "expires_at_utc": latest,
+                "scheduled_enqueue_time_utc": scheduled}
+
+    def state(seq, kind, until=None):
+        return {"partition_id": 0, "sequence_number": seq, "state": kind, "delivery_count": 1,
+                "lock_token": "t" if until else None, "locked_until_utc": until}
+
+    messages = _choosing([message(1), message(2), message(3, scheduled=latest), message(4, scheduled=soon)])
+    states = _state_rows([state(1, ACTIVE, until=later), state(2, DEFERRED, until=soon), state(4, COMPLETED)])
+    assert transitions.candidates(messages, states, ACTIVE, now, 10).num_rows == 0
+    assert transitions.quiet_until(messages, states, now) == micros(later)  # 2's lock is no active one's
+    assert transitions.quiet_until(messages.slice(0, 2), states.slice(1, 2), now) is None  # 1 unlocked: none
+    assert transitions.quiet_until(messages.slice(2, 1), states.slice(0, 0), now) == micros(latest)
+    assert transitions.quiet_until(messages, states, latest) is None  # everything lapsed or due by then
+
+
 def test_an_encoding_reused_for_an_equal_set_of_properties_is_the_one_encoding_it_gives():
     """checked_encoding looks up sets of properties it encoded before: what it returns is always what
     encoding that very set gives, with values equal in Python but not as properties (1, True, 1.0; 0.0

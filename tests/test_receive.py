@@ -327,3 +327,35 @@ def test_messages_of_one_receive_completed_in_any_order_and_in_parts_each_comple
         assert admin.get_queue_runtime_properties("q").active_message_count == 6  # (locked ones count as active)
         receiver.complete_messages(left[::-1])
     assert admin.get_queue_runtime_properties("q").total_message_count == 0
+
+
+def test_a_receive_reads_no_settled_file_and_skips_a_quiet_partition_only_while_it_is_quiet(admin, client, clock):
+    """A receive chooses from the message files that may hold something to take: a file whose every
+    message was completed is not read (a drained partition keeps its rows until retention removes them),
+    and a partition where a receive found nothing is passed over by the next ones only until a lock
+    lapses, a scheduled message falls due or either table changes there."""
+    admin.create_queue("q", lock_duration="PT5S")
+    sender = client.get_queue_sender("q")
+    sender.send_messages([ServiceBusMessage(f"old {i}") for i in range(10)])
+    first = client.get_queue_receiver("q")
+    first.complete_messages(first.receive_messages(max_message_count=10))
+    sender.send_messages(ServiceBusMessage("new"))
+    receiver = client.get_queue_receiver("q")
+    [new] = receiver.receive_messages(max_wait_time=5)
+    assert str(new) == "new"
+    choosing = receiver._delivery._readers["choosing"]
+    assert [data.num_rows for data in choosing._files.values()] == [1]  # the settled file was never read
+    assert receiver.receive_messages(max_wait_time=0) == []  # locked: the partition is quiet until 5 s
+    clock.past(new.locked_until_utc)
+    [again] = receiver.receive_messages(max_wait_time=0)  # its lock lapsed: no write, found all the same
+    assert (str(again), again.delivery_count) == ("new", 2)
+    assert receiver.receive_messages(max_wait_time=0) == []
+    receiver.abandon_message(again)  # a write to the locks table: looked at again at once
+    [third] = receiver.receive_messages(max_wait_time=0)
+    assert third.delivery_count == 3
+    receiver.complete_message(third)
+    due = clock.now() + timedelta(minutes=1)
+    sender.schedule_messages(ServiceBusMessage("later"), due)
+    assert receiver.receive_messages(max_wait_time=0) == []  # not due: quiet until it is
+    clock.past(due)
+    assert [str(m) for m in receiver.receive_messages(max_wait_time=0)] == ["later"]

@@ -208,6 +208,46 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     return found
 
 
+def settled(ranges: list[tuple[float, float]], states: pa.Table) -> list[bool]:
+    """Which of a partition's message files, given by their sequence-number ranges [low, high] (unbounded
+    when unknown), hold nothing a receiver of the active queue could take: every number in the range has a
+    state row, and none of them is ACTIVE. Completed, cancelled, deferred and dead-lettered messages never
+    return to the active queue, and a partition numbers its messages consecutively, so such a file need not
+    be read to choose what to lock. A drained partition keeps its rows until retention removes them; four
+    receivers of one queue read every one of them, in every partition each came to, to find nothing."""
+    if not ranges:
+        return []
+    numbers = np.unique(stored_int64s(states["sequence_number"])[~_equal(states["state"], ACTIVE)])
+    lows = np.array([low for low, _ in ranges], dtype=np.float64)
+    highs = np.array([high for _, high in ranges], dtype=np.float64)
+    bounded = np.isfinite(lows) & np.isfinite(highs)
+    lows, highs = np.where(bounded, lows, 0).astype(np.int64), np.where(bounded, highs, -1).astype(np.int64)
+    held = np.searchsorted(numbers, highs, side="right") - np.searchsorted(numbers, lows, side="left")
+    return list(bounded & (held == highs - lows + 1))
+
+
+def quiet_until(messages: pa.Table, states: pa.Table, now: datetime) -> Optional[int]:
+    """For a partition where candidates() found nothing to receive from ACTIVE at now: the first moment
+    (microseconds since the epoch) when, without a write to either table, one of its messages could
+    become receivable: the earliest lock of an active message to lapse or scheduled message to fall due
+    after now. None: never (only a write can change the answer)."""
+    now_us = micros(now)
+    numbers = stored_int64s(messages["sequence_number"])
+    position = _positions(numbers, stored_int64s(states["sequence_number"]))
+    active = _per_message(_equal(states["state"], ACTIVE), position, True)
+    moments = []
+    until = states["locked_until_utc"]
+    if len(until) and until.null_count < len(until):
+        locked = _valid(until) & (stored_int64s(until) > now_us) & _equal(states["state"], ACTIVE)
+        moments.append(stored_int64s(until)[locked])
+    scheduled = messages["scheduled_enqueue_time_utc"]
+    if len(scheduled) and scheduled.null_count < len(scheduled):
+        due = stored_int64s(scheduled)
+        moments.append(due[_valid(scheduled) & (due > now_us) & active])
+    later = [m for m in moments if len(m)]
+    return int(min(m.min() for m in later)) if later else None
+
+
 def _positions(numbers: np.ndarray, among: np.ndarray) -> np.ndarray:
     """For each of numbers, its index in among (distinct values), or -1 where it is not there."""
     if not len(among):

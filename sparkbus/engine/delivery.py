@@ -96,6 +96,20 @@ class SessionLock:
     incarnation: str  # of the entity it was taken in (sparkbus.engine.registry)
 
 
+class Quiet(NamedTuple):
+    """A partition where a receive found nothing to deliver: the files both tables held there then, and
+    until when (microseconds since the epoch; None: no moment) that stays true without a write."""
+
+    messages: tuple[str, ...]
+    locks: tuple[str, ...]
+    until: Optional[int]
+
+    def holds(self, messages: commits.LogView, state: commits.LogView, partition: int, now: datetime) -> bool:
+        """Whether the partition still has nothing to deliver at now, on these views."""
+        return (self.until is None or records.micros(now) < self.until) and \
+            self.messages == messages.files_key(partition) and self.locks == state.files_key(partition)
+
+
 class Held(NamedTuple):
     """A message lock this receiver holds: its token and, when known, the state row as written then (a
     dict, or a row of the table the lock was committed with: records.Row) and the incarnation of the
@@ -195,6 +209,13 @@ class Delivery:
         self._ahead: Optional[Ahead] = None  # the read confirming it, sent before its first write
         self._operation = threading.local()  # .moved: the views this thread's receive has moved (snapshot)
         self._lost_optimistic = -math.inf  # when a receive planned on unmoved views last lost its commit
+        # Partitions a receive found nothing to deliver in (Quiet), for the messages table named: skipped
+        # by later receives while neither table's files there changed and no lock lapsed nor scheduled
+        # message fell due. A drained partition keeps its rows until retention removes them, and four
+        # receivers of one queue went through all of every such partition on every receive (60-100 rows
+        # looked at per message delivered).
+        self._quiet: dict[int, Quiet] = {}
+        self._quiet_in: Optional[str] = None
         # locks view uri -> its `deletes` when the pair last moved together: a locks view that has applied a
         # retention run since (its own commit walked past one) may be ahead of the messages view
         self._paired: dict[str, int] = {}
@@ -362,6 +383,8 @@ class Delivery:
         number to take; as_of: the moment deliverability is judged at (default now); bodies=False: decode
         gets the messages' narrow columns only (nothing to hand out)."""
         rules = policy(info)
+        # a receive of the active queue, unrestricted: what it finds nothing in stays quiet (Quiet)
+        plain = queue == ACTIVE and sequence_numbers is None and session is None and up_to is None and as_of is None
         moved = [0]  # undecodable messages the last attempt dead-lettered
         delivered: list[M] = []
         faulty: set[int] = set()
@@ -378,19 +401,31 @@ class Delivery:
                 self.check_session(info, session, now)
                 taking = replace(rules, lock_duration=session.locked_until_utc - now)
             visited = [p for p in partitions if p not in faulty and messages.files(p)]  # others hold nothing
-            prefetch_together([(self._readers["choosing"], messages, visited), (self._readers["locks"], state, visited)])
+            prefetch_together([(self._readers["choosing"], messages, visited), (self._readers["locks"], state, visited)],
+                              lazily=[self._readers["choosing"]] if plain else [])
             got: list[M] = []
             written: dict[int, pa.Table] = {}
             moved[0] = 0
+            if self._quiet_in != info.tables["messages"]:
+                self._quiet, self._quiet_in = {}, info.tables["messages"]
             for partition in visited:
                 if left - len(got) <= 0:
                     break
+                if plain and (quiet := self._quiet.get(partition)) is not None and \
+                        quiet.holds(messages, state, partition, now):
+                    continue
                 try:
+                    states = self._readers["locks"].rows(state, partition)
+                    skip = transitions.settled([f.sequence_range() for f in messages.files(partition)], states) \
+                        if plain else None
+                    choosing = self._readers["choosing"].rows(messages, partition, skip=skip)
                     found = transitions.candidates(
-                        self._readers["choosing"].rows(messages, partition), self._readers["locks"].rows(state, partition),
-                        queue, now, left - len(got) + 16, sequence_numbers, session.session_id if session else None,
-                        up_to=None if up_to is None else up_to.get(partition))
+                        choosing, states, queue, now, left - len(got) + 16, sequence_numbers,
+                        session.session_id if session else None, up_to=None if up_to is None else up_to.get(partition))
                     if not found.num_rows:  # nothing to deliver or expire here: nothing to plan or commit
+                        if plain:
+                            self._quiet[partition] = Quiet(messages.files_key(partition), state.files_key(partition),
+                                                           transitions.quiet_until(choosing, states, now))
                         continue
                     rows, deliver = transitions.plan(found, taking, now, queue, delete, left - len(got))
                     chosen = _rows_at(found, deliver)

@@ -381,6 +381,11 @@ class LogView:
         """The partitions that have live files."""
         return set(self._partitions)
 
+    def files_key(self, partition: int) -> tuple[str, ...]:
+        """The paths of the partition's live files, in the order added: equal for two versions of a view
+        exactly when the partition's rows are the same (data files never change)."""
+        return tuple(self._partitions.get(partition, ()))
+
     def files(self, partition: int, low: Optional[int] = None, high: Optional[int] = None) -> list[AddedFile]:
         """The partition's live files, in the order they were added; only those whose sequence-number
         range overlaps [low, high] when given (a file without statistics always does)."""

@@ -62,9 +62,10 @@ class PartitionReader:
             narrow._lends = True
         self._bytes = 0
 
-    def rows(self, view: "LogView", partition: int) -> pa.Table:
-        """Every row of the partition at the view's version (in the schema given, file by file)."""
-        return self.with_partition([data for _, data in self.files(view, partition)], partition)
+    def rows(self, view: "LogView", partition: int, skip: Optional[list[bool]] = None) -> pa.Table:
+        """Every row of the partition at the view's version (in the schema given, file by file); skip: per
+        file of view.files(partition), whether to leave it out (unread)."""
+        return self.with_partition([data for _, data in self.files(view, partition, skip=skip)], partition)
 
     def rows_of(self, view: "LogView", partition: int, sequence_numbers: pa.Array) -> pa.Table:
         """The partition's rows of these sequence numbers, in their order, read only from the files whose
@@ -93,12 +94,16 @@ class PartitionReader:
         return data.add_column(self._partition_at, field, column)  # the schema's order: files hold the others in it
 
     def files(self, view: "LogView", partition: int, low: Optional[int] = None,
-              high: Optional[int] = None) -> list[tuple[str, pa.Table]]:
+              high: Optional[int] = None, skip: Optional[list[bool]] = None) -> list[tuple[str, pa.Table]]:
         """(path as in the log, rows without the partition column) of the partition's data files at the
-        view's version, only those that may hold sequence numbers in [low, high] when given.
-        PartitionUnavailableError when one cannot be read."""
+        view's version, only those that may hold sequence numbers in [low, high] when given, and not those
+        skip (one flag per file of view.files(partition)) leaves out. PartitionUnavailableError when one
+        cannot be read."""
         try:
-            paths = [(f.path, location.join(view.log.uri, unquote(f.path))) for f in view.files(partition, low, high)]
+            listed = view.files(partition, low, high)
+            if skip is not None:
+                listed = [f for f, left_out in zip(listed, skip) if not left_out]
+            paths = [(f.path, location.join(view.log.uri, unquote(f.path))) for f in listed]
             self._load([full for _, full in paths])
             return [(path, self._file(full)) for path, full in paths]
         except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
@@ -229,13 +234,19 @@ def _fault(view: "LogView", partition: int, error: BaseException) -> PartitionUn
     return fault
 
 
-def prefetch_together(reads: Iterable[tuple[PartitionReader, LogView, Iterable[int]]]) -> None:
+def prefetch_together(reads: Iterable[tuple[PartitionReader, LogView, Iterable[int]]],
+                      lazily: Iterable[PartitionReader] = ()) -> None:
     """PartitionReader.prefetch of each (reader, view, partitions), the files all of them lack fetched in one
-    round trip (one after another, three readers paid three)."""
+    round trip (one after another, three readers paid three). The files of a reader in lazily are fetched
+    but parsed only when read: a receive chooses from the message files its locks rows say may hold
+    something to take (sparkbus.core.transitions.settled), and reads them from the process's fetched
+    bytes (sparkbus.storage.fetched) without another request."""
     listed = [(reader, view, list(partitions)) for reader, view, partitions in reads]
     try:
         fetch([path for reader, view, partitions in listed for path in reader.missing(view, partitions)])
     except OSError:  # a file that cannot be fetched is left for files() to report
         pass
+    later = set(map(id, lazily))
     for reader, view, partitions in listed:
-        reader.prefetch(view, partitions)
+        if id(reader) not in later:
+            reader.prefetch(view, partitions)
