@@ -63,10 +63,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 RECEIVER_KINDS = ("queue", "subscription")
 MAX_DELETE_COUNT = 4000  # messages one delete_messages call removes at most, as Service Bus
-# Receives in a row that visit the partitions in the same order while each gets all it asked for: a
-# receiver stays with the partitions it has read (four receivers of one queue had each read every
-# partition, taking turns), and every SAME_ORDER-th receive starts elsewhere, so that no partition waits
-# behind another that keeps filling.
+# Receives of several messages in a row that visit the partitions in the same order while each gets all
+# it asked for: a receiver stays with the partitions it has read (four receivers of one queue had each
+# read every partition, taking turns), and every SAME_ORDER-th receive starts elsewhere, so that no
+# partition waits behind another that keeps filling. Receives of one message start elsewhere each time
+# (staying cost a single receive + complete about 1 ms more CPU: its partition's small files pile up).
 SAME_ORDER = 16
 
 
@@ -763,7 +764,7 @@ class ServiceBusReceiver:
                 info, queue, asked, delete=self._deletes,
                 start=self._next_partition, session=self._session_lock, decode=_decoder(queue))))
             self._same_order += 1
-            if len(fetched) < asked or self._same_order >= SAME_ORDER:
+            if asked == 1 or len(fetched) < asked or self._same_order >= SAME_ORDER:
                 self._next_partition += 1
                 self._same_order = 0
             wanted = count - len(got)
