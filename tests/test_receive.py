@@ -359,3 +359,27 @@ def test_a_receive_reads_no_settled_file_and_skips_a_quiet_partition_only_while_
     assert receiver.receive_messages(max_wait_time=0) == []  # not due: quiet until it is
     clock.past(due)
     assert [str(m) for m in receiver.receive_messages(max_wait_time=0)] == ["later"]
+
+
+def test_receives_of_several_messages_keep_their_partition_and_receives_of_one_move_on(admin, client):
+    """A receiver starts its receives of several messages at the same partition while each gets all it
+    asked for (SAME_ORDER of them in a row: it stays with the files it has read); receives of one message
+    start at another partition each time."""
+    from sparkbus.receiver import SAME_ORDER
+
+    admin.create_queue("q", enable_partitioning=True)
+    keys = {}
+    for n in range(10_000):  # a partition key for each of the 16 partitions
+        keys.setdefault(partitioning.partition_of(f"k{n}", 16), f"k{n}")
+        if len(keys) == 16:
+            break
+    per_partition = 2 * SAME_ORDER + 2
+    send(client, "q", *(ServiceBusMessage("m", partition_key=key) for key in keys.values() for _ in range(per_partition)))
+    batched = client.get_queue_receiver("q")
+    firsts = [batched.receive_messages(max_message_count=2, max_wait_time=5)[0].sequence_number >> 48
+              for _ in range(SAME_ORDER)]
+    assert len(set(firsts)) == 1
+    single = client.get_queue_receiver("q")
+    ones = [single.receive_messages(max_message_count=1, max_wait_time=5)[0].sequence_number >> 48
+            for _ in range(SAME_ORDER)]
+    assert len(set(ones)) > 1
