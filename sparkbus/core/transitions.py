@@ -217,13 +217,15 @@ def settled(ranges: list[tuple[float, float]], states: pa.Table) -> list[bool]:
     receivers of one queue read every one of them, in every partition each came to, to find nothing."""
     if not ranges:
         return []
-    numbers = np.unique(stored_int64s(states["sequence_number"])[~_equal(states["state"], ACTIVE)])
+    numbers = np.sort(stored_int64s(states["sequence_number"])[~_equal(states["state"], ACTIVE)])
+    if len(numbers) > 1 and (repeated := numbers[1:] == numbers[:-1]).any():  # (np.unique: 12 times slower)
+        numbers = numbers[np.concatenate(([True], ~repeated))]
     lows = np.array([low for low, _ in ranges], dtype=np.float64)
     highs = np.array([high for _, high in ranges], dtype=np.float64)
     bounded = np.isfinite(lows) & np.isfinite(highs)
     lows, highs = np.where(bounded, lows, 0).astype(np.int64), np.where(bounded, highs, -1).astype(np.int64)
     held = np.searchsorted(numbers, highs, side="right") - np.searchsorted(numbers, lows, side="left")
-    return list(bounded & (held == highs - lows + 1))
+    return (bounded & (held == highs - lows + 1)).tolist()
 
 
 def quiet_until(messages: pa.Table, states: pa.Table, now: datetime) -> Optional[int]:
