@@ -225,7 +225,7 @@ def settled(ranges: list[tuple[float, float]], states: pa.Table) -> list[bool]:
     bounded = np.isfinite(lows) & np.isfinite(highs)
     lows, highs = np.where(bounded, lows, 0).astype(np.int64), np.where(bounded, highs, -1).astype(np.int64)
     held = np.searchsorted(numbers, highs, side="right") - np.searchsorted(numbers, lows, side="left")
-    return (bounded & (held == highs - lows + 1)).tolist()
+    return cast(list[bool], (bounded & (held == highs - lows + 1)).tolist())
 
 
 def quiet_until(messages: pa.Table, states: pa.Table, now: datetime) -> Optional[int]:
