@@ -236,12 +236,13 @@ def quiet_until(messages: pa.Table, states: pa.Table, now: datetime) -> Optional
     now_us = micros(now)
     numbers = stored_int64s(messages["sequence_number"])
     position = _positions(numbers, stored_int64s(states["sequence_number"]))
-    active = _per_message(_equal(states["state"], ACTIVE), position, True)
+    is_active = _equal(states["state"], ACTIVE)
+    active = _per_message(is_active, position, True)
     moments = []
     until = states["locked_until_utc"]
     if len(until) and until.null_count < len(until):
-        locked = _valid(until) & (stored_int64s(until) > now_us) & _equal(states["state"], ACTIVE)
-        moments.append(stored_int64s(until)[locked])
+        ends = stored_int64s(until)
+        moments.append(ends[_valid(until) & (ends > now_us) & is_active])
     scheduled = messages["scheduled_enqueue_time_utc"]
     if len(scheduled) and scheduled.null_count < len(scheduled):
         due = stored_int64s(scheduled)
