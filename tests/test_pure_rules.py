@@ -316,12 +316,12 @@ def test_an_encoding_reused_for_an_equal_set_of_properties_is_the_one_encoding_i
 
 def test_plan_locks_the_oldest_deliverable_and_moves_expired_and_overdelivered_ones_on_the_way():
     """transitions.plan over candidates: the delivered rows come first, locked with distinct uuid4 tokens
-    (or completed when deleting), and messages met before the count is reached that expired or reached
-    the delivery limit are dead-lettered (or completed, for an expiry without dead-lettering)."""
+    (or received and deleted), and messages met before the count is reached that expired or reached
+    the delivery limit are dead-lettered (or expired, for an expiry without dead-lettering)."""
     import pyarrow as pa
 
     from sparkbus.core import transitions
-    from sparkbus.core.schemas import ACTIVE, COMPLETED, DEAD_LETTERED, LOCKS, TS
+    from sparkbus.core.schemas import ACTIVE, DEAD_LETTERED, EXPIRED, LOCKS, RECEIVED_AND_DELETED, TS
 
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     micros = lambda moment: (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
@@ -348,7 +348,7 @@ def test_plan_locks_the_oldest_deliverable_and_moves_expired_and_overdelivered_o
     removed, deliver = transitions.plan(found, transitions.Policy(timedelta(seconds=30), 10, False), now, ACTIVE,
                                         True, 5)
     assert deliver.tolist() == [0, 3, 4] and removed["sequence_number"].to_pylist() == [1, 4, 5, 2, 3]
-    assert removed["state"].to_pylist() == [COMPLETED] * 4 + [DEAD_LETTERED]  # the expired one just completed
+    assert removed["state"].to_pylist() == [RECEIVED_AND_DELETED] * 3 + [EXPIRED, DEAD_LETTERED]  # gone: how
     assert removed["lock_token"].null_count == 5
     many = transitions.lock_token_array(20).to_pylist()  # (formatted vectorised past a few)
     assert len(set(many)) == 20 and all(str(uuid.UUID(token)) == token and uuid.UUID(token).version == 4
@@ -398,3 +398,39 @@ def test_stored_int64s_reads_a_columns_values_from_its_buffers_and_nulls_are_sha
     assert stored_int64s(narrow).tolist() == [2, 3, -5] and stored_int64s(narrow).dtype.name == "int64"
     assert nulls(3, pa.string()) is nulls(3, pa.string()) and nulls(3, pa.string()).equals(pa.nulls(3, pa.string()))
     assert nulls(100, TS).equals(pa.nulls(100, TS))
+
+
+def test_a_gone_state_says_how_the_message_left_and_from_which_queue():
+    """transitions.left_as: the way a message left, prefixed when it left from a dead-letter sub-queue;
+    completed, forwarded and purged rows (one at a time and as a table) carry it, and each is a gone state."""
+    import pyarrow as pa
+
+    from sparkbus.core import transitions
+    from sparkbus.core.schemas import (ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, FORWARDED, GONE_STATES, LOCKS,
+                                       PURGED, TRANSFER_DEAD_LETTERED)
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert transitions.left_as(COMPLETED, None) == "completed"
+    assert transitions.left_as(COMPLETED, DEFERRED) == "completed"
+    assert transitions.left_as(COMPLETED, DEAD_LETTERED) == "dead_letter_completed"
+    assert transitions.left_as(FORWARDED, TRANSFER_DEAD_LETTERED) == "dead_letter_forwarded"
+    row = transitions.new_state(0, 7, DEAD_LETTERED, 3, now, reason="r", description="d")
+    assert transitions.completed(row, now)["state"] == "dead_letter_completed"
+    assert transitions.completed(row, now)["dead_letter_reason"] == "r"
+    assert transitions.forwarded({**row, "state": ACTIVE}, now)["state"] == "forwarded"
+    rows = _state_rows([{"partition_id": 0, "sequence_number": n, "state": s, "delivery_count": 1}
+                        for n, s in ((1, ACTIVE), (2, DEAD_LETTERED), (3, DEFERRED))])
+    assert transitions.completed_table(rows, now)["state"].to_pylist() == ["completed", "dead_letter_completed",
+                                                                          "completed"]
+    found = pa.table({"partition_id": pa.array([0, 0], pa.int32()), "sequence_number": pa.array([1, 2], pa.int64()),
+                      "lock_state": pa.array([None, DEAD_LETTERED], pa.string()),
+                      "prior_deliveries": pa.array([0, 2], pa.int32()),
+                      "prior_reason": pa.array([None, "why"], pa.string()),
+                      "prior_description": pa.nulls(2, pa.string())})
+    purged = transitions.deleted(found, now)
+    assert purged.schema.equals(LOCKS)
+    assert purged["state"].to_pylist() == [PURGED, "dead_letter_purged"]
+    assert purged["dead_letter_reason"].to_pylist() == [None, "why"] and purged["delivery_count"].to_pylist() == [0, 2]
+    made = {transitions.left_as(way, prior) for way in ("completed", "received_and_deleted", "purged", "forwarded")
+            for prior in (None, DEAD_LETTERED)} | {"expired", "cancelled"}
+    assert made == set(GONE_STATES)

@@ -54,12 +54,23 @@ BORN_DEAD_LETTER_COLUMNS = ("born_dead_letter_reason", "born_dead_letter_descrip
 # Which queue a message is in, per the locks table; a message without a row there is active. A lock is
 # separate: lock_token and locked_until_utc, so an expired lock leaves the message where it was.
 ACTIVE = "active"
-COMPLETED = "completed"
-CANCELLED = "cancelled"
 DEAD_LETTERED = "dead_lettered"
 DEFERRED = "deferred"
 TRANSFER_DEAD_LETTERED = "transfer_dead_lettered"  # forwarding failed (ServiceBusSubQueue.TRANSFER_DEAD_LETTER)
-GONE_STATES = (COMPLETED, CANCELLED)
+DEAD_LETTER_STATES = (DEAD_LETTERED, TRANSFER_DEAD_LETTERED)
+# The gone states are final: the message left the entity, and they say how (an archive row's left_as).
+# A message that left from a dead-letter sub-queue has its way prefixed with DEAD_LETTER_PREFIX
+# (transitions.left_as).
+COMPLETED = "completed"
+RECEIVED_AND_DELETED = "received_and_deleted"
+EXPIRED = "expired"  # expired without dead-lettering on expiry
+PURGED = "purged"  # delete_messages / purge_messages
+FORWARDED = "forwarded"  # auto-forwarded, or a topic's scheduled message fanned out to its subscriptions
+CANCELLED = "cancelled"  # a scheduled message cancelled
+DEAD_LETTER_PREFIX = "dead_letter_"
+LEAVING_WAYS = (COMPLETED, RECEIVED_AND_DELETED, EXPIRED, PURGED, FORWARDED)
+GONE_STATES = (*LEAVING_WAYS, CANCELLED,
+               *(DEAD_LETTER_PREFIX + way for way in (COMPLETED, RECEIVED_AND_DELETED, PURGED, FORWARDED)))
 GONE_SQL = ", ".join(f"'{s}'" for s in GONE_STATES)  # for `state IN (...)` in queries
 
 LOCKS = pa.schema([
@@ -86,6 +97,23 @@ SESSIONS = pa.schema([
 ])
 
 ENTITY_TABLES = {"messages": MESSAGES, "locks": LOCKS, "sessions": SESSIONS}
+
+# The archive (sparkbus.engine.archive): each message that left the entity, as it was sent, with how and when
+# it left and its last state (delivery count, dead-letter reason). Partitioned by partition_id and by the
+# UTC date it was enqueued (ARCHIVE_DATE, 'YYYY-MM-DD'), which replay and the source prune by and retention
+# drops; ARCHIVE_ROWS is what a data file holds (the table's schema without its partition columns but
+# partition_id, as PartitionReader reads every table).
+ARCHIVE_DATE = "enqueued_date"
+ARCHIVE_ROWS = pa.schema([
+    *MESSAGES,
+    pa.field("delivery_count", pa.int32(), nullable=False),
+    pa.field("dead_letter_reason", pa.string()),
+    pa.field("dead_letter_error_description", pa.string()),
+    pa.field("dead_letter_source", pa.string()),
+    pa.field("left_time", TS, nullable=False),
+    pa.field("left_as", pa.string(), nullable=False),
+])
+ARCHIVE = ARCHIVE_ROWS.append(pa.field(ARCHIVE_DATE, pa.string(), nullable=False))
 
 
 # delta-rs lists the whole _delta_log on every commit, so commit latency grows with the log files kept:
@@ -121,6 +149,7 @@ TABLE_CONFIGURATION = {
                                     MESSAGES_TARGET_FILE_BYTES),
     "locks": table_configuration("sequence_number,locked_until_utc"),
     "sessions": table_configuration("session_id,locked_until_utc"),
+    "archive": table_configuration("sequence_number,enqueued_time_utc,left_time", MESSAGES_TARGET_FILE_BYTES),
 }
 
 # Request and message counts of a namespace (sparkbus.engine.metrics): one row per minute, entity and

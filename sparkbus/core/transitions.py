@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .records import conformed, from_rows, micros, stored_int64s
-from .schemas import ACTIVE, COMPLETED, DEAD_LETTERED, DEFERRED, GONE_STATES, LOCKS, TRANSFER_DEAD_LETTERED, TS
+from .schemas import (ACTIVE, COMPLETED, DEAD_LETTER_PREFIX, DEAD_LETTER_STATES, DEAD_LETTERED, DEFERRED, EXPIRED,
+                      FORWARDED, GONE_STATES, LOCKS, PURGED, RECEIVED_AND_DELETED, TRANSFER_DEAD_LETTERED, TS)
 from .wire import MAX_DEAD_LETTER_TEXT
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
@@ -88,15 +89,34 @@ def returned(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     return {**unlocked(row, now), "delivery_count": max(0, row["delivery_count"] - 1)}
 
 
+def left_as(way: str, prior: Optional[str]) -> str:
+    """The gone state of a message leaving its entity `way` (a LEAVING_WAYS) from the state `prior` (None:
+    active): the way, prefixed when it left from a dead-letter sub-queue."""
+    return DEAD_LETTER_PREFIX + way if prior in DEAD_LETTER_STATES else way
+
+
+def left_as_array(way: str, prior: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """left_as for a column of prior states (null: active)."""
+    dead = pc.fill_null(pc.is_in(prior, value_set=pa.array(DEAD_LETTER_STATES, pa.string())), False)
+    if not pc.any(dead).as_py():
+        return pa.array([way] * len(prior), pa.string())
+    return pc.if_else(dead, DEAD_LETTER_PREFIX + way, way)
+
+
 def completed(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    return {**unlocked(row, now), "state": COMPLETED}
+    return {**unlocked(row, now), "state": left_as(COMPLETED, row["state"])}
+
+
+def forwarded(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """Moved to the entity it is forwarded to (sparkbus.engine.forwarding)."""
+    return {**unlocked(row, now), "state": left_as(FORWARDED, row["state"])}
 
 
 def completed_table(rows: pa.Table, now: datetime) -> pa.Table:
     """`completed` of many state rows (LOCKS) at once, in one Arrow operation per column."""
     n = rows.num_rows
     rows = conformed(rows, LOCKS)
-    changed = {"state": pa.array([COMPLETED] * n, pa.string()), "lock_token": pa.nulls(n, pa.string()),
+    changed = {"state": left_as_array(COMPLETED, rows["state"]), "lock_token": pa.nulls(n, pa.string()),
                "locked_until_utc": pa.nulls(n, TS), "updated_at_utc": times(now, n)}
     return pa.Table.from_arrays([changed.get(name, rows.column(i)) for i, name in enumerate(LOCKS.names)], schema=LOCKS)
 
@@ -316,7 +336,7 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
     # (the candidates' first rows, as mostly: a slice; take copies)
     taken = found.select(["partition_id", "sequence_number", "lock_state", "prior_reason", "prior_description"])
     taken = taken.slice(0, k) if k == 0 or deliver[-1] == k - 1 else taken.take(pa.array(deliver, pa.int64()))
-    state = pa.array([COMPLETED] * k, pa.string()) if delete else taken["lock_state"]
+    state = left_as_array(RECEIVED_AND_DELETED, taken["lock_state"]) if delete else taken["lock_state"]
     if state.null_count:
         state = pc.fill_null(state, ACTIVE)
     # the LOCKS columns, in its order and types (non-nullable ones set here)
@@ -332,7 +352,7 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
             moved_rows.append(new_state(pid, seq, DEAD_LETTERED, int(deliveries[i]), now, reason=EXPIRED_REASON,
                                         description="The message expired and was dead lettered."))
         elif expired[i]:
-            moved_rows.append(new_state(pid, seq, COMPLETED, int(deliveries[i]), now))
+            moved_rows.append(new_state(pid, seq, EXPIRED, int(deliveries[i]), now))
         else:
             moved_rows.append(new_state(pid, seq, DEAD_LETTERED, int(deliveries[i]), now, reason=MAX_DELIVERY_REASON,
                                         description=f"Message could not be consumed after {deliveries[i]} delivery attempts."))
@@ -356,11 +376,12 @@ def locked_until(rows: pa.Table, until: datetime) -> pa.Table:
 
 
 def deleted(found: pa.Table, now: datetime) -> pa.Table:
-    """The state rows that remove candidates (batch delete): completed, as if received and completed, with
-    their delivery counts unchanged."""
-    rows = [new_state(pid, seq, COMPLETED, deliveries, now) for pid, seq, deliveries in
-            zip(found["partition_id"].to_pylist(), found["sequence_number"].to_pylist(),
-                found["prior_deliveries"].to_pylist())]
+    """The state rows that remove candidates (batch delete, purge): purged, with their delivery counts and
+    dead-letter reasons unchanged."""
+    rows = [new_state(pid, seq, left_as(PURGED, prior), deliveries, now, reason=reason, description=description)
+            for pid, seq, prior, deliveries, reason, description in
+            zip(*(found[name].to_pylist() for name in ("partition_id", "sequence_number", "lock_state",
+                                                        "prior_deliveries", "prior_reason", "prior_description")))]
     return from_rows(rows, LOCKS)
 
 

@@ -68,7 +68,7 @@ from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
 from ..storage import CommitProperties, DeltaTable, Transaction, commits, maintenance
 from ..storage.reader import PartitionReader
-from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, COMPLETED, DEAD_LETTERED, LOCKS, MESSAGES
+from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, FORWARDED, LOCKS, MESSAGES
 from . import locks, retry
 from .catalog import Catalog, Row, Snapshot
 from .namespace import governor_of
@@ -544,7 +544,7 @@ def _deliver_due(catalog: Catalog, topic: EntityInfo, due: pa.Table) -> FanoutRe
     result.messages = view.n
     for target in targets(catalog.root, snap, topic):
         result.add(_unless_deleted(catalog, target, view, _scheduled_plan(numbers), scheduled=True))
-    states = [transitions.new_state(sequencing.partition_of_sequence(n), n, COMPLETED, 0, clock.now())
+    states = [transitions.new_state(sequencing.partition_of_sequence(n), n, FORWARDED, 0, clock.now())
               for n in numbers]
     table = records.from_rows(states, LOCKS)
     for p in sorted({s["partition_id"] for s in states}):

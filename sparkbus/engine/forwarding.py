@@ -347,7 +347,7 @@ def _release(info: EntityInfo, kind: str, batches: dict[int, int], failure: Opti
     by_partition: dict[int, list[dict[str, Any]]] = {}
     for r in records.as_rows(found):
         by_partition.setdefault(r["partition_id"], []).append(
-            transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.completed(r, now))
+            transitions.transfer_dead_lettered(r, now, *failure) if failure else transitions.forwarded(r, now))
     view = commits.LogView(state)
     locks.commit_partitions(view, {p: records.from_rows(rows, LOCKS) for p, rows in by_partition.items()})
     if retention.due(view.version):  # nobody receives from a forwarding entity: its forwarder lets rows go
