@@ -39,7 +39,7 @@ AZURITE = os.path.join(REPO, ".azurite", "node_modules", ".bin", "azurite-blob")
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 CONTAINER = "sparkbus"
-ALL_STORES = {"test_send", "test_receive", "test_sessions", "test_stale_handles", "test_object_store", "test_dataframe_send", "test_topics",
+ALL_STORES = {"test_archive", "test_send", "test_receive", "test_sessions", "test_stale_handles", "test_object_store", "test_dataframe_send", "test_topics",
                "test_forwarding", "test_concurrency", "test_send_concurrency", "test_receive_concurrency", "test_aio"}
 
 

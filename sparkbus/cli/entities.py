@@ -1,6 +1,6 @@
 """The management commands of the `sparkbus` CLI: `namespace create|show`, `queue`, `topic`,
-`subscription` and `rule` with `list|show|create|delete` (`runtime` for the first three, `purge` for queues
-and subscriptions), and `maintain`. Tables or `key  value` lines for people, `--json` for scripts (one
+`subscription` and `rule` with `list|show|create|delete` (`update` and `runtime` for the first three, `purge`
+for queues and subscriptions), and `maintain`. Tables or `key  value` lines for people, `--json` for scripts (one
 object; lists one object per line). Entity settings are given as `--set NAME=VALUE` with the
 administration client's keyword names; a duration as seconds or ISO 8601 (lock_duration=30 or PT30S).
 
@@ -106,7 +106,7 @@ def _rule_options(args: argparse.Namespace) -> dict[str, RuleOption]:
 
 
 def entity_command(args: argparse.Namespace) -> None:
-    """list / show / create / delete / runtime of a queue, topic, subscription or rule."""
+    """list / show / create / update / delete / runtime of a queue, topic, subscription or rule."""
     kind, action = args.kind, args.action
     admin = ServiceBusAdministrationClient(args.namespace)
     parent = _parent(args, kind)
@@ -122,6 +122,9 @@ def entity_command(args: argparse.Namespace) -> None:
             options.update(_rule_options(args))
         created = getattr(admin, f"create_{kind}")(*parent, args.name, **options)
         print_record(created, args.json)
+    elif action == "update":
+        getattr(admin, f"update_{kind}")(*parent, args.name, **dict(args.set))
+        print_record(getattr(admin, f"get_{kind}")(*parent, args.name), args.json)
     elif action == "delete":
         getattr(admin, f"delete_{kind}")(*parent, args.name)
         print(json.dumps({"deleted": args.name}) if args.json else f"deleted {kind} {args.name}")
@@ -177,9 +180,9 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
     for parser in made:
         parser.set_defaults(run=namespace_command)
     for kind in KINDS:
-        parser = commands.add_parser(kind, help=f"list, show, create or delete {kind}s")
+        parser = commands.add_parser(kind, help=f"list, show, create, update or delete {kind}s")
         actions = parser.add_subparsers(dest="action", required=True)
-        names = ["list", "show", "create", "delete"] + ([] if kind == "rule" else ["runtime"]) + \
+        names = ["list", "show", "create", "delete"] + ([] if kind == "rule" else ["update", "runtime"]) + \
             (["purge"] if kind in ("queue", "subscription") else [])
         for action in names:
             leaf = actions.add_parser(action, help={"list": f"list {kind}s", "runtime": f"runtime properties of a {kind}",
@@ -205,6 +208,10 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
                     rule_filter.add_argument("--correlation", action="append", type=correlation, metavar="KEY=VALUE",
                                              help="a correlation filter field or application property (repeatable)")
                     leaf.add_argument("--action", dest="sql_action", help="a SQL rule action, e.g. \"SET priority = 'high'\"")
+            if action == "update":
+                leaf.add_argument("--set", action="append", type=setting, metavar="NAME=VALUE", required=True,
+                                  help="a setting to change (repeatable), e.g. max_delivery_count=5, "
+                                       "archive_retention=P7D, or archive_retention=none to switch the archive off")
             made.append(leaf)
     upkeep = commands.add_parser("maintain", help="one maintenance sweep: retention, compaction, log cleanup")
     upkeep.set_defaults(run=maintain)

@@ -41,6 +41,15 @@ def _duration_range(low: timedelta, high: timedelta) -> Callable[[str, object], 
     return check
 
 
+def _optional_duration_range(low: timedelta, high: timedelta) -> Callable[[str, object], Optional[timedelta]]:
+    """A duration in [low, high], or None (off)."""
+    within = _duration_range(low, high)
+
+    def check(name: str, value: object) -> Optional[timedelta]:
+        return None if value is None else within(name, value)
+    return check
+
+
 def _optional_name(name: str, value: object) -> Optional[str]:
     if value is None or value == "":
         return None
@@ -79,6 +88,7 @@ def _metadata(name: str, value: object) -> Optional[str]:
 
 
 MINUTE = timedelta(minutes=1)
+MAX_ARCHIVE_RETENTION = timedelta(days=90)
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,8 @@ class EntityOptions:
     forward_to: Optional[str] = None
     forward_dead_lettered_messages_to: Optional[str] = None
     status: str = "Active"
+    # How long messages that left the entity are kept in its archive (sparkbus.engine.archive); None: off.
+    archive_retention: Optional[timedelta] = None
     # Stored and returned as the SDK's; sparkbus does not act on them (docs/guides/porting.md, "Differences from Service Bus").
     auto_delete_on_idle: timedelta = MAX_DURATION
     enable_batched_operations: bool = True
@@ -110,7 +122,7 @@ class EntityOptions:
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> "EntityOptions":
         """From the catalog's stored (JSON) form (options it lacks keep their defaults)."""
-        values: dict[str, Any] = {k: parse_duration(v, k) if k in DURATION_OPTIONS else v
+        values: dict[str, Any] = {k: parse_duration(v, k) if k in DURATION_OPTIONS and v is not None else v
                                   for k, v in data.items() if k in OPTIONS}
         return cls(**values)
 
@@ -124,7 +136,8 @@ class EntityOptions:
 
     def stored(self, kind: str) -> dict[str, Any]:
         """The catalog's stored (JSON) form of the options of kind."""
-        return {k: format_duration(v) if k in DURATION_OPTIONS else v for k, v in self.of_kind(kind).items()}
+        return {k: format_duration(v) if k in DURATION_OPTIONS and v is not None else v
+                for k, v in self.of_kind(kind).items()}
 
 
 DEFAULTS = EntityOptions()
@@ -154,6 +167,7 @@ OPTIONS: dict[str, Option] = {
     "forward_to": Option(_optional_name),
     "forward_dead_lettered_messages_to": Option(_optional_name),
     "status": Option(_status),
+    "archive_retention": Option(_optional_duration_range(MINUTE, MAX_ARCHIVE_RETENTION)),
     "auto_delete_on_idle": Option(_duration_range(5 * MINUTE, MAX_DURATION)),
     "enable_batched_operations": Option(_bool),
     "enable_express": Option(_bool),
@@ -171,21 +185,21 @@ QUEUE_OPTIONS = (
     "duplicate_detection_history_time_window", "requires_session", "lock_duration", "max_delivery_count",
     "default_message_time_to_live", "dead_lettering_on_message_expiration", "forward_to",
     "forward_dead_lettered_messages_to", "max_message_size_in_kilobytes", "status", *COMMON_SDK_OPTIONS,
-    "enable_express",
+    "enable_express", "archive_retention",
 )
 TOPIC_OPTIONS = (
     "enable_partitioning", "max_size_in_megabytes", "requires_duplicate_detection",
     "duplicate_detection_history_time_window", "default_message_time_to_live",
     "max_message_size_in_kilobytes", "status", *COMMON_SDK_OPTIONS, "enable_express",
-    "filtering_messages_before_publishing", "support_ordering",
+    "filtering_messages_before_publishing", "support_ordering", "archive_retention",
 )
 SUBSCRIPTION_OPTIONS = (
     "requires_session", "lock_duration", "max_delivery_count", "default_message_time_to_live",
     "dead_lettering_on_message_expiration", "dead_lettering_on_filter_evaluation_exceptions", "forward_to",
-    "forward_dead_lettered_messages_to", "status", *COMMON_SDK_OPTIONS,
+    "forward_dead_lettered_messages_to", "status", *COMMON_SDK_OPTIONS, "archive_retention",
 )
 KIND_OPTIONS = {"queue": QUEUE_OPTIONS, "topic": TOPIC_OPTIONS, "subscription": SUBSCRIPTION_OPTIONS}
-DURATION_OPTIONS = {name for name in OPTIONS if isinstance(getattr(DEFAULTS, name), timedelta)}
+DURATION_OPTIONS = {name for name in OPTIONS if isinstance(getattr(DEFAULTS, name), timedelta)} | {"archive_retention"}
 
 
 def check_options(kind: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -223,6 +237,7 @@ class _TopLevelCommon(_EntityCommon):
     enable_express: bool = DEFAULTS.enable_express
     user_metadata: Optional[str] = DEFAULTS.user_metadata
     authorization_rules: list[Any] = field(default_factory=list[Any])
+    archive_retention: Optional[timedelta] = DEFAULTS.archive_retention  # sparkbus: the archive (None: off)
 
 
 @dataclass
@@ -263,6 +278,7 @@ class SubscriptionProperties(_EntityCommon):
     auto_delete_on_idle: timedelta = DEFAULTS.auto_delete_on_idle
     enable_batched_operations: bool = DEFAULTS.enable_batched_operations
     user_metadata: Optional[str] = DEFAULTS.user_metadata
+    archive_retention: Optional[timedelta] = DEFAULTS.archive_retention  # sparkbus: the archive (None: off)
 
 
 PROPERTIES_CLASS: dict[str, Union[type[QueueProperties], type[TopicProperties], type[SubscriptionProperties]]] = {
@@ -303,6 +319,9 @@ class _RuntimeCommon:
     accessed_at_utc: Optional[datetime] = None
     partition_count: int = 1
     availability_status: str = AVAILABLE
+    # sparkbus: what the entity's archive holds (sparkbus.engine.archive), not counted in size_in_bytes
+    archive_message_count: int = 0
+    archive_size_in_bytes: int = 0
 
 
 @dataclass

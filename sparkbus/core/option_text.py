@@ -44,13 +44,13 @@ def duration(name: str, value: Any) -> timedelta:
 
 def setting(text: str) -> tuple[str, Any]:
     """NAME=VALUE with a keyword name such as max_delivery_count; the value typed (a duration option's as a
-    timedelta: `duration`). ValueError saying what is allowed."""
+    timedelta: `duration`; none as None, which archive_retention takes). ValueError saying what is allowed."""
     name, eq, value = text.partition("=")
     name = name.strip()
     if not eq or not re.fullmatch(r"[a-z_]+", name):
         raise ValueError(f"takes NAME=VALUE with a property name such as max_delivery_count, got {text!r}")
     parsed = typed(value.strip())
-    return name, duration(name, parsed) if name in DURATION_OPTIONS else parsed
+    return name, duration(name, parsed) if name in DURATION_OPTIONS and parsed is not None else parsed
 
 
 def settings(text: str) -> dict[str, Any]:

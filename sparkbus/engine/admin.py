@@ -31,7 +31,7 @@ from ..core.names import DEFAULT_RULE_NAME, checked_name, key, rule_path, split_
 from ..core.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
 from ..exceptions import (InvalidOperationError, MessagingEntityAlreadyExistsError, MessagingEntityNotFoundError,
                           ServiceBusQuotaExceededError, StorageError)
-from . import clock, fanout, metrics
+from . import archive, clock, fanout, metrics
 from .availability import detected_faults, fault_of, require_available, unavailable_partitions
 from .catalog import NAMESPACE_KEY, Catalog, Change, Row, Snapshot
 from .namespace import NamespaceProperties, governor_of, namespace_properties
@@ -217,6 +217,9 @@ def runtime(catalog: Catalog, snap: Snapshot, row: Row) -> RuntimeProperties:
     if row.kind != "topic":
         extra.update(transfer_message_count=transfer,
                      transfer_dead_letter_message_count=counts.transfer_dead_letter)
+    if options.archive_retention is not None:
+        held = archive.held(table_uris(catalog.root, row))
+        extra.update(archive_message_count=held.messages, archive_size_in_bytes=held.size_in_bytes)
     return entities.RUNTIME_CLASS[row.kind](
         name=_display_name(row), size_in_bytes=counts.size_in_bytes, active_message_count=active,
         deferred_message_count=deferred, dead_letter_message_count=dead, scheduled_message_count=counts.scheduled,
@@ -342,8 +345,9 @@ def _create_with_storage(catalog: Catalog,
 
 
 def update_entity(catalog: Catalog, kind: str, path: str, values: dict[str, Any]) -> None:
-    """Set the checked options in values on the entity; InvalidOperationError for one fixed at creation."""
-    def decide(snap: Snapshot) -> Change[None]:
+    """Set the checked options in values on the entity; InvalidOperationError for one fixed at creation.
+    Switching its archive off removes the archive (sparkbus.engine.archive)."""
+    def decide(snap: Snapshot) -> Change[Optional[Row]]:
         row = find(catalog, snap, kind, path)
         ns = namespace(catalog, snap)
         current = row.options
@@ -359,9 +363,12 @@ def update_entity(catalog: Catalog, kind: str, path: str, values: dict[str, Any]
         stored = options.stored(kind)
         if stored == row.properties:  # nothing changes: no catalog version either
             return Change()
-        return Change(upserts=[row.updated(stored)])
+        archive_off = current.archive_retention is not None and options.archive_retention is None
+        return Change(upserts=[row.updated(stored)], result=row if archive_off else None)
 
-    catalog.transact(decide)
+    archive_off = catalog.transact(decide)
+    if archive_off is not None and archive_off.storage is not None:
+        storage.remove_tree(storage.location.join(catalog.root, archive_off.storage, archive.ROLE))
 
 
 def delete_entity(catalog: Catalog, kind: str, path: str) -> None:

@@ -1,6 +1,6 @@
 """Scheduled upkeep of a whole namespace (the namespace service runs it every few seconds): retention of
-completed messages in every partition of every entity, compaction of small files and cleanup of expired
-log entries of every table.
+completed messages in every partition of every entity (into its archive, when it keeps one), the archive's
+retention, compaction of small files and cleanup of expired log entries of every table.
 
 Clients already do all of this as they commit (sparkbus.engine.retention after receives,
 sparkbus.storage.maintenance after commits); the sweep covers entities nobody receives from or commits
@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import storage
-from ..storage import commits, maintenance
-from . import retention
+from ..storage import maintenance
+from . import archive, retention
 from .catalog import Catalog
 from .registry import resolve
 
@@ -36,12 +35,10 @@ def sweep(catalog: Catalog, stopping: Callable[[], bool] = lambda: False) -> Swe
             break
         info = resolve(catalog.root, snap, row.path, KINDS)
         if info.kind != "topic":  # a topic's rows leave as its fan-out cursor moves (sparkbus.engine.fanout)
-            # opened once, then followed from partition to partition
-            locks = commits.LogView(storage.open_table(info.tables["locks"]))  # before messages: see retention
-            messages = commits.LogView(storage.open_table(info.tables["messages"]))
-            for partition in range(info.partition_count):
-                if partition not in info.avoided():
-                    result.removed += retention.run_views(info, messages, locks, partition)
+            archived = info.options.archive_retention is not None
+            result.removed += retention.run_entity(info, eager=archived)  # archived: within a sweep
+            if archived:
+                archive.prune(info)
         for uri in info.tables.values():
             maintenance.compact(uri)
             maintenance.cleanup(uri)

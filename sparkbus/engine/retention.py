@@ -22,7 +22,7 @@ rewrite; under the soak's load a run took up to two minutes and was half of the 
 from __future__ import annotations
 
 import functools
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +33,7 @@ from ..storage.reader import PartitionReader
 from ..core import records
 from ..core.schemas import GONE_STATES, LOCKS, MESSAGES
 from .registry import EntityInfo
-from . import clock
+from . import archive, clock
 
 RUN_EVERY = 50  # locks-table versions between runs (offset from checkpoints, which fall on multiples)
 MIN_REMOVED = 2_000
@@ -65,17 +65,38 @@ def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: in
     """Remove gone rows of one partition: messages when at least max(minimum, a quarter of the partition)
     can go, then every state row left without a message (including those of an earlier run that was
     interrupted). Returns the message rows removed; 0 after a lost race."""
-    return run_views(info, commits.LogView(messages), commits.LogView(locks), partition, minimum=minimum)
+    return run_views(info, commits.LogView(messages), commits.LogView(locks), partition, minimum=minimum,
+                     archived=archive_view(info))
+
+
+def run_entity(info: EntityInfo, *, eager: bool = False) -> int:
+    """run() on every available partition of the entity, its tables opened once and followed between them
+    (eager: see run_views). Returns the message rows removed."""
+    locks = commits.LogView(storage.open_table(info.tables["locks"]))  # before messages: see the docstring
+    messages = commits.LogView(storage.open_table(info.tables["messages"]))
+    archived = archive_view(info)
+    return sum(run_views(info, messages, locks, partition, archived=archived, eager=eager)
+               for partition in range(info.partition_count) if partition not in info.avoided())
+
+
+def archive_view(info: EntityInfo) -> Optional[commits.LogView]:
+    """A view of the entity's archive table when it has the archive on (created if missing), else None."""
+    return archive.open_view(info) if info.options.archive_retention is not None else None
 
 
 def run_views(info: EntityInfo, messages: commits.LogView, locks: commits.LogView, partition: int, *,
-              minimum: int = MIN_REMOVED) -> int:
+              minimum: int = MIN_REMOVED, archived: Optional[commits.LogView] = None, eager: bool = False) -> int:
     """run() on views of the two tables (brought to their latest versions first), which a caller running
-    several partitions keeps between them."""
+    several partitions keeps between them. archived: a view of the entity's archive table when it has
+    the archive on (sparkbus.engine.archive), which the leaving messages go to first. eager: every gone
+    row that may leave does, however few (the namespace's sweep of an archived entity, so that the
+    archive lags it by a sweep; replay, which reads the archive whole)."""
     try:
         locks.advance()
         messages.advance()
-        removed = _remove_messages(info, messages, locks, partition, minimum)
+        if archived is not None:
+            archived.advance()
+        removed = _remove_messages(info, messages, locks, partition, 1 if eager else minimum, archived, eager)
         if removed:
             _remove_states(messages, locks.advance(), partition)
         return removed
@@ -86,7 +107,7 @@ def run_views(info: EntityInfo, messages: commits.LogView, locks: commits.LogVie
 
 
 def _remove_messages(info: EntityInfo, messages: commits.LogView, locks: commits.LogView, partition: int,
-                     minimum: int) -> int:
+                     minimum: int, archived: Optional[commits.LogView] = None, eager: bool = False) -> int:
     gone = _gone(locks, partition)
     files = PartitionReader(MESSAGES, columns=("sequence_number", "enqueued_time_utc")).files(messages, partition)
     if not files:
@@ -98,11 +119,19 @@ def _remove_messages(info: EntityInfo, messages: commits.LogView, locks: commits
         enqueued = pa.concat_arrays([data["enqueued_time_utc"].combine_chunks() for _, data in files])
         removable = pc.and_(removable, pc.less(enqueued.cast(pa.int64()), cutoff))
     count = pc.sum(removable.cast(pa.int64())).as_py() or 0
-    if count == 0 or count < max(minimum, len(numbers) // 4):
+    counts = archive.pending(archived, messages, partition) if archived is not None else None
+    eager = eager or (counts is not None and counts.behind)  # archived rows leave, however few
+    if count == 0 or (count < max(minimum, len(numbers) // 4) and not eager):
         return 0
     leaving = numbers.filter(removable)
     paths = [path for path, data in files if pc.any(pc.is_in(data["sequence_number"], value_set=leaving)).as_py()]
-    _rewrite(messages, MESSAGES, partition, paths, leaving)
+
+    def archiving(rows: pa.Table) -> dict[str, int]:
+        assert archived is not None and counts is not None
+        states = PartitionReader(LOCKS).rows_of(locks, partition, rows["sequence_number"].combine_chunks())
+        return archive.archive_leaving(archived, partition, counts, rows, states)
+
+    _rewrite(messages, MESSAGES, partition, paths, leaving, leaving_first=archiving if archived is not None else None)
     return count
 
 
@@ -124,29 +153,33 @@ def _remove_states(messages: commits.LogView, locks: commits.LogView, partition:
 
 
 def _rewrite(view: commits.LogView, schema: pa.Schema, partition: int, paths: list[str], leaving: pa.Array, *,
-             only_gone: bool = False) -> None:
+             only_gone: bool = False,
+             leaving_first: Optional[Callable[[pa.Table], dict[str, int]]] = None) -> None:
     """One direct commit replacing the partition's files at paths by one file of their rows without those
     numbered in `leaving` (only_gone: and in a gone state). It claims the files it replaces: appends never
     conflict with it, a commit that rewrote one of them (a settlement, a compaction, another run) does, and
-    then this run is skipped."""
+    then this run is skipped. leaving_first: called with the rows that leave before anything is written
+    (the archive's commit), it returns the application transactions the commit sets."""
     reader = PartitionReader(schema)
-    parts = []
+    parts, gone = [], []
     for data in reader.named(view, paths):
         drop = pc.is_in(data["sequence_number"], value_set=leaving)
         if only_gone:
             drop = pc.and_(drop, pc.is_in(data["state"], value_set=_gone_states()))
         parts.append(data.filter(pc.invert(drop)))
+        gone.append(data.filter(drop))
+    app = leaving_first(reader.with_partition(gone, partition)) if leaving_first is not None else {}
     rows = pa.concat_tables(parts)
     files: list[commits.AddedFile] = []
     try:
         if rows.num_rows:
             files = commits.write_files(view.log, [partition], lambda _: rows)
-        done = commits.commit(view.log, view.position, files, paths, commits.Claim({}, frozenset(paths)),
-                              operation="DELETE")
+        done = commits.commit(view.log, view.position, files, paths,
+                              commits.Claim({}, frozenset(paths), app_ids=frozenset(app)), app, operation="DELETE")
     except BaseException:
         commits.discard(view.log, files)
         raise
-    view.committed(done, files, paths)
+    view.committed(done, files, paths, app)
     maintenance.after_direct_commit(view.log.uri, done.version)
 
 

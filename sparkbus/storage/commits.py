@@ -104,6 +104,8 @@ class AddedFile:
     low: dict[str, Any] = field(default_factory=dict)   # column -> min, as in the statistics JSON
     high: dict[str, Any] = field(default_factory=dict)  # column -> max
     stats: str = ""                           # the add action's statistics JSON
+    # values of the table's other partition columns (an archive's date), as (column, value) pairs
+    values: tuple[tuple[str, str], ...] = ()
 
     def sequence_range(self) -> tuple[float, float]:
         """(min, max) sequence number, unbounded when the file carries no statistics for it."""
@@ -273,13 +275,18 @@ class LogView:
         columns = [actions[c].to_pylist() if c in actions.column_names else [None] * actions.num_rows
                    for c in ("path", f"partition.{PARTITION_COLUMN}", "size_bytes", "num_records",
                              "min.sequence_number", "max.sequence_number")]
+        others = [c for c in actions.column_names
+                  if c.startswith("partition.") and c != f"partition.{PARTITION_COLUMN}"]
+        values = list(zip(*(actions[c].cast(pa.string()).to_pylist() for c in others))) if others else None
         self._files: dict[str, AddedFile] = {}
         # the same files by partition (each in the order added): a receive asks for sixteen partitions' files
         self._partitions: dict[int, dict[str, AddedFile]] = {}
-        for path, partition, size, rows, low, high in zip(*columns):
+        for i, (path, partition, size, rows, low, high) in enumerate(zip(*columns)):
             self._add(AddedFile(path, int(partition), size or 0, rows or 0,
                                 {} if low is None else {"sequence_number": low},
-                                {} if high is None else {"sequence_number": high}))
+                                {} if high is None else {"sequence_number": high},
+                                values=() if values is None else
+                                tuple((c[len("partition."):], v) for c, v in zip(others, values[i]))))
 
     def _add(self, added: AddedFile) -> None:
         self._files[added.path] = added
@@ -406,11 +413,14 @@ def parquet_options(log: TableLog, *, compress: bool) -> dict[str, Any]:
             "write_statistics": list(log.stats_columns), "store_schema": False}
 
 
-def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool = False) -> AddedFile:
+def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool = False,
+               values: tuple[tuple[str, str], ...] = ()) -> AddedFile:
     """Write one partition's rows (the table schema without the partition column) as a new data file
     (encoded as parquet_options says); the file is part of the table only once a commit names it, and
-    commit() makes it durable first (on an object store it is durable on return)."""
-    relative = f"{PARTITION_COLUMN}={partition}/part-00000-{uuid.uuid4()}-c000.{'snappy.' if compress else ''}parquet"
+    commit() makes it durable first (on an object store it is durable on return). values: the file's
+    values of the table's other partition columns (its directories below the partition's, in order)."""
+    directory = "/".join([f"{PARTITION_COLUMN}={partition}", *(f"{k}={v}" for k, v in values)])
+    relative = f"{directory}/part-00000-{uuid.uuid4()}-c000.{'snappy.' if compress else ''}parquet"
     target = location.join(log.uri, relative)
     options = parquet_options(log, compress=compress)
     data = _without_empty_columns(data)
@@ -418,7 +428,11 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
         try:
             opened = pa.OSFile(target, "wb")  # native writes (a Python file object costs 2x on 1 GB)
         except FileNotFoundError:  # the partition's first file (or its table was removed)
-            _partition_directory(os.path.dirname(target))
+            chain = [os.path.dirname(target)]
+            for _ in values:
+                chain.append(os.path.dirname(chain[-1]))
+            for made in reversed(chain):
+                _partition_directory(made)
             opened = pa.OSFile(target, "wb")
         with opened as sink:
             pq.write_table(data, sink, **options)
@@ -432,7 +446,7 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
         size = len(payload)
     fetched.wrote_rows(target, data)
     low, high, stats = _statistics(data, log.stats_columns)
-    return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats)
+    return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats, values)
 
 
 def _without_empty_columns(data: pa.Table) -> pa.Table:
@@ -735,16 +749,19 @@ def _entry_payload(added: list[AddedFile], removed: list[str], app_transactions:
                                                    "txnId": txn_id}}]
     lines += [{"txn": {"appId": app, "version": v, "lastUpdated": now}} for app, v in app_transactions.items()]
     lines += [{"remove": {"path": path, "deletionTimestamp": now, "dataChange": data_change}} for path in removed]
-    lines += [{"add": {"path": a.path, "partitionValues": {PARTITION_COLUMN: str(a.partition)}, "size": a.size,
+    lines += [{"add": {"path": a.path, "partitionValues": {PARTITION_COLUMN: str(a.partition), **dict(a.values)},
+                       "size": a.size,
                        "modificationTime": now, "dataChange": data_change, "stats": a.stats}} for a in added]
     return "\n".join(json.dumps(line) for line in lines).encode()
 
 
 def _added(action: dict[str, Any]) -> AddedFile:
     stats = json.loads(action["stats"]) if action.get("stats") else {}
-    partition = int(action["partitionValues"][PARTITION_COLUMN])
-    return AddedFile(action["path"], partition, int(action.get("size", 0)), int(stats.get("numRecords", 0)),
-                     stats.get("minValues", {}), stats.get("maxValues", {}), action.get("stats") or "")
+    values = action["partitionValues"]
+    return AddedFile(action["path"], int(values[PARTITION_COLUMN]), int(action.get("size", 0)),
+                     int(stats.get("numRecords", 0)), stats.get("minValues", {}), stats.get("maxValues", {}),
+                     action.get("stats") or "",
+                     tuple((k, v) for k, v in values.items() if k != PARTITION_COLUMN and v is not None))
 
 
 def _statistics(data: pa.Table, columns: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any], str]:

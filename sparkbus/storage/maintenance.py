@@ -114,16 +114,17 @@ def after_commit(table: DeltaTable) -> None:
         _ask((table.table_uri, COMPACT), functools.partial(compact, table.table_uri))
 
 
-def after_direct_commit(uri: str, version: int) -> None:
+def after_direct_commit(uri: str, version: int, *, compacting: bool = True) -> None:
     """Call after a direct commit (sparkbus.storage.commits, durable already) made `version` of the table
-    at uri: asks the background thread for the checkpoint, log cleanup and compaction due. The caller
-    holds no table object to re-base, so the checkpoint runs on the thread too."""
+    at uri: asks the background thread for the checkpoint, log cleanup and compaction due (compacting=False:
+    none, for a table whose files compaction must not merge: an archive's are partitioned by date too).
+    The caller holds no table object to re-base, so the checkpoint runs on the thread too."""
     _keep_pace()
     if version % CHECKPOINT_EVERY == 0:
         with _changed:
             at = _checkpoint_at[uri] = max(version, _checkpoint_at.get(uri, version))
             _ask((uri, CHECKPOINT), functools.partial(checkpoint, uri, at))
-    if version % COMPACT_EVERY == 0:
+    if compacting and version % COMPACT_EVERY == 0:
         _ask((uri, COMPACT), functools.partial(compact, uri))
 
 

@@ -1,0 +1,66 @@
+"""What the archive holds and for how long: archive rows made from a message and its last state, the dates
+they are filed under, and which of them the retention still keeps. Pure rules, no storage
+(sparkbus.engine.archive writes and reads them)."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .records import conformed, micros, stored_int64s
+from .schemas import ARCHIVE_ROWS, LOCKS, MESSAGES
+
+# the state columns an archive row keeps, as LOCKS names them -> as the archive does
+KEPT_STATE = {"delivery_count": "delivery_count", "dead_letter_reason": "dead_letter_reason",
+              "dead_letter_error_description": "dead_letter_error_description",
+              "dead_letter_source": "dead_letter_source", "updated_at_utc": "left_time", "state": "left_as"}
+
+
+def archive_rows(messages: pa.Table, states: pa.Table) -> pa.Table:
+    """The archive rows (ARCHIVE_ROWS) of messages that left: each message row (MESSAGES) with its gone state
+    row (LOCKS, the same sequence numbers in any order), in sequence-number order. Everything in a row
+    follows from the two (the time it left is its state row's), so archiving the same message twice
+    would make the same row. KeyError when a message has no state row."""
+    messages = conformed(messages, MESSAGES)
+    messages = messages.take(pc.sort_indices(messages["sequence_number"]))
+    at = pc.index_in(messages["sequence_number"], value_set=states["sequence_number"])
+    if at.null_count:
+        raise KeyError(f"message {messages['sequence_number'].filter(pc.is_null(at))[0]} has no state row")
+    states = conformed(states, LOCKS).take(at)
+    columns = {name: messages[name] for name in MESSAGES.names}
+    columns.update({archived: states[name] for name, archived in KEPT_STATE.items()})
+    return pa.Table.from_arrays([columns[name] for name in ARCHIVE_ROWS.names], schema=ARCHIVE_ROWS)
+
+
+def enqueued_dates(rows: pa.Table) -> pa.Array:
+    """The date each row is filed under (schemas.ARCHIVE_DATE): the UTC date it was enqueued, as 'YYYY-MM-DD'."""
+    days = stored_int64s(rows["enqueued_time_utc"]) // 86_400_000_000
+    return pa.array(days.astype("datetime64[D]").astype(str), pa.string())
+
+
+def by_date(rows: pa.Table) -> dict[str, pa.Table]:
+    """rows split by the date each is filed under, each part in the order of rows."""
+    dates = enqueued_dates(rows)
+    return {date: rows.filter(pc.equal(dates, date)) for date in sorted(set(dates.to_pylist()))}
+
+
+def kept_since(now: datetime, retention: timedelta) -> datetime:
+    """The earliest time a row may have left and still be kept (rows that left before are past retention)."""
+    return now - retention
+
+
+def within_retention(rows: pa.Table, since: Optional[datetime]) -> pa.Table:
+    """rows (archive rows) that left at or after since (all when None)."""
+    if since is None or not rows.num_rows:
+        return rows
+    left = stored_int64s(rows["left_time"])
+    return rows.filter(pa.array(left >= micros(since)))
+
+
+def files_expired(latest_left: pa.ChunkedArray, since: datetime) -> pa.Array:
+    """Per archive file, from its latest left_time (the log's statistics, null when it has none), whether
+    every row it holds left before since: past retention."""
+    latest = pc.cast(latest_left, pa.timestamp("us", tz="UTC"))
+    return pc.fill_null(pc.less(latest, pa.scalar(since, pa.timestamp("us", tz="UTC"))), False)

@@ -1,0 +1,257 @@
+"""The archive: every message that leaves an entity with archive_retention is kept once, with how and when
+it left, for that long; the setting is checked, stored and switched like the SDK's properties."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+import sparkbus
+from sparkbus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue, storage
+from sparkbus.core.schemas import ARCHIVE
+from sparkbus.definitions import apply_definition
+from sparkbus.engine import archive, forwarding, housekeeping, retention
+from sparkbus.engine.catalog import Catalog
+from sparkbus.engine.namespace import open_catalog
+from sparkbus.engine.registry import resolve_current
+from sparkbus.storage import commits
+from sparkbus.storage.location import normalize
+from sparkbus.storage.reader import PartitionReader
+from sparkbus.core.schemas import LOCKS, MESSAGES
+
+WEEK = timedelta(days=7)
+
+
+def _info(ns_path, path, kinds=("queue",)):
+    return resolve_current(open_catalog(ns_path), path, kinds)
+
+
+def _archived(ns_path, path, kinds=("queue",)):
+    """The archive's rows, in sequence-number order (none when it has no table)."""
+    uri = archive.table_uri(_info(ns_path, path, kinds).tables)
+    if not storage.table_exists(uri):
+        return []
+    options = storage.location.options_for(uri) or None
+    rows = DeltaTable(uri, storage_options=options).to_pyarrow_table()
+    return sorted(rows.to_pylist(), key=lambda row: row["sequence_number"])
+
+
+def test_every_way_of_leaving_is_archived_once_with_how_it_left(admin, client, ns_path, clock):
+    """Completed, received and deleted, expired, dead-lettered then completed from the dead-letter queue,
+    purged, cancelled and forwarded messages each leave one archive row saying how, with the message as
+    sent (body, properties, enqueue time), its delivery count and dead-letter reason; a second run archives
+    nothing more, and the archive counts in the runtime properties but not in the entity's size."""
+    admin.create_queue("elsewhere")
+    admin.create_queue("q", archive_retention=WEEK)
+    admin.create_queue("fwd", archive_retention="P1D", forward_to="elsewhere")
+    sender = client.get_queue_sender("q")
+    sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"m{i}", subject="s",
+                                            application_properties={"i": i}) for i in range(8)])
+    sender.send_messages(ServiceBusMessage("ttl", message_id="ttl", time_to_live=timedelta(minutes=1)))
+    scheduled = sender.schedule_messages(ServiceBusMessage("later", message_id="later"),
+                                         clock.now() + timedelta(hours=1))
+    sender.cancel_scheduled_messages(scheduled)
+    sender.send_messages(ServiceBusMessage("tail", message_id="tail"))  # the highest number stays: see retention
+    client.get_queue_sender("fwd").send_messages([ServiceBusMessage(n, message_id=n) for n in ("moved", "next")])
+    receiver = client.get_queue_receiver("q")
+    receiver.complete_messages(receiver.receive_messages(max_message_count=2))  # m0 m1
+    deleting = client.get_queue_receiver("q", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    assert [m.message_id for m in deleting.receive_messages(max_message_count=2)] == ["m2", "m3"]
+    [bad] = receiver.receive_messages(max_message_count=1)  # m4
+    receiver.dead_letter_message(bad, reason="bad", error_description="it was bad")
+    dead = client.get_queue_receiver("q", sub_queue=ServiceBusSubQueue.DEAD_LETTER)
+    dead.complete_messages(dead.receive_messages(max_message_count=1))
+    assert receiver.delete_messages(max_message_count=2) == 2  # m5 m6 purged
+    clock.advance(120)  # ttl expires; the receive that meets it lets it go
+    assert [m.message_id for m in receiver.receive_messages(max_message_count=2)] == ["m7", "tail"]
+    assert [m.message_id for m in receiver.peek_messages(10, sequence_number=1)] == ["m7", "tail"]
+    assert forwarding.forward_all(Catalog(normalize(ns_path))).forwarded == {"fwd": 2}
+
+    assert retention.run_entity(_info(ns_path, "q"), eager=True) == 9
+    retention.run_entity(_info(ns_path, "fwd"), eager=True)
+    rows = {row["message_id"]: row for row in _archived(ns_path, "q")}
+    assert {k: v["left_as"] for k, v in rows.items()} == {
+        "m0": "completed", "m1": "completed", "m2": "received_and_deleted", "m3": "received_and_deleted",
+        "m4": "dead_letter_completed", "m5": "purged", "m6": "purged", "ttl": "expired", "later": "cancelled"}
+    assert [(row["message_id"], row["left_as"]) for row in _archived(ns_path, "fwd")] == [("moved", "forwarded")]
+    m0, m4 = rows["m0"], rows["m4"]
+    assert bytes(m0["body"]) == b"m0" and m0["subject"] == "s" and json.loads(m0["application_properties"])
+    assert m0["delivery_count"] == 1 and m0["dead_letter_reason"] is None
+    assert m4["dead_letter_reason"] == "bad" and m4["dead_letter_error_description"] == "it was bad"
+    assert m4["delivery_count"] == 2  # received, then received again from the dead-letter queue
+    for row in rows.values():
+        assert row["enqueued_date"] == row["enqueued_time_utc"].strftime("%Y-%m-%d")
+        assert row["enqueued_time_utc"] <= row["left_time"] <= clock.now()
+    assert rows["ttl"]["left_time"] > rows["m0"]["left_time"] + timedelta(seconds=100)  # when it left: moved clock
+
+    assert retention.run_entity(_info(ns_path, "q"), eager=True) == 0
+    assert len(_archived(ns_path, "q")) == 9
+    runtime = admin.get_queue_runtime_properties("q")
+    assert runtime.archive_message_count == 9 and runtime.archive_size_in_bytes > 0
+    assert runtime.active_message_count == 2 and runtime.size_in_bytes == _stored_size(admin, "q")
+    assert admin.get_queue_runtime_properties("elsewhere").archive_message_count == 0
+
+
+def _stored_size(admin, queue):
+    """The body and header bytes of the messages table's rows (its messages not yet removed, archived
+    ones being gone from it)."""
+    table = storage.open_table(admin.get_entity_tables(queue)["messages"])
+    return storage.query("SELECT SUM(body_size + header_size) AS n FROM t", t=table)["n"][0].as_py()
+
+
+@pytest.mark.local_only
+def test_an_archive_commit_whose_removal_did_not_follow_is_not_archived_again(admin, client, ns_path):
+    """The archive commit and the removal are two commits. Interrupted between them (a crash, or a removal
+    that lost a race), the next run archives only what is not archived yet and removes all of it; two runs
+    archiving on the same count cannot both commit."""
+    admin.create_queue("q", archive_retention=WEEK)
+    client.get_queue_sender("q").send_messages([ServiceBusMessage(f"m{i}") for i in range(10)])
+    receiver = client.get_queue_receiver("q")
+    receiver.complete_messages(receiver.receive_messages(max_message_count=4))
+    info = _info(ns_path, "q")
+    messages = commits.LogView(storage.open_table(info.tables["messages"]))
+    locks = commits.LogView(storage.open_table(info.tables["locks"]))
+    archived = archive.open_view(info)
+    counts = archive.pending(archived, messages, 0)
+    assert (counts.archived, counts.removed, counts.behind) == (0, 0, False)
+    leaving = PartitionReader(MESSAGES).rows_of(messages, 0, _numbers(1, 2, 3))
+    states = PartitionReader(LOCKS).rows_of(locks, 0, _numbers(1, 2, 3))
+    rival = archived.copy()
+    assert archive.archive_leaving(archived, 0, counts, leaving, states) == {"archived-p0": 1}  # then "crash"
+    with pytest.raises(CommitFailedError):  # a second run planned on the same count
+        archive.archive_leaving(rival, 0, counts, leaving, states)
+    assert [r["sequence_number"] for r in _archived(ns_path, "q")] == [1, 2, 3]
+    assert archive.pending(archived, messages, 0).behind
+
+    receiver.complete_messages(receiver.receive_messages(max_message_count=2))  # 5 and 6 leave as well
+    assert retention.run_entity(info, eager=True) == 6
+    assert [r["sequence_number"] for r in _archived(ns_path, "q")] == [1, 2, 3, 4, 5, 6]
+    fresh = commits.LogView(storage.open_table(info.tables["messages"]))
+    after = archive.pending(archive.open_view(info), fresh, 0)
+    assert (after.archived, after.removed) == (2, 2)
+    assert [m.sequence_number for m in receiver.peek_messages(10, sequence_number=1)] == [7, 8, 9, 10]
+
+
+def _numbers(*values):
+    import pyarrow as pa
+
+    return pa.array(values, pa.int64())
+
+
+@pytest.mark.local_only
+def test_the_sweep_archives_every_gone_message_and_retention_drops_what_is_past_it(admin, client, ns_path, clock):
+    """The namespace's sweep moves every gone message of an archived entity (a few as well: the archive lags
+    a sweep), while one without an archive keeps its rows until enough have gone; archive files whose rows
+    all left before the retention are removed (moved clock), and runtime counts follow."""
+    admin.create_queue("q", archive_retention="PT1H")
+    admin.create_queue("plain")
+    for name in ("q", "plain"):
+        client.get_queue_sender(name).send_messages([ServiceBusMessage(f"{name}{i}") for i in range(5)])
+        receiver = client.get_queue_receiver(name)
+        receiver.complete_messages(receiver.receive_messages(max_message_count=3))
+    catalog = Catalog(normalize(ns_path))
+    assert housekeeping.sweep(catalog).removed == 3
+    assert len(_archived(ns_path, "q")) == 3 and _rows(admin, "plain") == 5
+    assert admin.get_queue_runtime_properties("q").archive_message_count == 3
+    clock.advance(40 * 60)
+    receiver = client.get_queue_receiver("q")
+    receiver.complete_messages(receiver.receive_messages(max_message_count=1))
+    housekeeping.sweep(catalog)
+    assert len(_archived(ns_path, "q")) == 4
+    clock.advance(30 * 60)  # the first three left 70 minutes ago, the fourth 30
+    housekeeping.sweep(catalog)
+    assert [bytes(r["body"]) for r in _archived(ns_path, "q")] == [b"q3"]
+    assert admin.get_queue_runtime_properties("q").archive_message_count == 1
+    clock.advance(31 * 60)
+    housekeeping.sweep(catalog)
+    assert _archived(ns_path, "q") == [] and admin.get_queue_runtime_properties("q").archive_message_count == 0
+
+
+def _rows(admin, queue):
+    return storage.open_table(admin.get_entity_tables(queue)["messages"]).to_pyarrow_table().num_rows
+
+
+@pytest.mark.local_only
+def test_archive_retention_is_checked_stored_and_switched_off(admin, client, ns_path, tmp_path):
+    """archive_retention: None by default, a timedelta or ISO 8601 duration up to 90 days on queues, topics
+    and subscriptions, at creation, by update, in a namespace definition and with the CLI; a bad value is a
+    typed error naming what is allowed and writes nothing; switched off, the archive is removed."""
+    assert admin.create_queue("plain").archive_retention is None
+    assert admin.create_queue("q", archive_retention="P90D").archive_retention == timedelta(days=90)
+    assert admin.create_topic("t", archive_retention=timedelta(hours=2)).archive_retention == timedelta(hours=2)
+    assert admin.create_subscription("t", "s", archive_retention="PT5M").archive_retention == timedelta(minutes=5)
+    with pytest.raises(ValueError, match="archive_retention must be between PT1M and P90D"):
+        admin.create_queue("long", archive_retention=timedelta(days=91))
+    with pytest.raises(TypeError, match="archive_retention must be a datetime.timedelta or an ISO 8601"):
+        admin.create_queue("typed", archive_retention=7)
+    assert [q.name for q in admin.list_queues()] == ["plain", "q"]
+    with pytest.raises(ValueError, match="archive_retention"):
+        admin.update_queue("q", archive_retention="P100D")
+    assert admin.get_queue("q").archive_retention == timedelta(days=90)
+
+    props = admin.get_queue("plain")
+    props.archive_retention = timedelta(days=3)
+    admin.update_queue(props)
+    assert admin.get_queue("plain").archive_retention == timedelta(days=3)
+
+    apply_definition({"queues": [{"name": "defined", "archive_retention": "P2D"}]}, ns_path)
+    assert admin.get_queue("defined").archive_retention == timedelta(days=2)
+    from sparkbus.cli import main
+
+    assert main(["queue", "create", "cli", "--set", "archive_retention=P1D", "--namespace", ns_path]) == 0
+    assert admin.get_queue("cli").archive_retention == timedelta(days=1)
+    assert main(["queue", "update", "cli", "--set", "archive_retention=none", "--namespace", ns_path]) == 0
+    assert admin.get_queue("cli").archive_retention is None
+
+    client.get_queue_sender("q").send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+    receiver = client.get_queue_receiver("q")
+    receiver.complete_messages(receiver.receive_messages(max_message_count=1))
+    retention.run_entity(_info(ns_path, "q"), eager=True)
+    uri = archive.table_uri(_info(ns_path, "q").tables)
+    assert storage.table_exists(uri) and len(_archived(ns_path, "q")) == 1
+    admin.update_queue("q", archive_retention=None)
+    assert not storage.table_exists(uri)
+    assert admin.get_queue_runtime_properties("q").archive_message_count == 0
+
+
+def test_the_archive_schema_is_the_messages_and_how_they_left():
+    """The archive table's columns: every messages column, the last state's delivery count and
+    dead-letter fields, left_time, left_as and the date it is filed under."""
+    assert ARCHIVE.names[:len(MESSAGES.names)] == MESSAGES.names
+    assert ARCHIVE.names[len(MESSAGES.names):] == ["delivery_count", "dead_letter_reason",
+                                                   "dead_letter_error_description", "dead_letter_source",
+                                                   "left_time", "left_as", "enqueued_date"]
+
+
+def test_archive_rows_and_dates_follow_from_the_message_and_its_state():
+    """archiving.archive_rows: one row per message in sequence order, its state's fields, the date it was
+    enqueued; a message without a state row is a KeyError; within_retention keeps rows that left since."""
+    import pyarrow as pa
+
+    from sparkbus.core import archiving
+    from sparkbus.core.records import from_rows
+
+    def made(rows, schema):
+        return from_rows([{name: row.get(name) for name in schema.names} for row in rows], schema)
+
+    base = datetime(2026, 11, 29, 23, 59, 59, tzinfo=timezone.utc)
+    messages = made([{"partition_id": 0, "sequence_number": n, "body": b"x", "body_size": 1, "header_size": 0,
+                      "enqueued_time_utc": base + timedelta(seconds=n)} for n in (3, 1)], MESSAGES)
+    states = made([{"partition_id": 0, "sequence_number": n, "state": "completed", "delivery_count": n,
+                    "updated_at_utc": base + timedelta(hours=n)} for n in (1, 3)], LOCKS)
+    rows = archiving.archive_rows(messages, states)
+    assert rows["sequence_number"].to_pylist() == [1, 3] and rows["delivery_count"].to_pylist() == [1, 3]
+    assert rows["left_time"].to_pylist() == [base + timedelta(hours=1), base + timedelta(hours=3)]
+    assert archiving.enqueued_dates(rows).to_pylist() == ["2026-11-30", "2026-11-30"]
+    assert archiving.enqueued_dates(archiving.archive_rows(
+        made([{**messages.to_pylist()[1], "enqueued_time_utc": base}], MESSAGES), states)).to_pylist() \
+        == ["2026-11-29"]
+    assert list(archiving.by_date(rows)) == ["2026-11-30"]
+    assert archiving.within_retention(rows, base + timedelta(hours=2))["sequence_number"].to_pylist() == [3]
+    with pytest.raises(KeyError, match="message 3 has no state row"):
+        archiving.archive_rows(messages, states.slice(0, 1))
+    latest = pa.chunked_array([pa.array([base, None, base + timedelta(hours=2)], pa.timestamp("us", tz="UTC"))])
+    assert archiving.files_expired(latest, base + timedelta(hours=1)).to_pylist() == [True, False, False]
