@@ -17,7 +17,8 @@ from .exceptions import (AutoLockRenewFailed, AutoLockRenewTimeout, CommitConfli
                          ServiceBusAuthorizationError, ServiceBusCommunicationError, ServiceBusConnectionError,
                          ServiceBusError, ServiceBusQuotaExceededError, ServiceBusServerBusyError,
                          SessionCannotBeLockedError, SessionLockLostError, StorageError)
-from .management import ServiceBusAdministrationClient
+from .engine.replay import ReplayResult
+from .management import ServiceBusAdministrationClient, archive_table
 from .message import ServiceBusMessage, ServiceBusMessageBatch
 from .receiver import (NEXT_AVAILABLE_SESSION, ServiceBusMessageState, ServiceBusReceivedMessage, ServiceBusReceiveMode,
                        ServiceBusReceiver, ServiceBusSession, ServiceBusSessionFilter, ServiceBusSubQueue)
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "create_namespace", "NamespaceProperties", "ServiceBusAdministrationClient", "ServiceBusClient",
+    "archive_table", "ReplayResult",
     "set_partition_availability", "ServiceBusMessage", "ServiceBusMessageBatch", "ServiceBusSender",
     "ServiceBusTransaction", "EnqueueResult", "ServiceBusReceiver", "ServiceBusReceivedMessage",
     "ServiceBusReceiveMode", "ServiceBusSubQueue", "ServiceBusMessageState", "AutoLockRenewer",

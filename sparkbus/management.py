@@ -8,6 +8,7 @@ properties objects, options as keywords), checks them, and runs each operation a
 from __future__ import annotations
 
 import functools
+import re
 from datetime import datetime, timedelta
 from types import EllipsisType
 from typing import Any, Callable, Optional, TypeVar, Union, cast
@@ -21,13 +22,15 @@ from .core.filters import (CorrelationRuleFilter, FalseRuleFilter, RuleFilter, R
 from .core.names import checked_name, subscription_path, validate_child_name, validate_entity_name
 from .core.vocabulary import (AccessRights, ApiVersion, EntityAvailabilityStatus, EntityStatus, MessagingSku,
                               NamespaceType)
-from .engine import admin, metrics
+from .engine import admin, archive, metrics, replay
 from .engine.availability import mark_partition
 from .engine.catalog import Catalog
 from .engine.metrics import Metrics
 from .engine.namespace import NamespaceProperties, governor_of, open_namespace, update_namespace
 from .engine.retry import RetryPolicy
+from .engine.replay import ReplayResult
 from .engine.sessions import SessionSummary
+from .message import to_utc
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -657,6 +660,85 @@ class ServiceBusAdministrationClient:
         """
         return admin.sessions(self._catalog, entity_path)
 
+    # ---- archive and replay ------------------------------------------------------------------------------
+
+    def get_archive_table(self, entity_path: str) -> str:
+        """sparkbus: the location of the Delta table holding the archive of a queue, topic or subscription
+        (sparkbus.engine.archive), for any Delta reader; it exists once a message was archived.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such entity.
+        """
+        return archive.table_uri(admin.entity_tables(self._catalog, checked_name(entity_path)))
+
+    @_management
+    def replay_messages(self, entity_path: str, *, start_time: datetime, end_time: Optional[datetime] = None,
+                        to: Optional[str] = None, rule_filter: Union[SqlRuleFilter, CorrelationRuleFilter, None] = None,
+                        replay_id: Optional[str] = None,
+                        progress: Optional[Callable[[int], None]] = None) -> ReplayResult:
+        """sparkbus: send again every archived message of a queue, topic or subscription enqueued in
+        [start_time, end_time), as new messages (properties, session id and partition key kept; annotated
+        with the application properties x-opt-replayed-from, x-opt-original-sequence-number and
+        x-opt-original-enqueued-time), in enqueue order per partition. Exactly once per replay_id: a replay
+        interrupted and run again with the same id continues and sends nothing twice. Charged to throttling
+        as sends into `to`.
+
+        Args:
+            entity_path: The entity whose archive is replayed (it has archive_retention set).
+            start_time: The earliest enqueue time replayed (a naive datetime is UTC).
+            end_time: Enqueue times before this are replayed (default: everything archived).
+            to: The queue, topic or '<topic>/Subscriptions/<name>' to send to (default: the entity itself).
+            rule_filter: A SqlRuleFilter or CorrelationRuleFilter: only the messages it matches.
+            replay_id: Names the replay, to continue it (default: a new id, in the result).
+            progress: Called with the number of messages of each batch sent (a progress bar).
+
+        Returns:
+            What was replayed, with the replay's id.
+
+        Raises:
+            MessagingEntityNotFoundError: the entity or `to` does not exist.
+            InvalidOperationError: the entity keeps no archive.
+            TypeError, ValueError: a time is not a datetime, end_time is not after start_time, or
+                rule_filter is not a filter or does not parse.
+        """
+        start, end = self._time_range(start_time, end_time)
+        if replay_id is not None and (not isinstance(replay_id, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}",
+                                                                                           replay_id)):
+            raise ValueError(f"replay_id must be 1 to 128 letters, digits, '.', '_' or '-', got {replay_id!r}")
+        return replay.replay(self._catalog, checked_name(entity_path), start=start, end=end,
+                             to=None if to is None else checked_name(to), rule_filter=rule_filter,
+                             replay_id=replay_id, progress=progress)
+
+    @_management
+    def seek_subscription(self, topic_name: str, subscription_name: str, time: datetime) -> ReplayResult:
+        """sparkbus: make every message the subscription received since `time` (by enqueue time) and that
+        has left it available to it again, as Pub/Sub's seek does: its archive replayed into it.
+
+        Args:
+            topic_name: The topic.
+            subscription_name: The subscription (it has archive_retention set).
+            time: Messages enqueued at or after this time come back (a naive datetime is UTC).
+
+        Returns:
+            What was replayed.
+
+        Raises:
+            MessagingEntityNotFoundError: there is no such subscription.
+            InvalidOperationError: the subscription keeps no archive.
+        """
+        path = subscription_path(checked_name(topic_name, "topic"), checked_name(subscription_name, "subscription"))
+        start, _ = self._time_range(time, None, "time")
+        return replay.replay(self._catalog, path, start=start, end=None, to=path, rule_filter=None, replay_id=None)
+
+    @staticmethod
+    def _time_range(start: object, end: object, name: str = "start_time") -> tuple[datetime, Optional[datetime]]:
+        first, last = to_utc(start, name), to_utc(end, "end_time")
+        if first is None:
+            raise TypeError(f"{name} must be a datetime, got None")
+        if last is not None and last <= first:
+            raise ValueError(f"end_time must be after {name}, got {last.isoformat()} <= {first.isoformat()}")
+        return first, last
+
     def _update(self, kind: str, path: str, values: dict[str, Any]) -> None:
         admin.update_entity(self._catalog, kind, path, entities.check_options(kind, values))
 
@@ -679,3 +761,9 @@ __all__ = ["ServiceBusAdministrationClient", "NamespaceProperties", "QueueProper
            "RuleProperties", "SqlRuleFilter", "CorrelationRuleFilter", "TrueRuleFilter", "FalseRuleFilter",
            "SqlRuleAction", "AccessRights", "ApiVersion", "EntityAvailabilityStatus", "EntityStatus", "MessagingSku",
            "NamespaceType", "Metrics"]
+
+
+def archive_table(namespace: str, entity_path: str) -> str:
+    """The location of the Delta table holding an entity's archive (ServiceBusAdministrationClient's
+    get_archive_table), e.g. for spark.read.format("delta").load(...) or deltalake.DeltaTable(...)."""
+    return ServiceBusAdministrationClient(namespace).get_archive_table(entity_path)

@@ -4,7 +4,8 @@
 
 It runs a seeded random sequence of operations on the harness's namespace forever: sends (single,
 batches, scheduled and cancelled), receives with complete, complete_messages, abandon, defer and
-receive_deferred, dead-letter, session state, topic fan-out, forwarding, management, the async API
+receive_deferred, dead-letter, session state, topic fan-out, forwarding, management, maintenance sweeps
+(which move what left q to its archive), the async API
 (sends, receives with complete, and receives cancelled while they run), and a processor (two handlers at
 once, some with prefetch, completing or abandoning each message) run until the queue is idle. Before each
 operation it logs what it starts; after the call returns, what was acknowledged. Every line is fsynced
@@ -23,11 +24,11 @@ from datetime import datetime, timedelta, timezone
 import sparkbus
 from sparkbus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from sparkbus import aio
-from sparkbus.engine import fanout, forwarding
+from sparkbus.engine import fanout, forwarding, housekeeping
 from sparkbus.engine.namespace import open_catalog
 
 OPERATIONS = ("send", "send_batch", "schedule", "receive_complete", "complete_batch", "abandon", "defer",
-              "dead_letter", "session", "topic", "forward", "management", "async", "processor")
+              "dead_letter", "session", "topic", "forward", "management", "async", "processor", "maintain")
 
 
 class Log:
@@ -162,6 +163,10 @@ def main(namespace: str, log_path: str, seed: int) -> None:
             log.write(start="forward")
             forwarding.forward_all(catalog)
             log.write(ack="forward")
+        elif op == "maintain":  # the namespace service's sweep: q keeps an archive, so what left it moves there
+            log.write(start="maintain")
+            housekeeping.sweep(catalog)
+            log.write(ack="maintain")
         elif op == "async":
             batch = ids(rng.randint(1, 20))
             log.write(start="send", entity="q", ids=batch)

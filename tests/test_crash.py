@@ -6,8 +6,8 @@ partition, every send is all or nothing, every acknowledged send is stored exact
 message is where the acknowledged operations put it (a completed or cancelled message is never seen
 again, a dead-lettered one is in the dead-letter sub-queue, a deferred one is deferred, an unsettled
 one is received again with its delivery count raised), every copy and forward happened exactly once,
-sessions hold their last acknowledged state, runtime counts equal the tables, and Spark reads every
-entity. An operation interrupted by the kill may have happened or not: both are accepted for it alone.
+sessions hold their last acknowledged state, every message that left q is in its archive exactly once
+(workers run maintenance sweeps too), runtime counts equal the tables, and Spark reads every entity. An operation interrupted by the kill may have happened or not: both are accepted for it alone.
 
 `make test` runs CRASH_KILLS (default 6) rounds; `make crash` runs 60 (CRASH_KILLS=60, CRASH_SEED=N to
 replay a run: the schedule of operations and kill times follows from the seed).
@@ -30,8 +30,10 @@ from deltalake import DeltaTable
 import sparkbus
 from sparkbus import ServiceBusClient, ServiceBusSubQueue
 from sparkbus.core import sequencing
-from sparkbus.engine import fanout, forwarding
+from sparkbus.core.schemas import GONE_STATES
+from sparkbus.engine import archive, fanout, forwarding, retention
 from sparkbus.engine.namespace import open_catalog
+from sparkbus.engine.registry import resolve
 from sparkbus.management import SqlRuleFilter
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_worker.py")
@@ -44,7 +46,8 @@ ENTITIES = ("q", "sq", "t", "t/Subscriptions/all", "t/Subscriptions/even", "src"
 def setup(ns: str) -> None:
     sparkbus.create_namespace(ns, credits_per_second=None)
     admin = sparkbus.ServiceBusAdministrationClient(ns)
-    admin.create_queue("q", enable_partitioning=True, lock_duration=f"PT{LOCK_SECONDS}S", max_delivery_count=1000)
+    admin.create_queue("q", enable_partitioning=True, lock_duration=f"PT{LOCK_SECONDS}S", max_delivery_count=1000,
+                       archive_retention="P1D")
     admin.create_queue("sq", enable_partitioning=True, requires_session=True, lock_duration=f"PT{LOCK_SECONDS}S")
     admin.create_topic("t", enable_partitioning=True)
     admin.create_subscription("t", "all")
@@ -244,6 +247,7 @@ def check_final(ns: str, ledger: Ledger, spark, clock) -> None:
         with client.get_queue_receiver("sq", session_id=session, max_wait_time=1) as r:
             state = r.session.get_state()
         assert state is not None and state.decode() in allowed, f"session {session}: state {state!r} not in {allowed}"
+    check_archive(ns, ledger)
     admin = sparkbus.ServiceBusAdministrationClient(ns)
     for entity in ("q", "dst", "src"):
         runtime = admin.get_queue_runtime_properties(entity)
@@ -251,6 +255,24 @@ def check_final(ns: str, ledger: Ledger, spark, clock) -> None:
         assert runtime.total_message_count == stored, entity
         read = spark.read.format("sparkbus").option("namespace", ns).option("entity", entity).load().count()
         assert read == stored, f"Spark reads {read} messages of {entity}, the tables hold {stored}"
+
+
+def check_archive(ns: str, ledger: Ledger) -> None:
+    """q keeps an archive, which workers killed in the middle of a sweep were moving messages to: once a
+    last sweep moved every gone message, each message sent to q is exactly once in its table or in its
+    archive (an interrupted send: at most once), and every archived one is gone, how it left recorded."""
+    catalog = open_catalog(ns)
+    info = resolve(catalog.root, catalog.snapshot(), "q", ("queue",))
+    retention.run_entity(info, eager=True)
+    rows = DeltaTable(archive.table_uri(info.tables)).to_pyarrow_table(
+        columns=["message_id", "sequence_number", "left_as"]).to_pylist()
+    numbers = Counter(r["sequence_number"] for r in rows)
+    assert all(n == 1 for n in numbers.values()), "a message was archived twice"
+    assert all(r["left_as"] in GONE_STATES for r in rows)
+    stored = Counter(messages_of(ns, "q")[0]) + Counter(r["message_id"] for r in rows)
+    assert all(stored[i] == 1 for i in ledger.sent["q"]), "an acknowledged message is neither stored nor archived"
+    assert all(n == 1 for n in stored.values()), "a message is both stored and archived, or archived twice"
+    assert any(r["left_as"] == "completed" for r in rows)
 
 
 @pytest.mark.slow

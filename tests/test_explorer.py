@@ -288,6 +288,13 @@ def test_entities_and_rules_are_created_updated_and_deleted(admin, ns_path, expl
     assert [q.name for q in admin.list_queues()] == ["jobs"]
     assert _post(web, "update", entity="jobs", settings="max_delivery_count=9").status_code == 303
     assert admin.get_queue("jobs").max_delivery_count == 9
+    assert _post(web, "update", entity="jobs", settings="archive_retention=P7D").status_code == 303
+    assert admin.get_queue("jobs").archive_retention == timedelta(days=7)
+    jobs = web.get("/api/entities/jobs").json()
+    assert jobs["settings"]["archive_retention"] == "P7D"
+    assert (jobs["row"]["archive_retention"], jobs["row"]["archive_messages"]) == ("P7D", 0)
+    assert "archive: 0 message(s) kept P7D" in web.get("/entities/jobs").text
+    assert _post(web, "update", entity="jobs", settings="archive_retention=P91D").status_code == 400
     assert _post(web, "create", kind="topic", name="events").status_code == 303
     assert _post(web, "create", kind="subscription", name="eu", topic="events").status_code == 303
     assert _post(web, "create-rule", entity="events/Subscriptions/eu", name="eu", sql="region = 'eu'").status_code == 303

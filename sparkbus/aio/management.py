@@ -82,3 +82,6 @@ class ServiceBusAdministrationClient:
     get_entity_tables = on_pool(SyncAdmin.get_entity_tables)
     get_partition_message_counts = on_pool(SyncAdmin.get_partition_message_counts)
     list_sessions = listed_on_pool(SyncAdmin.list_sessions)
+    get_archive_table = on_pool(SyncAdmin.get_archive_table)
+    replay_messages = on_pool(SyncAdmin.replay_messages)
+    seek_subscription = on_pool(SyncAdmin.seek_subscription)

@@ -3,13 +3,16 @@ they are filed under, and which of them the retention still keeps. Pure rules, n
 (sparkbus.engine.archive writes and reads them)."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .records import conformed, micros, stored_int64s
+
+UTC = timezone.utc
 from .schemas import ARCHIVE_ROWS, LOCKS, MESSAGES
 
 # the state columns an archive row keeps, as LOCKS names them -> as the archive does
@@ -64,3 +67,31 @@ def files_expired(latest_left: pa.ChunkedArray, since: datetime) -> pa.Array:
     every row it holds left before since: past retention."""
     latest = pc.cast(latest_left, pa.timestamp("us", tz="UTC"))
     return pc.fill_null(pc.less(latest, pa.scalar(since, pa.timestamp("us", tz="UTC"))), False)
+
+
+@dataclass(frozen=True)
+class DateRange:
+    """The dates (ARCHIVE_DATE values) a range of enqueue times spans: first to last, open-ended when last
+    is None."""
+
+    first: str
+    last: Optional[str]
+
+    def holds(self, value: Optional[str]) -> bool:
+        """Whether a file filed under the date `value` may hold rows of the range (True without a date)."""
+        return value is None or (self.first <= value and (self.last is None or value <= self.last))
+
+
+def date_range(start: datetime, end: Optional[datetime]) -> DateRange:
+    """The dates messages enqueued in [start, end) are filed under."""
+    last = None if end is None else (end - timedelta(microseconds=1)).astimezone(UTC).date().isoformat()
+    return DateRange(start.astimezone(UTC).date().isoformat(), last)
+
+
+def enqueued_within(rows: pa.Table, start: datetime, end: Optional[datetime]) -> pa.Table:
+    """rows enqueued in [start, end)."""
+    enqueued = stored_int64s(rows["enqueued_time_utc"])
+    keep = enqueued >= micros(start)
+    if end is not None:
+        keep &= enqueued < micros(end)
+    return rows.filter(pa.array(keep))

@@ -32,15 +32,15 @@ count toward the entity's size or quota.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Optional
+from datetime import datetime, timedelta
+from typing import Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
 from ..core import archiving
-from ..core.schemas import ARCHIVE, ARCHIVE_DATE, ARCHIVE_ROWS, TABLE_CONFIGURATION
+from ..core.schemas import ARCHIVE, ARCHIVE_DATE, ARCHIVE_ROWS, GONE_STATES, LOCKS, MESSAGES, TABLE_CONFIGURATION
 from ..storage import CommitFailedError, DeltaError, commits, location, maintenance
 from ..storage.reader import PartitionReader
 from .registry import EntityInfo
@@ -176,3 +176,49 @@ def prune(info: EntityInfo) -> int:
         return 0
     maintenance.after_direct_commit(uri, done.version, compacting=False)
     return len(expired)
+
+
+def read(info: EntityInfo, start: datetime, end: Optional[datetime] = None) -> Iterator[pa.Table]:
+    """The archive rows (ARCHIVE_ROWS) of messages enqueued in [start, end) that left the entity and are
+    within retention, one table per partition in sequence-number (enqueue) order. Only the archive files
+    filed under the dates the range spans are read. Messages that left but stay in the messages table
+    (retention keeps a partition's highest sequence number, and duplicate detection its window: see
+    sparkbus.engine.retention) are read from there, as their archive rows will be."""
+    uri = table_uri(info.tables)
+    view = commits.LogView(storage.open_table(uri)) if storage.table_exists(uri) else None
+    dates = archiving.date_range(start, end)
+    since = archiving.kept_since(clock.now(), info.options.archive_retention) \
+        if info.options.archive_retention is not None else None
+    reader = PartitionReader(ARCHIVE_ROWS)
+    locks = commits.LogView(storage.open_table(info.tables["locks"]))  # before messages: see retention
+    messages = commits.LogView(storage.open_table(info.tables["messages"]))
+    for partition in range(info.partition_count):
+        paths = [] if view is None else [f.path for f in view.files(partition)
+                                         if dates.holds(dict(f.values).get(ARCHIVE_DATE))]
+        archived = reader.with_partition(reader.named(view, paths), partition) if view is not None and paths \
+            else ARCHIVE_ROWS.empty_table()
+        staying = _staying(messages, locks, partition)
+        if staying.num_rows and archived.num_rows:
+            staying = staying.filter(pc.invert(pc.is_in(staying["sequence_number"],
+                                                        value_set=archived["sequence_number"])))
+        rows = archiving.within_retention(archiving.enqueued_within(
+            pa.concat_tables([archived, staying]), start, end), since)
+        if rows.num_rows:
+            yield rows.take(pc.sort_indices(rows["sequence_number"]))
+
+
+def _staying(messages: commits.LogView, locks: commits.LogView, partition: int) -> pa.Table:
+    """The archive rows of the partition's messages that left and whose rows are still in the messages
+    table."""
+    states = PartitionReader(LOCKS).rows(locks, partition)
+    states = states.filter(pc.is_in(states["state"], value_set=pa.array(GONE_STATES, pa.string())))
+    if not states.num_rows:
+        return ARCHIVE_ROWS.empty_table()
+    numbers = states["sequence_number"]
+    reader = PartitionReader(MESSAGES)
+    parts = [data.filter(pc.is_in(data["sequence_number"], value_set=numbers))
+             for _, data in reader.files(messages, partition, pc.min(numbers).as_py(), pc.max(numbers).as_py())]
+    rows = reader.with_partition(parts, partition)
+    if not rows.num_rows:
+        return ARCHIVE_ROWS.empty_table()
+    return archiving.archive_rows(rows, states.filter(pc.is_in(numbers, value_set=rows["sequence_number"])))

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from ..client import ServiceBusClient
 from ..amqp import AmqpMessageBodyType
+from ..core.durations import format_duration
 from ..core.names import split_subscription_path, validate_child_name, validate_entity_name
 from ..core.shown import filter_text, plain
 from ..core.wire import MAX_SEQUENCE_NUMBER
@@ -75,6 +76,8 @@ class EntityRow:
     awaiting_fanout: Optional[int]  # a topic's messages no fan-out has delivered yet
     requires_session: bool
     forward_to: Optional[str]
+    archive_retention: Optional[str] = None  # ISO 8601; None: no archive
+    archive_messages: int = 0  # what the archive holds (not counted in size_in_bytes)
 
     @property
     def used_percent(self) -> Optional[float]:
@@ -133,7 +136,9 @@ def _row(kind: str, path: str, props: EntityProperties, runtime: Any, awaiting: 
                      runtime.scheduled_message_count, getattr(runtime, "transfer_message_count", 0),
                      getattr(runtime, "transfer_dead_letter_message_count", 0), runtime.size_in_bytes,
                      None if quota is None else int(quota) * 1024 * 1024, awaiting,
-                     bool(getattr(props, "requires_session", False)), getattr(props, "forward_to", None))
+                     bool(getattr(props, "requires_session", False)), getattr(props, "forward_to", None),
+                     None if props.archive_retention is None else format_duration(props.archive_retention),
+                     runtime.archive_message_count)
 
 
 # ---- one entity --------------------------------------------------------------------------------------------
