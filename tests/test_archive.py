@@ -392,3 +392,76 @@ def _drain_subscription(client, topic, subscription):
             receiver.complete_messages(batch)
             got += batch
     return got
+
+
+@pytest.mark.local_only
+def test_sparkbus_replay_on_the_command_line(admin, client, ns_path, capsys):
+    """`sparkbus replay --entity E --since T [--until T] [--to E2] [--filter SQL] [--id ID]`: a time as ISO 8601
+    or a duration ago; run again with its id it sends nothing; a bad time is a usage error that writes
+    nothing."""
+    from sparkbus.cli import main
+
+    admin.create_queue("q", archive_retention="P1D")
+    admin.create_queue("copy")
+    client.get_queue_sender("q").send_messages([ServiceBusMessage(f"m{i}", application_properties={"n": i})
+                                                for i in range(6)])
+    _drain(client, "q")
+    argv = ["replay", "--entity", "q", "--since", "PT1H", "--to", "copy", "--filter", "n >= 2", "--id", "cli",
+            "--namespace", ns_path]
+    assert main([*argv, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["replayed"], printed["already_replayed"], printed["replay_id"]) == (4, 0, "cli")
+    assert main(argv) == 0
+    assert "replayed 0 message(s) from q to copy (4 sent before under this id); replay id cli" in capsys.readouterr().out
+    until = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    assert main(["replay", "--entity", "q", "--since", "2026-01-01T00:00", "--until", until, "--json",
+                 "--namespace", ns_path]) == 0
+    assert json.loads(capsys.readouterr().out)["replayed"] == 0
+    assert main(["replay", "--entity", "q", "--since", "yesterday", "--namespace", ns_path]) == 2
+    assert "takes an ISO 8601 time" in capsys.readouterr().err
+    assert sorted(m.application_properties[b"n"] for m in _drain(client, "copy")) == [2, 3, 4, 5]
+
+
+@pytest.mark.local_only
+def test_spark_reads_the_archive_reading_only_the_days_asked_for(admin, client, ns_path, clock, spark):
+    """spark.read.format("sparkbus").option("archive", "true") gives the archived messages with left_time and
+    left_as; startTime / endTime select by enqueue time and the reader names only the files filed under the
+    dates in range; archive_table gives the Delta table for any Delta reader."""
+    from sparkbus.spark.datasource import ArchiveReader
+
+    admin.create_queue("q", archive_retention="P30D")
+    day = timedelta(days=1)
+    first = clock.now()
+    for round_ in range(3):
+        client.get_queue_sender("q").send_messages([ServiceBusMessage(f"d{round_}m{i}") for i in range(3)])
+        clock.advance(2 * 86_400)
+    _drain(client, "q")
+    housekeeping.sweep(Catalog(normalize(ns_path)))
+    options = {"namespace": ns_path, "entity": "q", "archive": "true"}
+    since = (first + 1.5 * day).isoformat()
+    [piece] = ArchiveReader({**options, "startTime": since}).partitions()
+    every = ArchiveReader(options).partitions()[0].paths
+    dates = {(first + k * 2 * day).strftime("%Y-%m-%d") for k in range(3)}
+    assert {p.split("enqueued_date=")[1][:10] for p in every} == dates
+    assert piece.paths and all("enqueued_date=" + first.strftime("%Y-%m-%d") not in p for p in piece.paths)
+    assert len(piece.paths) < len(every)
+
+    def read(**bounds):  # (a DataFrameReader keeps the options set on it: a new one each time)
+        return spark.read.format("sparkbus").options(**options, **bounds).load()
+
+    later = read(startTime=since)
+    assert sorted(r.body.decode() for r in later.select("body").collect()) == \
+        sorted(f"d{r}m{i}" for r in (1, 2) for i in range(3))
+    assert {r.left_as for r in later.select("left_as").collect()} == {"completed"}
+    assert later.columns[-5:] == ["delivery_count", "dead_letter_reason", "dead_letter_error_description",
+                                  "left_time", "left_as"]
+    middle = read(startTime=since, endTime=(first + 3 * day).isoformat())
+    assert sorted(r.body.decode() for r in middle.select("body").collect()) == [f"d1m{i}" for i in range(3)]
+    assert read().count() == 9
+    assert DeltaTable(sparkbus.archive_table(ns_path, "q")).to_pyarrow_table().num_rows == 8  # one stays in q
+    with pytest.raises(Exception, match="startTime must be an ISO 8601 time"):
+        read(startTime="last week").count()
+    admin.create_queue("plain")
+    with pytest.raises(Exception, match="keeps no archive"):
+        spark.read.format("sparkbus").option("namespace", ns_path).option("entity", "plain") \
+            .option("archive", "true").load().count()

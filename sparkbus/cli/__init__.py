@@ -438,7 +438,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
 NAMESPACE_VARIABLE = "SPARKBUS_NAMESPACE"  # the namespace of every command not given --namespace
 # The commands as `sparkbus --help` lists them: by what they are for, in the order people reach for them.
 COMMAND_GROUPS = (
-    ("messages", ("send", "peek", "receive", "dead-letter", "send-batch")),
+    ("messages", ("send", "peek", "receive", "dead-letter", "replay", "send-batch")),
     ("entities", ("queue", "topic", "subscription", "rule", "apply")),
     ("looking at a namespace", ("ui", "show", "metrics", "capacity")),
     ("running a namespace", ("namespace", "update-namespace", "serve", "process", "fanout", "forward", "maintain",

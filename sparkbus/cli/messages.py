@@ -1,6 +1,7 @@
 """The message commands of the `sparkbus` CLI: send (arguments, a JSON-lines file or stdin), peek (from a
 sequence number, with each message's state), receive (settled as --settle says; deferred messages by
-sequence number) and `dead-letter list|resubmit` (all, or chosen by sequence number). Tables for people,
+sequence number), `dead-letter list|resubmit` (all, or chosen by sequence number) and `replay` (what an
+entity's archive holds, from a time). Tables for people,
 `--json` (one object per line) for scripts, progress bars on stderr when it is a terminal. An entity is a
 queue or topic to send to, a queue or '<topic>/Subscriptions/<name>' to read.
 
@@ -13,6 +14,7 @@ exists, is a queue or topic and takes sends) before it receives anything.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from datetime import datetime, timedelta, timezone
@@ -21,6 +23,9 @@ from typing import Any, Iterator, Optional, TypeVar, Union
 from tqdm import tqdm
 
 from ..client import ServiceBusClient
+from ..engine import clock
+from ..management import ServiceBusAdministrationClient
+from ..rules import SqlRuleFilter
 from ..core.durations import MAX_DURATION, parse_duration
 from ..core.names import split_subscription_path
 from ..core.wording import plural
@@ -245,6 +250,36 @@ def _print(messages: list[ServiceBusReceivedMessage], as_json: bool, dead_letter
     print(format_table([{k: ("" if v is None else cut(v)) for k, v in r.items()} for r in rows], columns))
 
 
+def point_in_time(text: str) -> datetime:
+    """--since/--until: an ISO 8601 time (UTC when it names no zone, e.g. 2026-11-28T09:30) or an ISO 8601
+    duration meaning that long ago (PT1H: an hour ago). ArgumentTypeError saying what is allowed."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return clock.now() - parse_duration(text, "time")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes an ISO 8601 time such as 2026-11-28T09:30 (UTC unless a zone is "
+                                             f"given) or a duration ago such as PT1H or P2D, got {text!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def replay(args: argparse.Namespace) -> None:
+    """Send again what an entity's archive holds from --since (to --until), to --to (default: the entity),
+    selected by --filter; --id names the replay so that running it again continues it."""
+    admin = ServiceBusAdministrationClient(args.namespace)
+    rule_filter = SqlRuleFilter(args.filter) if args.filter is not None else None
+    with progress("replayed") as bar:
+        result = admin.replay_messages(args.entity, start_time=args.since, end_time=args.until, to=args.to,
+                                       rule_filter=rule_filter, replay_id=args.id, progress=bar.update)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), default=str))
+    else:
+        before = f" ({result.already_replayed} sent before under this id)" if result.already_replayed else ""
+        print(f"replayed {result.replayed} message(s) from {result.entity_path} to {result.to}{before}; "
+              f"replay id {result.replay_id}")
+
+
 def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
     """Add send, peek, receive and dead-letter list|resubmit; returns their parsers (they take --namespace
     like the others)."""
@@ -300,6 +335,17 @@ def register(commands: argparse._SubParsersAction[ParserT]) -> list[ParserT]:
                              help="start at this sequence number (default: the first message)")
         cmd.set_defaults(run=run, dead_letter=True)
         made.append(cmd)
+    again = commands.add_parser("replay", help="send again what an entity's archive holds (archive_retention)")
+    again.add_argument("--entity", required=True, help="queue, topic or '<topic>/Subscriptions/<name>'")
+    again.add_argument("--since", required=True, type=point_in_time, metavar="TIME",
+                       help="the earliest enqueue time: ISO 8601 (UTC unless a zone is given) or a duration ago, "
+                            "e.g. PT1H")
+    again.add_argument("--until", type=point_in_time, metavar="TIME", help="enqueue times before this (default: all)")
+    again.add_argument("--to", help="the entity to send to (default: the entity itself)")
+    again.add_argument("--filter", metavar="SQL", help="only messages this SQL filter matches, e.g. \"region = 'eu'\"")
+    again.add_argument("--id", help="names the replay: run again with the same id, it continues and sends nothing twice")
+    again.set_defaults(run=replay)
+    made.append(again)
     for cmd in made:
         cmd.add_argument("--json", action="store_true", help="one JSON object per line")
     return made

@@ -178,33 +178,48 @@ def prune(info: EntityInfo) -> int:
     return len(expired)
 
 
-def read(info: EntityInfo, start: datetime, end: Optional[datetime] = None) -> Iterator[pa.Table]:
-    """The archive rows (ARCHIVE_ROWS) of messages enqueued in [start, end) that left the entity and are
-    within retention, one table per partition in sequence-number (enqueue) order. Only the archive files
-    filed under the dates the range spans are read. Messages that left but stay in the messages table
-    (retention keeps a partition's highest sequence number, and duplicate detection its window: see
-    sparkbus.engine.retention) are read from there, as their archive rows will be."""
+def files(info: EntityInfo, start: datetime, end: Optional[datetime] = None) -> dict[int, list[str]]:
+    """The archive's data files (paths as in its log) that may hold messages enqueued in [start, end), by
+    partition: those filed under the dates the range spans (none when the entity has no archive table)."""
     uri = table_uri(info.tables)
-    view = commits.LogView(storage.open_table(uri)) if storage.table_exists(uri) else None
+    if not storage.table_exists(uri):
+        return {}
+    view = commits.LogView(storage.open_table(uri))
     dates = archiving.date_range(start, end)
+    found = {p: [f.path for f in view.files(p) if dates.holds(dict(f.values).get(ARCHIVE_DATE))]
+             for p in view.partitions()}
+    return {p: paths for p, paths in found.items() if paths}
+
+
+def rows(info: EntityInfo, partition: int, paths: list[str], start: datetime, end: Optional[datetime] = None) -> pa.Table:
+    """The archive rows (ARCHIVE_ROWS) of one partition's messages enqueued in [start, end) that left the
+    entity and are within retention, in sequence-number (enqueue) order: those of the archive files at paths
+    (files() chooses them), and of messages that left but whose rows stay in the messages table (retention
+    keeps a partition's highest sequence number, and duplicate detection its window: see
+    sparkbus.engine.retention), read from there as their archive rows will be."""
+    reader = PartitionReader(ARCHIVE_ROWS)
+    archived = ARCHIVE_ROWS.empty_table()
+    if paths:
+        view = commits.LogView(storage.open_table(table_uri(info.tables)))
+        archived = reader.with_partition(reader.named(view, paths), partition)
+    locks = commits.LogView(storage.open_table(info.tables["locks"]))  # before messages: see retention
+    staying = _staying(commits.LogView(storage.open_table(info.tables["messages"])), locks, partition)
+    if staying.num_rows and archived.num_rows:
+        staying = staying.filter(pc.invert(pc.is_in(staying["sequence_number"], value_set=archived["sequence_number"])))
     since = archiving.kept_since(clock.now(), info.options.archive_retention) \
         if info.options.archive_retention is not None else None
-    reader = PartitionReader(ARCHIVE_ROWS)
-    locks = commits.LogView(storage.open_table(info.tables["locks"]))  # before messages: see retention
-    messages = commits.LogView(storage.open_table(info.tables["messages"]))
+    found = archiving.within_retention(archiving.enqueued_within(pa.concat_tables([archived, staying]), start, end),
+                                       since)
+    return found.take(pc.sort_indices(found["sequence_number"]))
+
+
+def read(info: EntityInfo, start: datetime, end: Optional[datetime] = None) -> Iterator[pa.Table]:
+    """rows() of every partition that has some, in partition order."""
+    chosen = files(info, start, end)
     for partition in range(info.partition_count):
-        paths = [] if view is None else [f.path for f in view.files(partition)
-                                         if dates.holds(dict(f.values).get(ARCHIVE_DATE))]
-        archived = reader.with_partition(reader.named(view, paths), partition) if view is not None and paths \
-            else ARCHIVE_ROWS.empty_table()
-        staying = _staying(messages, locks, partition)
-        if staying.num_rows and archived.num_rows:
-            staying = staying.filter(pc.invert(pc.is_in(staying["sequence_number"],
-                                                        value_set=archived["sequence_number"])))
-        rows = archiving.within_retention(archiving.enqueued_within(
-            pa.concat_tables([archived, staying]), start, end), since)
-        if rows.num_rows:
-            yield rows.take(pc.sort_indices(rows["sequence_number"]))
+        found = rows(info, partition, chosen.get(partition, []), start, end)
+        if found.num_rows:
+            yield found
 
 
 def _staying(messages: commits.LogView, locks: commits.LogView, partition: int) -> pa.Table:

@@ -17,6 +17,9 @@ cumulative: everything of the entity up to the committed offset that is still de
 one commit per 5,000 messages, so a completion lost with a crash between Spark's commit and ours happens
 at the next commit after the restart. A message another receiver holds a lock on is left to it.
 
+With .option("archive", "true") a batch read returns what an entity's archive holds (ArchiveReader), the
+time options pruning the archive files it reads to the dates they span.
+
 The sink stages each micro-batch's rows as Arrow files on the executors (as send_dataframe does) and
 commits them in one Delta commit that records the batch id as a Delta application transaction keyed on
 the checkpoint location: a batch replayed after a crash finds its id recorded and writes nothing.
@@ -48,6 +51,8 @@ from pyspark.sql.types import StructType
 from .. import storage
 from ..core import sequencing
 from ..core.throttling import data_cost
+from ..engine import archive
+from ..exceptions import InvalidOperationError
 from ..engine.catalog import Catalog
 from ..engine.delivery import Delivery
 from ..engine.enqueue import EntityWriter
@@ -57,7 +62,7 @@ from ..engine.namespace import governor_of, namespace_root
 from ..engine.registry import CachedEntity, EntityDeleted, EntityInfo, resolve
 from ..engine.retry import NO_RETRY, RetryPolicy
 from ..engine.throttle import Usage
-from ..core.schemas import ACTIVE, BORN_DEAD_LETTER_COLUMNS, GONE_SQL, MESSAGES
+from ..core.schemas import ACTIVE, ARCHIVE_ROWS, BORN_DEAD_LETTER_COLUMNS, GONE_SQL, MESSAGES
 from . import dataframes
 
 FORMAT = "sparkbus"
@@ -425,6 +430,87 @@ def check_consumable(info: EntityInfo, content: str, latest_start: bool) -> None
         raise ValueError("settle 'complete' reads messages: it cannot be combined with content 'ranges'")
 
 
+# .option("archive", "true"): a batch read of the entity's archive (sparkbus.engine.archive), the messages
+# that left it, with how and when; startTime / endTime (ISO 8601, UTC unless a zone is given) bound their
+# enqueue times, and only the archive files filed under the dates in between are read.
+ARCHIVE_COLUMNS = ("delivery_count", "dead_letter_reason", "dead_letter_error_description", "left_time", "left_as")
+ARCHIVE_SCHEMA = (SCHEMA + ", delivery_count int, dead_letter_reason string, dead_letter_error_description string, "
+                  "left_time timestamp, left_as string")
+_ARCHIVE_ARROW = pa.schema([*_ARROW, *(ARCHIVE_ROWS.field(name).with_nullable(True) for name in ARCHIVE_COLUMNS)])
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class ArchiveSlice(InputPartition):
+    """One partition of an entity's archive: the archive files to read (paths as in its log) and the range
+    of enqueue times."""
+
+    entity: str
+    partition: int
+    paths: tuple[str, ...]
+    start: datetime
+    end: Optional[datetime]
+
+
+def _time_option(options: Mapping[str, str], name: str) -> Optional[datetime]:
+    """An ISO 8601 time option (UTC unless it names a zone), None when not given; ValueError otherwise."""
+    text = options.get(name)
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an ISO 8601 time such as 2026-11-28T09:30:00 (UTC unless a zone is "
+                         f"given), got {text!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def is_archive_read(options: Mapping[str, str]) -> bool:
+    """Whether the options ask for the archive (ValueError for an archive option that is neither true nor
+    false)."""
+    value = options.get("archive", "false").lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"archive must be 'true' or 'false', got {options['archive']!r}")
+    return value == "true"
+
+
+class ArchiveReader(DataSourceReader):
+    """The messages that left an entity with an archive (ARCHIVE_SCHEMA), enqueued in [startTime, endTime):
+    one input partition per entity partition, naming only the archive files of the dates in range."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.root = option_root(options, "source")
+        self.shipped = storage.location.shipment(self.root)
+        self.entity = options["entity"]
+        self.start = _time_option(options, "startTime") or EPOCH
+        self.end = _time_option(options, "endTime")
+        if self.end is not None and self.end <= self.start:
+            raise ValueError(f"endTime must be after startTime, got {self.end.isoformat()} <= {self.start.isoformat()}")
+        for name in ("settle", "content", "startingPosition"):
+            if name in options:
+                raise ValueError(f"the archive is read as a batch of messages: option {name!r} does not apply to it")
+        if self._info().options.archive_retention is None:
+            raise InvalidOperationError(f"{self.entity!r} keeps no archive: set its archive_retention")
+
+    def _info(self) -> EntityInfo:
+        return resolve(self.root, Catalog(self.root).snapshot(), self.entity, ("queue", "topic", "subscription"))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        info = self._info()
+        chosen = archive.files(info, self.start, self.end)
+        return [ArchiveSlice(info.path, p, tuple(chosen.get(p, ())), self.start, self.end)
+                for p in range(info.partition_count)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        storage.location.install(self.root, *self.shipped)  # on an executor
+        assert isinstance(partition, ArchiveSlice)
+        rows = archive.rows(self._info(), partition.partition, list(partition.paths), partition.start, partition.end)
+        rows = rows.select([*SHOWN.names, *ARCHIVE_COLUMNS])
+        table = pa.Table.from_arrays([pa.array([partition.entity] * rows.num_rows, pa.string()), *rows.columns],
+                                     schema=_ARCHIVE_ARROW)
+        yield from table.to_batches()
+
+
 class SparkbusReader(DataSourceReader):
     """A snapshot of the entity's messages that are not completed or cancelled."""
 
@@ -505,12 +591,16 @@ class SparkbusDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
+        if is_archive_read(self.options):
+            return ARCHIVE_SCHEMA
         return RANGES_SCHEMA if self.options.get("content", "").lower() == "ranges" else SCHEMA
 
-    def reader(self, schema: StructType) -> SparkbusReader:
-        return SparkbusReader(self.options)
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ArchiveReader(self.options) if is_archive_read(self.options) else SparkbusReader(self.options)
 
     def streamReader(self, schema: StructType) -> SparkbusStreamReader:
+        if is_archive_read(self.options):
+            raise ValueError("the archive is read with spark.read (a batch); streams read the entity itself")
         return SparkbusStreamReader(self.options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SparkbusStreamWriter:
