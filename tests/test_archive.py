@@ -465,3 +465,23 @@ def test_spark_reads_the_archive_reading_only_the_days_asked_for(admin, client, 
     with pytest.raises(Exception, match="keeps no archive"):
         spark.read.format("sparkbus").option("namespace", ns_path).option("entity", "plain") \
             .option("archive", "true").load().count()
+
+
+@pytest.mark.local_only
+def test_a_topics_archive_replays_into_a_subscription_created_after_the_messages_were_sent(admin, client, ns_path):
+    """A topic with an archive keeps every message sent to it once fanned out (left as forwarded); replayed
+    into a subscription created later, that subscription gets them all, in order."""
+    from sparkbus.engine import fanout
+
+    admin.create_topic("t", archive_retention="P1D")
+    admin.create_subscription("t", "early")
+    client.get_topic_sender("t").send_messages([ServiceBusMessage(f"m{i}", application_properties={"i": i})
+                                                for i in range(5)])
+    fanout.drain(open_catalog(ns_path), "t")
+    assert [r["left_as"] for r in _archived(ns_path, "t", ("topic",))] == ["forwarded"] * 4  # the highest stays
+    admin.create_subscription("t", "late")
+    result = admin.replay_messages("t", start_time=datetime(2000, 1, 1, tzinfo=timezone.utc),
+                                   to="t/Subscriptions/late")
+    assert result.replayed == 5
+    assert [m.body for m in _drain_subscription(client, "t", "late")] == [f"m{i}".encode() for i in range(5)]
+    assert len(_drain_subscription(client, "t", "early")) == 5  # untouched by the replay

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .records import conformed, micros, stored_int64s
 
 UTC = timezone.utc
-from .schemas import ARCHIVE_ROWS, LOCKS, MESSAGES
+from .schemas import ARCHIVE_ROWS, FORWARDED, LOCKS, MESSAGES, TS
 
 # the state columns an archive row keeps, as LOCKS names them -> as the archive does
 KEPT_STATE = {"delivery_count": "delivery_count", "dead_letter_reason": "dead_letter_reason",
@@ -95,3 +96,14 @@ def enqueued_within(rows: pa.Table, start: datetime, end: Optional[datetime]) ->
     if end is not None:
         keep &= enqueued < micros(end)
     return rows.filter(pa.array(keep))
+
+
+def fanned_out_states(rows: pa.Table, now: datetime) -> pa.Table:
+    """State rows (LOCKS) for topic messages (MESSAGES) leaving their topic once fanned out: a topic's rows
+    have none (they are not received), and their archive rows say they were forwarded, now."""
+    n = rows.num_rows
+    return pa.Table.from_arrays([
+        rows["partition_id"], rows["sequence_number"], pa.array([FORWARDED] * n, pa.string()),
+        pa.array(np.zeros(n, np.int32)), pa.nulls(n, pa.string()), pa.nulls(n, TS), pa.nulls(n, pa.string()),
+        pa.nulls(n, pa.string()), pa.nulls(n, pa.string()), pa.array(np.full(n, micros(now), np.int64)).view(TS)],
+        schema=LOCKS)

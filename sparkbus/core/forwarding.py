@@ -48,6 +48,12 @@ def claim_app_id(partition: int) -> str:
     return f"sparkbus.transfer.claim.p{partition}"
 
 
+def fanout_app_id(partition: int) -> str:
+    """Application transaction on a subscription's and its topic's messages tables: the highest topic
+    sequence number (low bits) of one topic partition fanned out (sparkbus.engine.fanout)."""
+    return f"sparkbus.fanout.p{partition}"
+
+
 def transfer_app_id(source_storage: str, partition: int) -> str:
     """Application transaction on a destination's messages table: the last batch of one source partition
     it received. source_storage names the source's tables, so a source deleted and created again under

@@ -26,6 +26,7 @@ from .. import storage
 from ..core import entities, forwarding, throttling, tiers
 from ..core.entities import (DEFAULTS, EntityOptions, QueueProperties, QueueRuntimeProperties, SubscriptionProperties,
                              SubscriptionRuntimeProperties, TopicProperties, TopicRuntimeProperties)
+from ..core.forwarding import fanout_app_id
 from ..core.filters import (RuleFilter, RuleProperties, SqlRuleAction, TrueRuleFilter, action_to_json, check_filter, filter_quota_kind, filter_to_json)
 from ..core.names import DEFAULT_RULE_NAME, checked_name, key, rule_path, split_subscription_path, subscription_path
 from ..core.schemas import ENTITY_TABLES, TABLE_CONFIGURATION
@@ -237,7 +238,7 @@ def _counts(catalog: Catalog, snap: Snapshot, row: Row) -> tuple[Counts, set[int
     subscriptions = snap.children(row.key, "subscription") if row.kind == "topic" else []
     cursors = None
     if row.kind == "topic":  # rows already fanned out to the subscriptions are not the topic's any more
-        cursors = {p: fanout.partition_app_id(p) for p in range(row.partition_count)}
+        cursors = {p: fanout_app_id(p) for p in range(row.partition_count)}
     skipped = set(detected_faults(catalog.root, row.path))
     while True:  # a partition whose files cannot be read is left out of the counts, and reported
         try:

@@ -39,7 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..core import archiving
+from ..core import archiving, sequencing
+from ..core.forwarding import fanout_app_id
 from ..core.schemas import ARCHIVE, ARCHIVE_DATE, ARCHIVE_ROWS, GONE_STATES, LOCKS, MESSAGES, TABLE_CONFIGURATION
 from ..storage import CommitFailedError, DeltaError, commits, location, maintenance
 from ..storage.reader import PartitionReader
@@ -203,7 +204,8 @@ def rows(info: EntityInfo, partition: int, paths: list[str], start: datetime, en
         view = commits.LogView(storage.open_table(table_uri(info.tables)))
         archived = reader.with_partition(reader.named(view, paths), partition)
     locks = commits.LogView(storage.open_table(info.tables["locks"]))  # before messages: see retention
-    staying = _staying(commits.LogView(storage.open_table(info.tables["messages"])), locks, partition)
+    messages = commits.LogView(storage.open_table(info.tables["messages"]))
+    staying = _staying_in_topic(messages, partition) if info.kind == "topic" else _staying(messages, locks, partition)
     if staying.num_rows and archived.num_rows:
         staying = staying.filter(pc.invert(pc.is_in(staying["sequence_number"], value_set=archived["sequence_number"])))
     since = archiving.kept_since(clock.now(), info.options.archive_retention) \
@@ -237,3 +239,20 @@ def _staying(messages: commits.LogView, locks: commits.LogView, partition: int) 
     if not rows.num_rows:
         return ARCHIVE_ROWS.empty_table()
     return archiving.archive_rows(rows, states.filter(pc.is_in(numbers, value_set=rows["sequence_number"])))
+
+
+def _staying_in_topic(messages: commits.LogView, partition: int) -> pa.Table:
+    """The archive rows of a topic partition's messages fanned out whose rows are still in its messages
+    table (the partition's highest: sparkbus.engine.fanout.advance_topic)."""
+    cursor = messages.app_version(fanout_app_id(partition))
+    if not cursor:
+        return ARCHIVE_ROWS.empty_table()
+    last = sequencing.compose(partition, cursor)
+    reader = PartitionReader(MESSAGES)
+    rows = reader.with_partition([data for _, data in reader.files(messages, partition, sequencing.compose(partition, 0),
+                                                                   last)], partition)
+    rows = rows.filter(pc.and_(pc.less_equal(rows["sequence_number"], last),
+                               pc.is_null(rows["scheduled_enqueue_time_utc"])))
+    if not rows.num_rows:
+        return ARCHIVE_ROWS.empty_table()
+    return archiving.archive_rows(rows, archiving.fanned_out_states(rows, clock.now()))

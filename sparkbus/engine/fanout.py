@@ -57,11 +57,12 @@ import pyarrow.compute as pc
 
 from .. import storage
 from ..exceptions import CommitConflictError
-from ..core import records
+from ..core import archiving, records
 from ..core import sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import header_sizes
 from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter
+from ..core.forwarding import fanout_app_id
 from ..core.language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
 from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
@@ -69,7 +70,7 @@ from ..core.values import encode_properties
 from ..storage import CommitProperties, DeltaTable, Transaction, commits, maintenance
 from ..storage.reader import PartitionReader
 from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, DEAD_LETTERED, FORWARDED, LOCKS, MESSAGES
-from . import locks, retry
+from . import archive, locks, retry
 from .catalog import Catalog, Row, Snapshot
 from .namespace import governor_of
 from .registry import CachedEntity, EntityDeleted, EntityInfo, resolve
@@ -82,10 +83,6 @@ FILTER_EVALUATION_REASON = "FilterEvaluationException"
 NO_RETRY = retry.NO_RETRY  # the cursor: one round of re-plans, then left to the next batch
 BATCH_ROWS = 200_000  # topic messages fanned out at once (1 KiB bodies: about 200 MB in memory)
 _LATEST_US = records.micros(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc))
-
-
-def partition_app_id(partition: int) -> str:
-    return f"sparkbus.fanout.p{partition}"
 
 
 def scheduled_app_id(sequence_number: int) -> str:
@@ -160,8 +157,8 @@ def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:
 
 def topic_cursors(topic_messages: DeltaTable, partitions: int) -> dict[int, int]:
     """Per topic partition, the n up to which every message has been fanned out (one read of the log)."""
-    done = commits.app_versions(topic_messages, [partition_app_id(p) for p in range(partitions)])
-    return {p: done[partition_app_id(p)] or 0 for p in range(partitions)}
+    done = commits.app_versions(topic_messages, [fanout_app_id(p) for p in range(partitions)])
+    return {p: done[fanout_app_id(p)] or 0 for p in range(partitions)}
 
 
 # ---- one batch ------------------------------------------------------------------------------------------
@@ -359,14 +356,14 @@ Plan = Callable[[DeltaTable, _Built], Optional[tuple[np.ndarray, list[int], list
 def _batch_plan(ends: dict[int, int]) -> Plan:
     """A batch: copies above the subscription's version of each topic partition; new versions = the ends."""
     def plan(table: DeltaTable, built: _Built) -> Optional[tuple[np.ndarray, list[int], list[Transaction]]]:
-        versions_now = commits.app_versions(table, [partition_app_id(p) for p in ends])
-        done = {p: versions_now[partition_app_id(p)] or 0 for p in ends}
+        versions_now = commits.app_versions(table, [fanout_app_id(p) for p in ends])
+        done = {p: versions_now[fanout_app_id(p)] or 0 for p in ends}
         moving = {p: e for p, e in ends.items() if e > done[p]}
         if not moving:
             return None
         partitions = built.rows["partition_id"].to_pylist()
         wanted = [p in moving and s > done[p] for p, s in zip(partitions, built.sources.tolist())]
-        versions = [Transaction(partition_app_id(p), e) for p, e in sorted(moving.items())]
+        versions = [Transaction(fanout_app_id(p), e) for p, e in sorted(moving.items())]
         return np.flatnonzero(np.array(wanted, dtype=bool)), sorted(moving), versions
     return plan
 
@@ -460,7 +457,9 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
     """Move the topic's cursor to the batch's ends and let fanned-out rows leave the topic, in one direct
     commit: the files holding rows up to the ends are rewritten without them (scheduled rows stay for
     deliver_scheduled, and each partition's highest row stays: its number carries the numbering on), and
-    the commit records the new cursors. It claims only the range fanned out and the files it rewrites, so
+    the commit records the new cursors. A topic with an archive archives the rows that leave first
+    (sparkbus.engine.archive: the commit also records the archive's counts). It claims only the range
+    fanned out and the files it rewrites, so
     sends committing above the cursors meanwhile never conflict with it (delta-rs' overwrite with a
     predicate lost to every such send: under steady sends it retried for minutes and held the batch).
 
@@ -471,28 +470,36 @@ def advance_topic(topic: EntityInfo, ends: dict[int, int]) -> None:
     minutes re-planning."""
     view = commits.LogView(storage.open_table(topic.tables["messages"]))
     reader = PartitionReader(MESSAGES)
+    archived = archive.open_view(topic) if topic.options.archive_retention is not None else None
 
     def attempt() -> None:
         view.advance()
-        cursors = view.app_versions(partition_app_id(p) for p in ends)
-        moving = {p: e for p, e in ends.items() if e > (cursors[partition_app_id(p)] or 0)}
+        cursors = view.app_versions(fanout_app_id(p) for p in ends)
+        moving = {p: e for p, e in ends.items() if e > (cursors[fanout_app_id(p)] or 0)}
         if not moving:
             return
         marks = view.high_water_marks()
         kept: dict[int, pa.Table] = {}
         removed: list[str] = []
+        versions = {fanout_app_id(p): end for p, end in moving.items()}
+        if archived is not None:
+            archived.advance()
         for p, end in moving.items():
             last = sequencing.compose(p, min(end, marks.get(p, 0) - 1))  # the highest row that may go
-            parts = []
+            parts, leaving = [], []
             for path, data in reader.files(view, p, sequencing.compose(p, 0), last):
                 gone = pc.and_(pc.less_equal(data["sequence_number"], last),
                                pc.is_null(data["scheduled_enqueue_time_utc"]))
                 if pc.any(gone).as_py():
                     removed.append(path)
                     parts.append(data.filter(pc.invert(gone)))
+                    leaving.append(data.filter(gone))
             if parts and sum(part.num_rows for part in parts):
                 kept[p] = pa.concat_tables(parts)
-        versions = {partition_app_id(p): end for p, end in moving.items()}
+            if archived is not None and leaving:  # to the topic's archive first (sparkbus.engine.archive)
+                rows = reader.with_partition(leaving, p)
+                versions.update(archive.archive_leaving(archived, p, archive.pending(archived, view, p), rows,
+                                                        archiving.fanned_out_states(rows, clock.now())))
         claim = commits.Claim({p: (sequencing.compose(p, 0), sequencing.compose(p, end)) for p, end in moving.items()},
                               frozenset(removed), frozenset(versions))
         files: list[commits.AddedFile] = []

@@ -34,11 +34,11 @@ def sweep(catalog: Catalog, stopping: Callable[[], bool] = lambda: False) -> Swe
         if stopping():
             break
         info = resolve(catalog.root, snap, row.path, KINDS)
+        archived = info.options.archive_retention is not None
         if info.kind != "topic":  # a topic's rows leave as its fan-out cursor moves (sparkbus.engine.fanout)
-            archived = info.options.archive_retention is not None
             result.removed += retention.run_entity(info, eager=archived)  # archived: within a sweep
-            if archived:
-                archive.prune(info)
+        if archived:
+            archive.prune(info)
         for uri in info.tables.values():
             maintenance.compact(uri)
             maintenance.cleanup(uri)
