@@ -10,7 +10,7 @@ export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 # setuptools announces with a warning on every install: chosen on purpose, so not printed.
 EDITABLE := PYTHONWARNINGS="ignore:Compat editable installs" $(BIN)/python -m pip install --quiet
 
-.PHONY: install demo test test-fast typecheck dist docs crash soak sdk-samples bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-processor bench-store bench-peers bench-peers-quick bench-servers clean
+.PHONY: install demo test test-fast typecheck dist docs crash soak sdk-samples bench bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-processor bench-store bench-archive bench-peers bench-peers-quick bench-servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,7 +95,7 @@ soak: install
 sdk-samples: install
 	$(BIN)/python tests/sdk_samples.py $(SAMPLES)
 
-bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-processor bench-store bench-peers
+bench: bench-send bench-receive bench-fanout bench-forward bench-throttle bench-aio bench-processor bench-store bench-archive bench-peers
 
 bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
@@ -120,6 +120,9 @@ bench-processor: install
 
 # Local disk, Azurite and S3 (SeaweedFS), each object store behind a proxy adding LATENCY_MS to every request
 # (0 too): every operation's p50/p99, requests and sequential round trips, and 1/2/4-process throughput.
+bench-archive: install
+	$(BIN)/python benchmarks/bench_archive.py --messages 100000 --single 300 --rounds 3
+
 bench-store: install
 	$(BIN)/python benchmarks/bench_store.py --latency-ms 0,$${LATENCY_MS:-20} $(BENCH_STORE_ARGS)
 

@@ -485,3 +485,25 @@ def test_a_topics_archive_replays_into_a_subscription_created_after_the_messages
     assert result.replayed == 5
     assert [m.body for m in _drain_subscription(client, "t", "late")] == [f"m{i}".encode() for i in range(5)]
     assert len(_drain_subscription(client, "t", "early")) == 5  # untouched by the replay
+
+
+def test_replayed_properties_are_each_rows_own_with_where_and_when_it_came_from():
+    """archiving.replayed_properties builds the properties text over the whole column: it decodes to the
+    row's own properties plus the three annotations, for rows without properties, with some, and with one
+    of the annotation names already (a replay of a replay: replaced, not repeated)."""
+    from sparkbus.core import archiving
+    from sparkbus.core.records import from_rows
+    from sparkbus.core.values import decode_properties, encode_properties
+
+    at = datetime(2026, 11, 29, 8, 30, 1, 250, tzinfo=timezone.utc)
+    own = [None, encode_properties({}), encode_properties({"n": 5, "when": at, "b": b"\x00"}),
+           encode_properties({"X-Opt-Replayed-From": "older", "k": "v"}), encode_properties({"s": 'quote " é'})]
+    rows = from_rows([{**{name: None for name in MESSAGES.names}, "partition_id": 0, "sequence_number": 10 + i,
+                       "enqueued_time_utc": at + timedelta(seconds=i), "body": b"", "body_size": 0,
+                       "header_size": 0, "application_properties": text} for i, text in enumerate(own)], MESSAGES)
+    made = archiving.replayed_properties(rows, "orders/x").to_pylist()
+    for i, text in enumerate(own):
+        expected = {k: v for k, v in decode_properties(text).items() if k.lower() != "x-opt-replayed-from"}
+        expected.update({"x-opt-replayed-from": "orders/x", "x-opt-original-sequence-number": 10 + i,
+                         "x-opt-original-enqueued-time": at + timedelta(seconds=i)})
+        assert decode_properties(made[i]) == expected, i

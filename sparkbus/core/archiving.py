@@ -3,6 +3,7 @@ they are filed under, and which of them the retention still keeps. Pure rules, n
 (sparkbus.engine.archive writes and reads them)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Optional
@@ -12,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .records import conformed, micros, stored_int64s
+from .values import decode_properties, encode_properties
 
 UTC = timezone.utc
 from .schemas import ARCHIVE_ROWS, FORWARDED, LOCKS, MESSAGES, TS
@@ -107,3 +109,39 @@ def fanned_out_states(rows: pa.Table, now: datetime) -> pa.Table:
         pa.array(np.zeros(n, np.int32)), pa.nulls(n, pa.string()), pa.nulls(n, TS), pa.nulls(n, pa.string()),
         pa.nulls(n, pa.string()), pa.nulls(n, pa.string()), pa.array(np.full(n, micros(now), np.int64)).view(TS)],
         schema=LOCKS)
+
+
+# The application properties a replayed message carries: where and when it came from.
+REPLAYED_FROM = "x-opt-replayed-from"
+ORIGINAL_SEQUENCE_NUMBER = "x-opt-original-sequence-number"
+ORIGINAL_ENQUEUED_TIME = "x-opt-original-enqueued-time"
+_ANNOTATED = "(?i)x-opt-(replayed-from|original-sequence-number|original-enqueued-time)"
+
+
+def replayed_properties(rows: pa.Table, source_path: str) -> pa.Array:
+    """The stored application properties (core.values' encoding) of archive rows as replay sends them: each
+    row's own with REPLAYED_FROM, ORIGINAL_SEQUENCE_NUMBER and ORIGINAL_ENQUEUED_TIME set. Built as text
+    over the whole column (decoding every row's properties cost a replay half its time); a row that
+    already carries one of these names (a replay of a replay) is decoded, set and encoded again."""
+    texts = rows["application_properties"].combine_chunks()
+    enqueued = pc.strftime(rows["enqueued_time_utc"].combine_chunks(), "%Y-%m-%dT%H:%M:%S+00:00")
+    added = pc.binary_join_element_wise(
+        f'"{ORIGINAL_ENQUEUED_TIME}":["datetime","', enqueued,
+        f'"],"{ORIGINAL_SEQUENCE_NUMBER}":["int",', pc.cast(rows["sequence_number"].combine_chunks(), pa.string()),
+        f'],"{REPLAYED_FROM}":["str",{json.dumps(source_path)}]}}', "")
+    empty = pc.fill_null(pc.less_equal(pc.utf8_length(texts), 2), True)  # no text, or "{}"
+    opened = pc.utf8_slice_codeunits(pc.fill_null(texts, "{}"), 0, -1)
+    joined = pc.if_else(empty, pc.binary_join_element_wise("{", added, ""),
+                        pc.binary_join_element_wise(opened, ",", added, ""))
+    clashing = np.flatnonzero(pc.fill_null(pc.match_substring_regex(texts, _ANNOTATED), False).to_numpy(
+        zero_copy_only=False))
+    if not len(clashing):
+        return joined
+    values = joined.to_pylist()
+    for i in clashing.tolist():
+        decoded = {k: v for k, v in decode_properties(texts[i].as_py()).items()  # (names match in any case)
+                   if k.lower() not in (REPLAYED_FROM, ORIGINAL_SEQUENCE_NUMBER, ORIGINAL_ENQUEUED_TIME)}
+        decoded.update({REPLAYED_FROM: source_path, ORIGINAL_SEQUENCE_NUMBER: rows["sequence_number"][i].as_py(),
+                        ORIGINAL_ENQUEUED_TIME: rows["enqueued_time_utc"][i].as_py()})
+        values[i] = encode_properties(decoded)
+    return pa.array(values, pa.string())

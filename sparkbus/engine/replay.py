@@ -27,11 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from .. import storage
+from ..core import archiving
 from ..core.encoding import OUTGOING
 from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter, SqlRuleFilter
 from ..core.language import CompiledRule, MessageView, compile_correlation, compile_sql, select
 from ..core.throttling import data_cost
-from ..core.values import decode_properties, encode_properties
 from ..exceptions import CommitConflictError, InvalidOperationError
 from ..storage import commits
 from . import archive, retention, retry
@@ -42,9 +42,6 @@ from .registry import EntityInfo, resolve
 from .throttle import Usage
 
 BATCH = 1_000  # messages per commit (one source partition's)
-REPLAYED_FROM = "x-opt-replayed-from"
-ORIGINAL_SEQUENCE_NUMBER = "x-opt-original-sequence-number"
-ORIGINAL_ENQUEUED_TIME = "x-opt-original-enqueued-time"
 KINDS = ("queue", "topic", "subscription")
 
 
@@ -86,6 +83,7 @@ def replay(catalog: Catalog, entity_path: str, *, start: datetime, end: Optional
     replay_id = replay_id or uuid.uuid4().hex
     retention.run_entity(source, eager=True)
     governor = governor_of(catalog)
+    writer = EntityWriter(lambda: target)
     sent = skipped = 0
     for rows in archive.read(source, start, end):
         partition = int(rows["partition_id"][0].as_py())
@@ -93,9 +91,8 @@ def replay(catalog: Catalog, entity_path: str, *, start: datetime, end: Optional
             rows = rows.filter(pa.array(select([rule], MessageView(rows), np.ones(rows.num_rows, bool)).plain))
         app = app_id(replay_id, source, partition)
         numbers = rows["sequence_number"].to_numpy()
-        done = 0
+        done, cursor = 0, _cursor(target, app)
         while done < rows.num_rows:
-            cursor = _cursor(target, app)
             ahead = int(np.searchsorted(numbers, cursor, side="right")) if cursor is not None else 0
             if ahead > done:  # an earlier run (or a racing one) sent these
                 skipped += ahead - done
@@ -105,16 +102,19 @@ def replay(catalog: Catalog, entity_path: str, *, start: datetime, end: Optional
             copies = _copies(batch, source.path)
             last = int(numbers[done + batch.num_rows - 1])
             try:
-                governor.call(target.path, lambda: EntityWriter(lambda: target).append(
+                result = governor.call(target.path, lambda: writer.append(
                     copies, batch_limit=False, info=target, with_sequence_numbers=False, app_transactions={app: last}),
                     lambda _: Usage(data_cost(copies.num_rows), incoming_messages=copies.num_rows), retry.NO_RETRY,
                     wait=True)
-            except CommitConflictError:
-                continue  # a racing run of this id committed meanwhile: read the cursor again
-            if _cursor(target, app) != last:
-                continue  # (append wrote nothing: the batch was there already)
+            except CommitConflictError:  # a racing run of this id committed meanwhile: where does it stand?
+                cursor = _cursor(target, app)
+                continue
+            if result.message_count + result.duplicate_count == 0:  # the target had the batch already
+                cursor = _cursor(target, app)
+                continue
             sent += batch.num_rows
             done += batch.num_rows
+            cursor = last
             if progress is not None:
                 progress(batch.num_rows)
     return ReplayResult(replay_id, source.path, target.path, start, end, sent, skipped)
@@ -145,15 +145,8 @@ def _compiled(rule_filter: RuleFilterArg) -> Optional[CompiledRule]:
 def _copies(rows: pa.Table, source_path: str) -> pa.Table:
     """Archive rows as the messages a replay sends: as they were sent (OUTGOING), not scheduled, their
     application properties annotated with the source, the original sequence number and enqueue time."""
-    properties = []
-    for text, number, enqueued in zip(rows["application_properties"].to_pylist(),
-                                      rows["sequence_number"].to_pylist(), rows["enqueued_time_utc"].to_pylist()):
-        decoded = decode_properties(text)
-        decoded.update({REPLAYED_FROM: source_path, ORIGINAL_SEQUENCE_NUMBER: number,
-                        ORIGINAL_ENQUEUED_TIME: enqueued})
-        properties.append(encode_properties(decoded))
     out = rows.select(OUTGOING.names)
     out = out.set_column(OUTGOING.get_field_index("application_properties"), "application_properties",
-                         pa.array(properties, pa.string()))
+                         archiving.replayed_properties(rows, source_path))
     index = OUTGOING.get_field_index("scheduled_enqueue_time_utc")
     return out.set_column(index, OUTGOING.field(index), pa.nulls(out.num_rows, OUTGOING.field(index).type))
