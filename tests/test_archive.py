@@ -507,3 +507,34 @@ def test_replayed_properties_are_each_rows_own_with_where_and_when_it_came_from(
         expected.update({"x-opt-replayed-from": "orders/x", "x-opt-original-sequence-number": 10 + i,
                          "x-opt-original-enqueued-time": at + timedelta(seconds=i)})
         assert decode_properties(made[i]) == expected, i
+
+
+@pytest.mark.local_only
+def test_compaction_merges_an_archives_small_files_within_each_date(admin, client, ns_path, clock):
+    """Each sweep writes a small archive file per partition and date; compaction merges them date by date
+    (never across dates), the rows and their dates unchanged."""
+    from sparkbus.storage import maintenance
+
+    admin.create_queue("q", archive_retention="P30D")
+    catalog = Catalog(normalize(ns_path))
+    for day in range(2):
+        for round_ in range(9):
+            client.get_queue_sender("q").send_messages([ServiceBusMessage(f"d{day}r{round_}") for _ in range(2)])
+            _drain(client, "q")
+            housekeeping.sweep(catalog)
+        clock.advance(86_400)
+    uri = archive.table_uri(_info(ns_path, "q").tables)
+    before = _archived(ns_path, "q")
+    files_before = len(DeltaTable(uri).file_uris())
+    assert maintenance.compact(uri)
+    after = _archived(ns_path, "q")
+    assert [(r["sequence_number"], r["enqueued_date"], bytes(r["body"])) for r in after] == \
+        [(r["sequence_number"], r["enqueued_date"], bytes(r["body"])) for r in before]
+    paths = DeltaTable(uri).file_uris()
+    assert len(paths) < files_before and len({r["enqueued_date"] for r in after}) == 2
+    import pyarrow.parquet as pq
+
+    for path in paths:  # every file holds one date's rows, in that date's directory
+        date = path.split("enqueued_date=")[1][:10]
+        times = pq.read_table(path.removeprefix("file://"), columns=["enqueued_time_utc"])["enqueued_time_utc"]
+        assert {t.strftime("%Y-%m-%d") for t in times.to_pylist()} == {date}

@@ -130,7 +130,7 @@ def archive_leaving(archive: commits.LogView, partition: int, counts: Pending, l
             commits.discard(archive.log, files)
             raise
         archive.committed(done, files, [], app)
-        maintenance.after_direct_commit(archive.log.uri, done.version, compacting=False)
+        maintenance.after_direct_commit(archive.log.uri, done.version)
     return {removed_app(partition): count}
 
 
@@ -175,7 +175,7 @@ def prune(info: EntityInfo) -> int:
                               commits.Claim({}, frozenset(expired)), operation="DELETE")
     except CommitFailedError:
         return 0
-    maintenance.after_direct_commit(uri, done.version, compacting=False)
+    maintenance.after_direct_commit(uri, done.version)
     return len(expired)
 
 

@@ -7,7 +7,9 @@ What may leave, per partition:
   rows enqueued within the history window (duplicates: the window is the history);
 - a `locks` row in a gone state whose message row is no longer there.
 Messages go first, their state rows after (a crash in between leaves state rows that the next run
-removes). Receivers read `locks` before `messages` (receiver.ServiceBusReceiver._snapshot), so no
+removes). An entity with an archive archives the leaving messages first, in a commit to its archive table,
+and the removal records which archive commit it follows (sparkbus.engine.archive says why that is exactly
+once); the namespace's sweep then runs eagerly, every gone row leaving however few. Receivers read `locks` before `messages` (receiver.ServiceBusReceiver._snapshot), so no
 reader ever sees a completed message without its state row, which would make it look active.
 
 A run handles one partition with two direct commits (sparkbus.storage.commits), each replacing the
@@ -167,7 +169,8 @@ def _rewrite(view: commits.LogView, schema: pa.Schema, partition: int, paths: li
         if only_gone:
             drop = pc.and_(drop, pc.is_in(data["state"], value_set=_gone_states()))
         parts.append(data.filter(pc.invert(drop)))
-        gone.append(data.filter(drop))
+        if leaving_first is not None:
+            gone.append(data.filter(drop))
     app = leaving_first(reader.with_partition(gone, partition)) if leaving_first is not None else {}
     rows = pa.concat_tables(parts)
     files: list[commits.AddedFile] = []

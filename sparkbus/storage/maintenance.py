@@ -114,17 +114,16 @@ def after_commit(table: DeltaTable) -> None:
         _ask((table.table_uri, COMPACT), functools.partial(compact, table.table_uri))
 
 
-def after_direct_commit(uri: str, version: int, *, compacting: bool = True) -> None:
+def after_direct_commit(uri: str, version: int) -> None:
     """Call after a direct commit (sparkbus.storage.commits, durable already) made `version` of the table
-    at uri: asks the background thread for the checkpoint, log cleanup and compaction due (compacting=False:
-    none, for a table whose files compaction must not merge: an archive's are partitioned by date too).
-    The caller holds no table object to re-base, so the checkpoint runs on the thread too."""
+    at uri: asks the background thread for the checkpoint, log cleanup and compaction due. The caller
+    holds no table object to re-base, so the checkpoint runs on the thread too."""
     _keep_pace()
     if version % CHECKPOINT_EVERY == 0:
         with _changed:
             at = _checkpoint_at[uri] = max(version, _checkpoint_at.get(uri, version))
             _ask((uri, CHECKPOINT), functools.partial(checkpoint, uri, at))
-    if compacting and version % COMPACT_EVERY == 0:
+    if version % COMPACT_EVERY == 0:
         _ask((uri, COMPACT), functools.partial(compact, uri))
 
 
@@ -200,36 +199,45 @@ def compact(uri: str) -> bool:
 
 
 def _compact_partitions(view: LogView, reader: PartitionReader) -> bool:
-    """Merge the files merged_together chooses in each partition into one file, all partitions in one
-    direct commit that claims only the files it removes: sends appending meanwhile never conflict
-    with it, a commit that rewrote one of its files does (then the next attempt re-plans from the log,
-    reading only the files written since). delta-rs' compaction, a commit per partition, replayed the log
-    to open the table and, with the table's sends at 40 versions a second, fell behind for good: under the
-    soak a topic's table reached 10,000 live files. Returns whether it committed."""
+    """Merge the files merged_together chooses in each partition (and, in a table with more partition
+    columns, such as an archive's dates, each of their directories) into one file, all in one direct commit
+    that claims only the files it removes: sends appending meanwhile never conflict with it, a commit that
+    rewrote one of its files does (then the next attempt re-plans from the log, reading only the files
+    written since). delta-rs' compaction, a commit per partition, replayed the log to open the table and,
+    with the table's sends at 40 versions a second, fell behind for good: under the soak a topic's table
+    reached 10,000 live files. Returns whether it committed."""
     view.advance()
     target = view.log.target_file_size or COMPACT_TARGET_BYTES
-    merged: dict[int, list[AddedFile]] = {}
+    merged: dict[tuple[int, tuple[tuple[str, str], ...]], list[AddedFile]] = {}
     total = 0
     for partition in sorted(view.partitions()):
         if total >= COMPACT_JOB_BYTES:  # the rest in the next job: memory stays bounded
             break
-        chosen = merged_together(view.files(partition), target)
-        if chosen:
-            merged[partition] = chosen
-            total += sum(f.size for f in chosen)
+        groups: dict[tuple[tuple[str, str], ...], list[AddedFile]] = {}
+        for added in view.files(partition):
+            groups.setdefault(added.values, []).append(added)
+        for values, listed in groups.items():
+            chosen = merged_together(listed, target)
+            if chosen:
+                merged[(partition, values)] = chosen
+                total += sum(f.size for f in chosen)
     if not merged:
         return False
-    rows = reader.merged(view, {p: [f.path for f in chosen] for p, chosen in merged.items()})  # (one round)
+    rows = reader.merged(view, {group: [f.path for f in chosen] for group, chosen in merged.items()})  # (one round)
 
-    def rows_of(partition: int) -> pa.Table:
-        data = rows.pop(partition)
+    def sorted_rows(group: tuple[int, tuple[tuple[str, str], ...]]) -> pa.Table:
+        data = rows.pop(group)
         return data.take(pc.sort_indices(data["sequence_number"])) if "sequence_number" in data.column_names \
             else data
 
     removed = frozenset(f.path for chosen in merged.values() for f in chosen)
     files: list[AddedFile] = []
     try:
-        files = commits.write_files(view.log, sorted(merged), rows_of, compress=True)
+        plain = sorted(p for p, values in merged if not values)
+        files = commits.write_files(view.log, plain, lambda p: sorted_rows((p, ())), compress=True)
+        for partition, values in sorted(group for group in merged if group[1]):
+            files.append(commits.write_file(view.log, partition, sorted_rows((partition, values)), compress=True,
+                                            values=values))
         done = commits.commit(view.log, view.position, files, removed, commits.Claim({}, removed),
                               operation="OPTIMIZE", data_change=False)
     except BaseException:
@@ -293,10 +301,12 @@ def _followed(uri: str) -> Optional[tuple[LogView, PartitionReader]]:
     followed = kept.pop(uri, None)
     if followed is None:
         table = _latest(uri)
-        if storage.PARTITION_COLUMN not in table.metadata().partition_columns:
+        partitioned_by = table.metadata().partition_columns
+        if storage.PARTITION_COLUMN not in partitioned_by:
             return None
-        followed = (LogView(table), PartitionReader(pa.schema(table.schema().to_arrow()), max_bytes=READER_BYTES,
-                                                    written=True))
+        schema = pa.schema([f for f in pa.schema(table.schema().to_arrow())  # the columns data files hold
+                            if f.name == storage.PARTITION_COLUMN or f.name not in partitioned_by])
+        followed = (LogView(table), PartitionReader(schema, max_bytes=READER_BYTES, written=True))
     kept[uri] = followed
     while len(kept) > TABLES_KEPT:
         kept.popitem(last=False)

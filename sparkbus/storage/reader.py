@@ -10,7 +10,7 @@ process committed costs none."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Optional
+from typing import Hashable, Iterable, Optional, TypeVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -23,6 +23,8 @@ from ..exceptions import PartitionUnavailableError
 from . import PARTITION_COLUMN, location
 from .commits import LogView
 from .fetched import fetch, rows_written
+
+K = TypeVar("K", bound=Hashable)
 
 
 class PartitionReader:
@@ -116,9 +118,9 @@ class PartitionReader:
         self._load(full)
         return [self._file(path) for path in full]
 
-    def merged(self, view: "LogView", paths: dict[int, list[str]]) -> dict[int, pa.Table]:
-        """The rows of the view's data files at these paths (partition -> paths as in the log), each
-        partition's as one table in the schema given, those not in memory fetched together. The rows of
+    def merged(self, view: "LogView", paths: dict[K, list[str]]) -> dict[K, pa.Table]:
+        """The rows of the view's data files at these paths (a group, e.g. a partition -> paths as in the
+        log), each group's as one table in the schema given, those not in memory fetched together. The rows of
         files this process wrote lately (written) are taken as they were written and filled out with
         nulls in one call per partition, not file by file: compaction merging a single send's files
         spent 13 ms of Python on them, holding the GIL that the sends waited for. OSError or pyarrow's
