@@ -538,3 +538,22 @@ def test_compaction_merges_an_archives_small_files_within_each_date(admin, clien
         date = path.split("enqueued_date=")[1][:10]
         times = pq.read_table(path.removeprefix("file://"), columns=["enqueued_time_utc"])["enqueued_time_utc"]
         assert {t.strftime("%Y-%m-%d") for t in times.to_pylist()} == {date}
+
+
+@pytest.mark.local_only
+def test_replay_keeps_session_ids_and_a_session_receiver_gets_them_in_order(admin, client, ns_path):
+    """Session messages replayed into a session queue keep their session ids and, per session, their order."""
+    admin.create_queue("sessions", requires_session=True, archive_retention="P1D")
+    admin.create_queue("again", requires_session=True)
+    client.get_queue_sender("sessions").send_messages(
+        [ServiceBusMessage(f"{s}{i}", session_id=s) for i in range(4) for s in ("a", "b")])
+    for session in ("a", "b"):
+        with client.get_queue_receiver("sessions", session_id=session, max_wait_time=1) as receiver:
+            receiver.complete_messages(receiver.receive_messages(max_message_count=10, max_wait_time=1))
+    assert admin.replay_messages("sessions", start_time=datetime(2000, 1, 1, tzinfo=timezone.utc),
+                                 to="again").replayed == 8
+    for session in ("a", "b"):
+        with client.get_queue_receiver("again", session_id=session, max_wait_time=1) as receiver:
+            got = receiver.receive_messages(max_message_count=10, max_wait_time=1)
+            assert [m.body for m in got] == [f"{session}{i}".encode() for i in range(4)]
+            assert {m.session_id for m in got} == {session}
