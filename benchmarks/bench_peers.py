@@ -29,6 +29,9 @@ Workloads (the same on each system where it applies):
               receivers share a count of completed messages and stop when all are completed (none stops on a
               pause while another's messages may still come back); the time is from their common start to the
               last completion, so no idle wait at the end is counted.
+  archive     sparkbus only: the `receive` row with 1 process and the single receive+complete p50, on a queue
+              with archive_retention set (what leaves goes to its archive as retention removes it), beside the
+              same rows without it.
   dataframe   sparkbus send_dataframe of --dataframe-messages against one PostgreSQL COPY of as many rows
               (Spark starts once, before the measurement; a 1,000-row send warms it up, not counted).
   fanout      a topic with 10 subscriptions (each with the default rule) against a RabbitMQ fanout exchange with
@@ -87,7 +90,7 @@ SUBSCRIPTIONS = 10
 PROPERTY = {"kind": "bench"}
 SYSTEMS = ("sparkbus", "rabbitmq", "postgres")
 LABELS = {"sparkbus": "sparkbus", "rabbitmq": "RabbitMQ", "postgres": "PostgreSQL"}
-WORKLOADS = ("send", "single", "receive", "dataframe", "fanout", "partitions")
+WORKLOADS = ("send", "single", "receive", "archive", "dataframe", "fanout", "partitions")
 PARTITION_COUNTS = (1, 2, 4, 16)
 PREMIUM_UNITS = 16  # the most a premium namespace takes
 QUICK = {"messages": 20_000, "single": 200, "dataframe_messages": 100_000}
@@ -197,10 +200,12 @@ class Sparkbus:
         self.client = ServiceBusClient(self.path)
         self.spark = None
 
-    def queue(self, name: str, path: Optional[str] = None, partitioned: bool = True) -> dict:
-        """A queue in the standard namespace (16 partitions), or in the namespace at path."""
+    def queue(self, name: str, path: Optional[str] = None, partitioned: bool = True, archive: bool = False) -> dict:
+        """A queue in the standard namespace (16 partitions), or in the namespace at path; archive: with an
+        archive (archive_retention of a day)."""
         admin = ServiceBusAdministrationClient(path) if path else self.admin
-        admin.create_queue(name, enable_partitioning=partitioned, max_size_in_megabytes=5120, lock_duration="PT5M")
+        admin.create_queue(name, enable_partitioning=partitioned, max_size_in_megabytes=5120, lock_duration="PT5M",
+                           archive_retention="P1D" if archive else None)
         return {"path": path or self.path, "queue": name}
 
     def send_batches(self, target: dict, count: int) -> tuple[float, dict]:
@@ -732,6 +737,8 @@ def rows_for(args: argparse.Namespace) -> list[Row]:
             Row("receive_batch_4p", "receive+complete, batches of 1,000, 4 processes", "msg/s"),
             Row("receive_single_p50", "single receive+complete p50", "ms", False),
             Row("receive_single_p99", "single receive+complete p99", "ms", False),
+            Row("receive_batch_1p_archive", "receive+complete, batches of 1,000, 1 process, archive on", "msg/s"),
+            Row("receive_single_p50_archive", "single receive+complete p50, archive on", "ms", False),
             Row("bulk_send", f"bulk send of {n} (send_dataframe / one COPY)", "msg/s"),
             Row("fanout_receivable", f"fan-out to {SUBSCRIPTIONS}: copies receivable", "copies/s"),
             Row("fanout_drained", f"fan-out to {SUBSCRIPTIONS}: copies received+completed", "copies/s")]
@@ -788,6 +795,24 @@ def queue_workloads(driver, args: argparse.Namespace, results: Results) -> None:
         notes = {"operations": args.single, "warmup": WARMUP, "method": driver.single["receive"]}
         results.add("receive_single_p50", system, p50, **notes)
         results.add("receive_single_p99", system, p99, **notes)
+
+
+def archive_workload(driver: "Sparkbus", args: argparse.Namespace, results: Results) -> None:
+    """The 1-process batched receive and the single receive+complete again, on queues with an archive."""
+    n, system = args.messages, driver.name
+    target = driver.queue("archived", archive=True)
+    driver.send_batches(target, n)
+    ids, bad, seconds = parallel_drain(system, target, 1, n)
+    check(f"{system} receive, archive on", ids, n, bad, driver.left(target))
+    driver.drop(target)
+    results.add("receive_batch_1p_archive", system, n / seconds, messages=n, seconds=seconds, processes=1)
+    target, count = driver.queue("single-archived", archive=True), args.single + WARMUP
+    driver.single_send(target, count)
+    latencies, ids, bad = driver.single_receive(target, count)
+    check(f"{system} single receive, archive on", ids, count, bad, driver.left(target))
+    driver.drop(target)
+    results.add("receive_single_p50_archive", system, percentiles(latencies)[0], operations=args.single,
+                warmup=WARMUP, method=driver.single["receive"])
 
 
 def fanout_workload(driver, args: argparse.Namespace, results: Results) -> None:
@@ -1106,6 +1131,9 @@ def run(args: argparse.Namespace, results: Results, servers: Servers) -> dict:
                 queue_workloads(drivers[system], args, results)
                 if "fanout" in args.workloads and system != "postgres":
                     fanout_workload(drivers[system], args, results)
+        if "archive" in args.workloads and "sparkbus" in drivers:
+            print("sparkbus with an archive:", flush=True)
+            archive_workload(drivers["sparkbus"], args, results)
         if "partitions" in args.workloads and "sparkbus" in drivers:
             print("sparkbus partitions:", flush=True)
             partitions_workload(drivers["sparkbus"], args, results)
