@@ -117,13 +117,12 @@ def archive_leaving(archive: commits.LogView, partition: int, counts: Pending, l
     count = counts.archived
     if rows.num_rows:
         count += 1
-        parts = archiving.by_date(rows)
-        dates = list(parts)
         files: list[commits.AddedFile] = []
         app = {archive_app(partition): count}
         try:
-            files = [commits.write_file(archive.log, partition, parts[date], compress=True,
-                                        values=((ARCHIVE_DATE, date),)) for date in dates]
+            for date, part in archiving.by_date(rows).items():  # one file per date
+                files.append(commits.write_file(archive.log, partition, part, compress=True,
+                                                values=((ARCHIVE_DATE, date),)))
             done = commits.commit(archive.log, archive.position, files, [],
                                   commits.Claim({}, app_ids=frozenset(app)), app, operation="WRITE")
         except BaseException:
