@@ -671,7 +671,6 @@ class ServiceBusAdministrationClient:
         """
         return archive.table_uri(admin.entity_tables(self._catalog, checked_name(entity_path)))
 
-    @_management
     def replay_messages(self, entity_path: str, *, start_time: datetime, end_time: Optional[datetime] = None,
                         to: Optional[str] = None, rule_filter: Union[SqlRuleFilter, CorrelationRuleFilter, None] = None,
                         replay_id: Optional[str] = None,
@@ -681,7 +680,8 @@ class ServiceBusAdministrationClient:
         with the application properties x-opt-replayed-from, x-opt-original-sequence-number and
         x-opt-original-enqueued-time), in enqueue order per partition. Exactly once per replay_id: a replay
         interrupted and run again with the same id continues and sends nothing twice. Charged to throttling
-        as sends into `to`.
+        as sends into `to`, batch by batch (each waits for credits; no management request is held open
+        meanwhile).
 
         Args:
             entity_path: The entity whose archive is replayed (it has archive_retention set).
@@ -709,7 +709,6 @@ class ServiceBusAdministrationClient:
                              to=None if to is None else checked_name(to), rule_filter=rule_filter,
                              replay_id=replay_id, progress=progress)
 
-    @_management
     def seek_subscription(self, topic_name: str, subscription_name: str, time: datetime) -> ReplayResult:
         """sparkbus: make every message the subscription received since `time` (by enqueue time) and that
         has left it available to it again, as Pub/Sub's seek does: its archive replayed into it.
