@@ -96,7 +96,10 @@ def left_as(way: str, prior: Optional[str]) -> str:
 
 
 def left_as_array(way: str, prior: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """left_as for a column of prior states (null: active)."""
+    """left_as for a column of prior states (null: active); a few as Python values (the kernels' calls cost
+    more)."""
+    if len(prior) <= 16:
+        return pa.array([left_as(way, state) for state in prior.to_pylist()], pa.string())
     dead = pc.fill_null(pc.is_in(prior, value_set=pa.array(DEAD_LETTER_STATES, pa.string())), False)
     if not pc.any(dead).as_py():
         return pa.array([way] * len(prior), pa.string())
