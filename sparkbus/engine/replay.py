@@ -29,12 +29,12 @@ import pyarrow as pa
 from .. import storage
 from ..core import archiving
 from ..core.encoding import OUTGOING
-from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter, SqlRuleFilter
-from ..core.language import CompiledRule, MessageView, compile_correlation, compile_sql, select
+from ..core.filters import CorrelationRuleFilter, SqlRuleFilter
+from ..core.language import CompiledRule, MessageView, select
 from ..core.throttling import data_cost
 from ..exceptions import CommitConflictError, InvalidOperationError
 from ..storage import commits
-from . import archive, retention, retry
+from . import archive, fanout, retention, retry
 from .catalog import Catalog
 from .enqueue import EntityWriter
 from .namespace import governor_of
@@ -129,14 +129,10 @@ def _compiled(rule_filter: RuleFilterArg) -> Optional[CompiledRule]:
     for anything but a SqlRuleFilter or CorrelationRuleFilter."""
     if rule_filter is None:
         return None
-    if isinstance(rule_filter, CorrelationRuleFilter):
-        fields = {f: getattr(rule_filter, f) for f in CORRELATION_FIELDS}
-        rule = compile_correlation("replay", fields, rule_filter.properties or {})
-    elif isinstance(rule_filter, SqlRuleFilter):
-        rule = compile_sql("replay", rule_filter.sql_expression, rule_filter.parameters or {})
-    else:
+    if not isinstance(rule_filter, (CorrelationRuleFilter, SqlRuleFilter)):
         raise TypeError(f"rule_filter must be a SqlRuleFilter or CorrelationRuleFilter, got "
                         f"{type(rule_filter).__name__}")
+    rule = fanout.compile_filter("replay", rule_filter)
     if rule.problem:
         raise ValueError(f"rule_filter: {rule.problem}")
     return rule
