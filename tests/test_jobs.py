@@ -42,8 +42,12 @@ def fresh_shell(env: dict | None = None, master: str = "local[2]") -> dict:
 
 
 def job_command(job: str, *args: str, master: str = "local[2]") -> list[str]:
+    """`sparkbus submit JOB ARGS` on master; a cluster's executors start with the JVM options of the suite's
+    other JVMs (conftest's SPARK_SUBMIT_OPTS: the client compiler and the serial collector)."""
     return [SPARKBUS, "submit", "--master", master, "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.executor.memory=1g", os.path.join(JOBS, job) if job.endswith(".py") else job, *args]
+            "--conf", "spark.executor.memory=1g",
+            "--conf", f"spark.executor.extraJavaOptions={os.environ['SPARK_SUBMIT_OPTS']}",
+            os.path.join(JOBS, job) if job.endswith(".py") else job, *args]
 
 
 def submit(job: str, *args: str, timeout: float = 300, env: dict | None = None,
