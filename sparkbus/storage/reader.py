@@ -183,7 +183,10 @@ class PartitionReader:
         if content is None and not location.is_local(path):
             content = fetch([path])[path]
         footer = self._narrow._footers.get(path) if held is not None and self._narrow is not None else None
-        file = pq.ParquetFile(path if content is None else pa.BufferReader(content), metadata=footer)
+        # pre_buffer off: its coalesced reads pay off on high-latency files, not on a local file or bytes
+        # already fetched, where it cost a third of a narrow read (466 -> 311 us for a file of 248 rows)
+        file = pq.ParquetFile(path if content is None else pa.BufferReader(content), metadata=footer,
+                              pre_buffer=False)
         present = set(file.schema_arrow.names)
         data = file.read([n for n in wanted if n in present], use_threads=False)
         if held is not None:  # the same file's rows, in the same order
