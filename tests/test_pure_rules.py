@@ -254,6 +254,27 @@ def test_settled_files_are_those_whose_every_number_has_a_state_row_that_is_not_
     assert transitions.settled([(1, 2), (1, 3), (3, 3)], twice) == [False, False, True]
 
 
+def test_files_whose_messages_are_settled_or_locked_beyond_now_hold_nothing_to_take_now():
+    """transitions.settled given now: an ACTIVE row locked beyond now counts as one with nothing to take
+    (another receiver holds it), a lock that lapsed by now or an unlocked active row does not, and the same
+    files count again once their locks have lapsed."""
+    from datetime import datetime, timedelta, timezone
+
+    from sparkbus.core import transitions
+    from sparkbus.core.schemas import ACTIVE, COMPLETED
+
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    later, earlier = now + timedelta(seconds=30), now - timedelta(seconds=1)
+    rows = [(1, COMPLETED, None), (2, ACTIVE, later), (3, ACTIVE, later), (4, ACTIVE, now), (5, ACTIVE, earlier),
+            (6, ACTIVE, None), (7, ACTIVE, later)]
+    states = _state_rows([{"partition_id": 0, "sequence_number": n, "state": state, "delivery_count": 1,
+                           "locked_until_utc": until} for n, state, until in rows])
+    ranges = [(1, 3), (1, 4), (4, 4), (5, 5), (6, 6), (7, 7), (7, 8)]
+    assert transitions.settled(ranges, states, now) == [True, False, False, False, False, True, False]
+    assert transitions.settled(ranges, states) == [False, False, False, False, False, False, False]
+    assert transitions.settled(ranges, states, later) == [False] * len(ranges)
+
+
 def test_quiet_until_is_the_first_lock_to_lapse_or_schedule_to_fall_due():
     """transitions.quiet_until: after candidates found nothing in a partition, the earliest moment one of
     its messages could become receivable without a write: a lock of an active message lapsing or a

@@ -231,16 +231,23 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     return found
 
 
-def settled(ranges: list[tuple[float, float]], states: pa.Table) -> list[bool]:
+def settled(ranges: list[tuple[float, float]], states: pa.Table, now: Optional[datetime] = None) -> list[bool]:
     """Which of a partition's message files, given by their sequence-number ranges [low, high] (unbounded
     when unknown), hold nothing a receiver of the active queue could take: every number in the range has a
     state row, and none of them is ACTIVE. Completed, cancelled, deferred and dead-lettered messages never
     return to the active queue, and a partition numbers its messages consecutively, so such a file need not
     be read to choose what to lock. A drained partition keeps its rows until retention removes them; four
-    receivers of one queue read every one of them, in every partition each came to, to find nothing."""
+    receivers of one queue read every one of them, in every partition each came to, to find nothing.
+
+    now: an ACTIVE row locked beyond now counts too (another receiver holds the message; nothing to take
+    before its lock lapses, when the file is read again): receivers sharing a partition read the files the
+    others had just locked, only to find nothing in them."""
     if not ranges:
         return []
-    numbers = np.sort(stored_int64s(states["sequence_number"])[~_equal(states["state"], ACTIVE)])
+    gone = ~_equal(states["state"], ACTIVE)
+    if now is not None:
+        gone |= ~_at_most(states["locked_until_utc"], micros(now), True)
+    numbers = np.sort(stored_int64s(states["sequence_number"])[gone])
     if len(numbers) > 1 and (repeated := numbers[1:] == numbers[:-1]).any():  # (np.unique: 12 times slower)
         numbers = numbers[np.concatenate(([True], ~repeated))]
     lows = np.array([low for low, _ in ranges], dtype=np.float64)

@@ -416,8 +416,8 @@ class Delivery:
                     continue
                 try:
                     states = self._readers["locks"].rows(state, partition)
-                    skip = transitions.settled([f.sequence_range() for f in messages.files(partition)], states) \
-                        if plain else None
+                    skip = transitions.settled([f.sequence_range() for f in messages.files(partition)], states,
+                                               now) if plain else None
                     choosing = self._readers["choosing"].rows(messages, partition, skip=skip)
                     found = transitions.candidates(
                         choosing, states, queue, now, left - len(got) + 16, sequence_numbers,
