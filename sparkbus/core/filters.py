@@ -5,7 +5,8 @@ Rules are stored and returned faithfully here; check_filter/check_action (create
 namespace definitions) also parse SQL text with sparkbus.core.language, so a syntax error is a ValueError
 naming the position and nothing is stored. Every value a rule holds must have a wire form
 (sparkbus.core.wire): a rule holding one a message could not carry would fail for every message of the
-topic, so it is refused here. Evaluation lives in sparkbus.core.language and sparkbus.engine.fanout.
+topic, so it is refused here. compile_filter makes a filter evaluable (sparkbus.core.language); the
+fan-out and replays evaluate them (sparkbus.engine.fanout, sparkbus.engine.replay).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from .language import check_action_text, check_filter_text
+from .language import CompiledRule, check_action_text, check_filter_text, compile_correlation, compile_sql
 from .language.syntax import ID_PROPERTIES, Parameter, SetStatement
 from .values import check_properties, decode_properties, encode_properties
 from .wire import MAX_ID_LENGTH, check_text
@@ -254,3 +255,13 @@ def action_from_json(text: Optional[str]) -> Optional[SqlRuleAction]:
     expression, parameters = data["sql_expression"], decode_properties(data["parameters"])
     return _as_stored(SqlRuleAction, lambda: SqlRuleAction(expression, parameters), sql_expression=expression,
                       parameters=parameters)
+
+
+def compile_filter(name: str, rule_filter: RuleFilter, action: Optional[SqlRuleAction] = None) -> CompiledRule:
+    """A rule's filter (and action) ready to evaluate; one that does not parse keeps its problem."""
+    action_text = action.sql_expression if action else None
+    action_parameters = action.parameters if action else None
+    if isinstance(rule_filter, CorrelationRuleFilter):
+        fields = {f: getattr(rule_filter, f) for f in CORRELATION_FIELDS}
+        return compile_correlation(name, fields, rule_filter.properties or {}, action_text, action_parameters)
+    return compile_sql(name, rule_filter.sql_expression, rule_filter.parameters or {}, action_text, action_parameters)

@@ -61,9 +61,9 @@ from ..core import archiving, records
 from ..core import sequencing, transitions
 from ..core.durations import MAX_DURATION
 from ..core.encoding import header_sizes
-from ..core.filters import CORRELATION_FIELDS, CorrelationRuleFilter, RuleFilter, SqlRuleAction
+from ..core.filters import compile_filter
 from ..core.forwarding import fanout_app_id
-from ..core.language import CompiledRule, Copies, MessageView, compile_correlation, compile_sql, select, take_rows
+from ..core.language import CompiledRule, Copies, MessageView, select, take_rows
 from ..core.names import key, split_subscription_path
 from ..core.throttling import FILTER_COST
 from ..core.values import encode_properties
@@ -132,16 +132,6 @@ def compile_rule(row: Row) -> CompiledRule:
     except (ValueError, TypeError, KeyError) as error:
         return CompiledRule(name, problem=f"the stored rule cannot be read: {error}")
     return compile_filter(name, rule_filter, action)
-
-
-def compile_filter(name: str, rule_filter: RuleFilter, action: Optional[SqlRuleAction] = None) -> CompiledRule:
-    """A rule's filter (and action) ready to evaluate; one that does not parse keeps its problem."""
-    action_text = action.sql_expression if action else None
-    action_parameters = action.parameters if action else None
-    if isinstance(rule_filter, CorrelationRuleFilter):
-        fields = {f: getattr(rule_filter, f) for f in CORRELATION_FIELDS}
-        return compile_correlation(name, fields, rule_filter.properties or {}, action_text, action_parameters)
-    return compile_sql(name, rule_filter.sql_expression, rule_filter.parameters or {}, action_text, action_parameters)
 
 
 def targets(root: str, snap: Snapshot, topic: EntityInfo) -> list[Target]:

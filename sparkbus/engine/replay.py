@@ -29,12 +29,12 @@ import pyarrow as pa
 from .. import storage
 from ..core import archiving
 from ..core.encoding import OUTGOING
-from ..core.filters import CorrelationRuleFilter, SqlRuleFilter
+from ..core.filters import CorrelationRuleFilter, SqlRuleFilter, compile_filter
 from ..core.language import CompiledRule, MessageView, select
 from ..core.throttling import data_cost
 from ..exceptions import CommitConflictError, InvalidOperationError
 from ..storage import commits
-from . import archive, fanout, retention, retry
+from . import archive, retention, retry
 from .catalog import Catalog
 from .enqueue import EntityWriter
 from .namespace import governor_of
@@ -132,7 +132,7 @@ def _compiled(rule_filter: RuleFilterArg) -> Optional[CompiledRule]:
     if not isinstance(rule_filter, (CorrelationRuleFilter, SqlRuleFilter)):
         raise TypeError(f"rule_filter must be a SqlRuleFilter or CorrelationRuleFilter, got "
                         f"{type(rule_filter).__name__}")
-    rule = fanout.compile_filter("replay", rule_filter)
+    rule = compile_filter("replay", rule_filter)
     if rule.problem:
         raise ValueError(f"rule_filter: {rule.problem}")
     return rule
