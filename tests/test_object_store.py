@@ -18,6 +18,10 @@ from sparkbus import ServiceBusMessage
 from sparkbus.engine import throttle
 from sparkbus.spark.datasource import option_root
 from sparkbus.storage import location, maintenance
+from fault_proxy import FaultProxy
+
+# the PUT that creates a log entry of an entity's messages table (If-None-Match: put-if-absent)
+ENTRY_CREATE = r"^PUT [^ ]*/messages/_delta_log/\d+\.json[^ ]* .*\r\nif-none-match: \*"
 
 
 def test_locations_are_normalized_or_refused_with_what_is_allowed():
@@ -190,6 +194,58 @@ def test_the_compaction_lease_admits_one_holder_and_is_taken_over_when_expired(a
     store.put(key, b'{"expires": 0}')  # the lease of a holder that died: long expired, never released
     with maintenance._lease(uri) as taken:
         assert taken
+
+
+def _entries(admin, queue: str) -> list[str]:
+    return sorted(uri for uri in location.listing(admin.get_entity_tables(queue)["messages"] + "/_delta_log")
+                  if uri.endswith(".json"))
+
+
+@pytest.mark.parametrize("mode", ["answer", "request"])
+def test_a_commit_whose_connection_broke_is_tried_again_and_lands_exactly_once(azurite, monkeypatch, mode):
+    """The store's client never retries a conditional PUT. Its connection reset after the store wrote the
+    entry ("answer") or before it reached the store ("request"), twice in a row: the commit tries again,
+    tells its own entry from another writer's, and the message is stored once, in one log entry."""
+    ns = f"{azurite}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("q")
+    before = _entries(admin, "q")
+    proxy = FaultProxy(os.environ["AZURITE_BLOB_STORAGE_URL"], ENTRY_CREATE, mode, faults=2)
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", f"http://127.0.0.1:{proxy.start()}")
+    try:
+        with sparkbus.ServiceBusClient(ns, retry_total=0) as client:
+            client.get_queue_sender("q").send_messages(ServiceBusMessage("once", message_id="m1"))
+            assert proxy.broken() == 2
+            after = _entries(admin, "q")
+            assert len(after) == len(before) + 1 and after[:-1] == before
+            with client.get_queue_receiver("q", max_wait_time=1) as receiver:
+                got = receiver.receive_messages(10, max_wait_time=1)
+                assert [(str(m), m.message_id) for m in got] == [("once", "m1")]
+                receiver.complete_messages(got)
+    finally:
+        proxy.stop()
+
+
+def test_a_commit_that_never_reaches_the_store_is_a_communication_error_and_writes_no_entry(azurite,
+                                                                                            monkeypatch):
+    ns = f"{azurite}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("q")
+    before = _entries(admin, "q")
+    proxy = FaultProxy(os.environ["AZURITE_BLOB_STORAGE_URL"], ENTRY_CREATE, "request", faults=1000)
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", f"http://127.0.0.1:{proxy.start()}")
+    try:
+        with sparkbus.ServiceBusClient(ns, retry_total=0) as client:
+            with pytest.raises(sparkbus.ServiceBusCommunicationError, match="could not be reached"):
+                client.get_queue_sender("q").send_messages(ServiceBusMessage("never"))
+            assert proxy.broken() == location.CREATE_ATTEMPTS
+    finally:
+        proxy.stop()
+    monkeypatch.undo()
+    assert _entries(admin, "q") == before
+    assert admin.get_queue_runtime_properties("q").active_message_count == 0
 
 
 def test_compaction_on_an_object_store_keeps_every_row(admin, client, ns_path, store):

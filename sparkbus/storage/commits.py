@@ -723,15 +723,7 @@ def create_entry(target: str, payload: bytes) -> bool:
     """Create the log entry at target (<table>/_delta_log/<version>.json, the directory existing) unless it
     exists, durable on return: whether this call created it."""
     if not location.is_local(target):
-        from obstore.exceptions import AlreadyExistsError
-
-        store, key = location.store_of(target)
-        requests.note("PUT")
-        try:
-            store.put(key, payload, mode="create")
-        except AlreadyExistsError:
-            return False
-        return True
+        return location.create(target, payload)
     staged = _temporary_entry(os.path.dirname(target), payload)
     try:
         if durable():

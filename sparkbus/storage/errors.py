@@ -101,6 +101,11 @@ def translated(error: BaseException, where: str = "") -> Optional[BaseException]
     return None
 
 
+def transient(error: BaseException) -> bool:
+    """Whether error is a store's passing failure (unreachable, busy, timed out), worth another try."""
+    return isinstance(translated(error), (ServiceBusCommunicationError, StoreBusy, StoreTimeout))
+
+
 def _first_line(text: str) -> str:
     """The store's own error code and status, not the whole chain delta-rs prints."""
     codes = re.findall(r"<Code>([^<]+)</Code>|\b([45]\d\d [A-Z][A-Za-z ]+)", text)

@@ -30,11 +30,12 @@ import hashlib
 import os
 import posixpath
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Optional, cast
 from urllib.parse import urlparse
 
 from . import requests
-from .errors import guarded
+from .errors import guarded, transient
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, ObjectStore
@@ -321,6 +322,44 @@ def put(uri: str, data: bytes) -> None:
     store, key = store_of(uri)
     requests.note("PUT")
     store.put(key, data)
+
+
+CREATE_ATTEMPTS = 5  # tries of a put-if-absent whose connection failed (create), the first included
+CREATE_BACKOFF_SECONDS = 0.2  # before the second try; doubled for each one after
+
+
+@guarded
+def create(uri: str, data: bytes) -> bool:
+    """Create one object unless it exists (put-if-absent on an object store): whether this call created it.
+
+    The store's client never retries a conditional PUT (only idempotent requests are retried), so a
+    connection that fails mid-request (reset, timed out, refused) leaves unknown whether the object was
+    written. It is tried again here; when a later try finds the object there, its bytes tell whether an
+    earlier try wrote it: callers' data names a unique transaction, so no other writer's bytes equal it.
+    Raises the store's error (as its SDK error) when every try failed to reach it."""
+    from obstore.exceptions import AlreadyExistsError
+
+    store, key = store_of(uri)
+    for attempt in range(CREATE_ATTEMPTS):
+        requests.note("PUT")
+        try:
+            store.put(key, data, mode="create")
+            return True
+        except AlreadyExistsError:
+            return attempt > 0 and _holds(uri, data)
+        except Exception as error:
+            if attempt == CREATE_ATTEMPTS - 1 or not transient(error):
+                raise
+            time.sleep(CREATE_BACKOFF_SECONDS * 2 ** attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _holds(uri: str, data: bytes) -> bool:
+    """Whether the object at uri holds exactly data (read back after an ambiguous create)."""
+    try:
+        return get(uri) == data
+    except FileNotFoundError:  # created by another and removed since: not ours either
+        return False
 
 
 @guarded

@@ -35,6 +35,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
@@ -346,16 +347,15 @@ def _compaction_lock(uri: str) -> Iterator[bool]:
 
 @contextmanager
 def _lease(uri: str) -> Iterator[bool]:
-    """A lease on an object store: an object created with put-if-absent holding its expiry time. An expired
+    """A lease on an object store: an object created with put-if-absent (location.create) holding its expiry
+    time and a holder id of its own (which tells an ambiguous create apart from another holder). An expired
     lease (its holder died) is taken over by a conditional overwrite on the object's ETag, so of two
     machines taking it over at once one wins; the holder deletes it when done. Yields whether it is ours."""
     from obstore.exceptions import AlreadyExistsError, PreconditionError
 
     store, key = location.store_of(uri)
-    body = json.dumps({"expires": time.time() + LEASE_SECONDS}).encode()
-    try:
-        store.put(key, body, mode="create")
-    except AlreadyExistsError:
+    body = json.dumps({"expires": time.time() + LEASE_SECONDS, "holder": uuid.uuid4().hex}).encode()
+    if not location.create(uri, body):
         try:
             current = store.get(key)
             if json.loads(bytes(current.bytes())).get("expires", 0) > time.time():
