@@ -382,3 +382,22 @@ def test_statistics_of_a_few_rows_and_of_many_are_the_same_bounds():
         assert high["locked_until_utc"] == commits._iso_millis(-(-max(present) // 1000))
         assert json.loads(text)["nullCount"] == {"sequence_number": 0, "locked_until_utc": until.count(None)}
     assert commits._iso_millis(1_764_331_200_123) == "2025-11-28T12:00:00.123Z"
+
+
+def test_a_view_notes_the_partitions_other_writers_committed_in_and_not_its_own(table):
+    from sparkbus.engine.delivery import CALM_SECONDS, _apart
+
+    view = commits.LogView(storage.open_table(table.table_uri))
+    _append(table, 3, [1])                                           # another writer, read by advance
+    view.advance()
+    log = view.log
+    added = commits.write_file(log, 5, _rows([1]))
+    stale_other = commits.write_file(log, 7, _rows([1]))
+    commits.commit(log, view.position, [stale_other], [], commits.Claim({7: (1, 1)}))  # another, skipped over
+    done = commits.commit(log, view.position, [added], [], commits.Claim({5: (1, 1)}))
+    view.committed(done, [added], [])                                # the view's own commit, in partition 5
+    assert set(view.others_at) == {3, 7}
+    assert _apart([7, 5, 3, 1], view) == [5, 1, 7, 3]               # calm partitions first, each group in order
+    view.others_at[7] -= CALM_SECONDS                                # long enough ago: calm again
+    assert _apart([7, 5, 3, 1], view) == [7, 5, 1, 3]
+    assert _apart([7, 5, 3, 1], None) == [7, 5, 3, 1]

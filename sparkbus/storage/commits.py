@@ -269,6 +269,9 @@ class LogView:
         self._seeded = table
         self._app_ids: dict[str, Optional[int]] = {}  # app transactions known: read from the seed, then followed
         self._last_commit_ms: Optional[int] = None
+        # partition -> when (monotonic) an entry this view read from the log, another writer's, last added
+        # files there (a view's own commits reach it through committed, never through the log)
+        self.others_at: dict[int, float] = getattr(self, "others_at", {})
         # DELETE commits applied (retention's), and seeds, which may have skipped some: storage.followed.advance_pair
         self.deletes = getattr(self, "deletes", -1) + 1
         actions = pa.table(table.get_add_actions(flatten=True))
@@ -326,7 +329,7 @@ class LogView:
                 if entry.table_changed:
                     changed = True
                     break
-                self.apply(entry, Position(entry.version, self.position.known_at))
+                self._apply_others(entry)
             if changed:
                 self._seed(open_table(self.log.uri))
                 continue
@@ -347,6 +350,13 @@ class LogView:
         if entry.operation == "DELETE":
             self.deletes += 1
         self.position = position
+
+    def _apply_others(self, entry: Entry) -> None:
+        """apply another writer's entry (the next version), noting the partitions it wrote (others_at)."""
+        now = time.monotonic()
+        for added in entry.added:
+            self.others_at[added.partition] = now
+        self.apply(entry, Position(entry.version, self.position.known_at))
 
     def app_version(self, app_id: str) -> Optional[int]:
         """The version of application transaction app_id at the view's version (None: never set); read
@@ -380,7 +390,7 @@ class LogView:
                   app_transactions: Optional[dict[str, int]] = None) -> None:
         """Apply this view's own commit and the entries it skipped over."""
         for entry in done.skipped:
-            self.apply(entry, Position(entry.version, self.position.known_at))
+            self._apply_others(entry)
         self.apply(Entry(done.version, list(added), set(removed), dict(app_transactions or {}),
                          timestamp=int(time.time() * 1000)), done.position)
 
