@@ -401,3 +401,6 @@ def test_a_view_notes_the_partitions_other_writers_committed_in_and_not_its_own(
     view.others_at[7] -= CALM_SECONDS                                # long enough ago: calm again
     assert _apart([7, 5, 3, 1], view) == [7, 5, 1, 3]
     assert _apart([7, 5, 3, 1], None) == [7, 5, 3, 1]
+    twin = view.copy()                                               # another receiver's, from the process's
+    twin.others_at[1] = time.monotonic()
+    assert 1 not in view.others_at                                   # each view notes its own others

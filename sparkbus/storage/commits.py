@@ -313,6 +313,7 @@ class LogView:
         twin._files = dict(self._files)
         twin._partitions = {partition: dict(files) for partition, files in self._partitions.items()}
         twin._app_ids = dict(self._app_ids)
+        twin.others_at = dict(self.others_at)
         return twin
 
     def advance(self) -> "LogView":
