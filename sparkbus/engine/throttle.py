@@ -317,9 +317,9 @@ class Governor:
         A throttled request did nothing, so its pauses may be handed over (sparkbus.engine.retry)."""
         policy, retry = (policy, 0) if wait else policy.resumed()
         while True:
-            slot, admitted = self._admit()
+            slot, admitted, limited = self._admit()
             if admitted:
-                return self._run(entity, operation, usage, slot)
+                return self._run(entity, operation, usage, slot, charged=limited)
             self.recorder.add(entity, metrics.THROTTLED)
             if not wait and retry >= policy.total:
                 raise ServiceBusServerBusyError(throttling.THROTTLED_TEXT)
@@ -335,9 +335,12 @@ class Governor:
 
     def count(self, entity: str, operation: Callable[[], T]) -> T:
         """Run an operation that is neither throttled nor charged (settlement), counting it as a request."""
-        return self._run(entity, operation, lambda _: FREE, None)
+        return self._run(entity, operation, lambda _: FREE, None, charged=False)
 
-    def _run(self, entity: str, operation: Callable[[], T], usage: Callable[[T], Usage], slot: Optional[int]) -> T:
+    def _run(self, entity: str, operation: Callable[[], T], usage: Callable[[T], Usage], slot: Optional[int], *,
+             charged: bool) -> T:
+        """operation, counted; charged: what it used is charged to the ledger (the budget it was admitted
+        under has a credit rate: without one a charge would only read the ledger again)."""
         try:
             result = operation()
         except (ServiceBusError, ValueError, TypeError, KeyError):
@@ -350,20 +353,22 @@ class Governor:
             if slot is not None:
                 self.slots.release(slot)
         used = usage(result)
-        if used.credits:
+        if charged and used.credits:
             self.ledger.charge(used.credits)
         self.recorder.add(entity, metrics.succeeded(used.credits, used.incoming_messages, used.outgoing_messages))
         return result
 
-    def _admit(self) -> tuple[Optional[int], bool]:
-        """(slot taken or None, admitted): a slot first (premium), then a positive balance."""
+    def _admit(self) -> tuple[Optional[int], bool, bool]:
+        """(slot taken or None, admitted, whether the budget has a credit rate): a slot first (premium),
+        then a positive balance."""
         if self.lease is not None:
             self.lease.check()
         admitted, budget = self.ledger.admits()
+        limited = budget.credits_per_second is not None
         if not admitted or budget.concurrency is None:
-            return None, admitted
+            return None, admitted, limited
         slot = self.slots.take(budget.concurrency)
-        return slot, slot is not None
+        return slot, slot is not None, limited
 
 
 def set_budget(root: str, budget: Budget) -> None:
