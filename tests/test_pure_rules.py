@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -11,6 +12,9 @@ from sparkbus.core.connection import parse_connection_string
 from sparkbus.core.durations import MAX_DURATION, format_duration, parse_duration
 from sparkbus.core.names import split_subscription_path, validate_child_name, validate_entity_name
 from sparkbus.core.values import check_properties, decode_properties, encode_properties
+
+if TYPE_CHECKING:  # (the pure rules' tests import pyarrow only where a rule takes Arrow data)
+    import pyarrow as pa
 
 
 @pytest.mark.parametrize("tier,count,units,expected", [
@@ -155,7 +159,7 @@ def test_conformed_orders_relabels_and_casts_to_a_schema_without_copying_a_table
         conformed(pa.table({"n": pa.array([None], pa.int64()), "s": ["z"]}), schema)
 
 
-def _choosing(rows: list[dict]) -> "pa.Table":
+def _choosing(rows: list[dict]) -> pa.Table:
     """Message rows with the columns a receive chooses on, in two chunks (as read from two files)."""
     import pyarrow as pa
 
@@ -222,7 +226,7 @@ def test_candidates_choose_what_each_queue_may_lock_oldest_first():
         [1, 2, 3]  # no state rows: every due message, the born-dead one aside
 
 
-def _state_rows(rows: list[dict]) -> "pa.Table":
+def _state_rows(rows: list[dict]) -> pa.Table:
     """Locks-table rows, the columns not given null."""
     from sparkbus.core.records import from_rows
     from sparkbus.core.schemas import LOCKS
