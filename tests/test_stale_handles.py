@@ -304,6 +304,7 @@ def test_deleting_a_queue_while_8_threads_send_to_it(admin, ns_path, senders, re
                   if not isinstance(error, (MessagingEntityNotFoundError, CommitConflictError))}
     assert not unexpected, sorted(unexpected)[:5]
     current = {admin.get_entity_tables("x")["messages"].rstrip("/").split("/")[-2]} if recreate else set()
+    assert registry.wait_removed(timeout=60)  # the delete's second removal (object stores), made meanwhile
     left = entity_directories(ns_path)
     assert set(left) == current, left  # nothing of the deleted queue, nothing written after it
     if recreate:
@@ -321,8 +322,9 @@ def test_a_write_landing_in_a_queue_being_deleted_goes_with_it(request, server, 
     """On an object store the look at the catalog that confirms a write goes out beside it and vouches for
     a write that ended within CONFIRM_WINDOW_SECONDS of it, so such a write can land in a deleted queue's
     directory after the delete's first removal. The delete removes the directory again
-    REMOVAL_DELAY_SECONDS after its catalog commit (widened here to leave room): a log entry written
-    between the two removals is gone when the delete returns."""
+    REMOVAL_DELAY_SECONDS after its catalog commit (widened here to leave room), on a thread of its own
+    that the delete does not wait for: a log entry written between the two removals is gone once the
+    second removal is done."""
     monkeypatch.setattr(registry, "REMOVAL_DELAY_SECONDS", 5.0)
     ns = f"{request.getfixturevalue(server)}/{uuid.uuid4().hex[:12]}/ns"
     sparkbus.create_namespace(ns, credits_per_second=None)
@@ -332,14 +334,12 @@ def test_a_write_landing_in_a_queue_being_deleted_goes_with_it(request, server, 
         sender.send_messages(ServiceBusMessage("before"))
     messages = admin.get_entity_tables("x")["messages"]
     incarnation = messages.rstrip("/").split("/")[-2]
-    deleting = threading.Thread(target=admin.delete_queue, args=("x",))
-    deleting.start()
-    assert wait_until(lambda: incarnation not in entity_directories(ns), 30)  # the first removal is done
+    admin.delete_queue("x")
+    assert incarnation not in entity_directories(ns)  # the first removal is done when the delete returns
     store, key = location.store_of(location.join(messages, "_delta_log", f"{99:020d}.json"))
     store.put(key, b'{"commitInfo":{}}', mode="create")  # a late write
-    assert deleting.is_alive() and incarnation in entity_directories(ns)  # it landed between the removals
-    deleting.join(timeout=60)
-    assert not deleting.is_alive()
+    assert incarnation in entity_directories(ns)  # it landed between the removals
+    assert registry.wait_removed(timeout=60)
     assert entity_directories(ns) == {}
 
 
@@ -384,6 +384,7 @@ def test_deleting_a_queue_while_4_threads_receive_and_complete(admin, ns_path):
                   if not isinstance(error, (MessageLockLostError, MessagingEntityNotFoundError))}
     assert not unexpected, sorted(unexpected)[:5]
     current = admin.get_entity_tables("x")["messages"].rstrip("/").split("/")[-2]
+    assert registry.wait_removed(timeout=60)
     left = entity_directories(ns_path)
     assert set(left) == {current}, left
     left = [body for body, _, _, _ in shown(client, "x")]

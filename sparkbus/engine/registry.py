@@ -35,8 +35,11 @@ settle, renew, defer or number messages nobody received (sequence numbers start 
   sent before C; the write's requests all ended within the window of that sending, so before
   C + CONFIRM_WINDOW_SECONDS, and the second removal, begun after C + REMOVAL_DELAY_SECONDS, takes what
   they left. (Two machines' monotonic clocks measure durations alike to far better than the half second
-  between the two.) So a send or a settlement waits for its commit's two requests only, and a delete on an
-  object store takes at least REMOVAL_DELAY_SECONDS.
+  between the two.) So a send or a settlement waits for its commit's two requests only. The delete does
+  not wait for its second removal either: a thread of its own makes it when it is due (wait_removed waits
+  for it). That thread is not a daemon, so a process that ends normally makes it before it exits; one
+  killed or ended by os._exit within the delay can leave what such a write added, as a process killed
+  during the delete's own removal can.
 - Background maintenance (sparkbus.storage.maintenance: checkpoints, compaction) asked for by commits
   before a delete is not confirmed; it finds a removed table gone and writes nothing, unless it runs while
   the directory is being removed (delta-rs then creates what it writes). So a directory is removed
@@ -47,6 +50,8 @@ settle, renew, defer or number messages nobody received (sequence numbers start 
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
@@ -65,6 +70,7 @@ from .namespace import NamespaceProperties, namespace_properties
 from . import clock
 
 T = TypeVar("T")
+LOG = logging.getLogger("sparkbus")
 KB = 1024
 MB = 1024 * 1024
 
@@ -170,13 +176,41 @@ REMOVAL_DELAY_SECONDS = 1.5
 def remove_deleted(root: str, incarnations: list[str], deleted_at: float) -> None:
     """Remove the directories of incarnations whose catalog rows a commit that returned at `deleted_at`
     (time.monotonic()) deleted, side by side; on an object store once more REMOVAL_DELAY_SECONDS after that
-    commit, taking what writes vouched for by a check sent before it left (see the module docstring)."""
+    commit, taking what writes vouched for by a check sent before it left (see the module docstring), on a
+    thread of its own: the caller does not wait for it."""
     storage.concurrently([functools.partial(remove_incarnation, root, gone) for gone in incarnations], "remove")
     if location.is_local(root) or not incarnations:
         return
-    time.sleep(max(0.0, deleted_at + REMOVAL_DELAY_SECONDS - time.monotonic()))
-    storage.concurrently([functools.partial(storage.remove_tree, location.join(root, gone))
-                          for gone in incarnations], "remove")
+    later = threading.Timer(max(0.0, deleted_at + REMOVAL_DELAY_SECONDS - time.monotonic()), _remove_again,
+                            (root, list(incarnations)))
+    later.name = "sparkbus-removal"
+    with _removing:
+        _removals.add(later)
+    later.start()
+
+
+def _remove_again(root: str, incarnations: list[str]) -> None:
+    """The delayed second removal (remove_deleted). A store that fails it leaves only files no catalog row
+    names; the failure is logged, since no caller waits for it."""
+    try:
+        storage.concurrently([functools.partial(storage.remove_tree, location.join(root, gone))
+                              for gone in incarnations], "remove")
+    except Exception as error:
+        LOG.warning("the second removal of deleted %s under %s failed: %s", incarnations, root, error)
+    finally:
+        with _removing:
+            _removals.discard(threading.current_thread())
+            _removing.notify_all()
+
+
+def wait_removed(timeout: Optional[float] = None) -> bool:
+    """Block until the delayed second removals of this process's deletes are done; False on timeout."""
+    with _removing:
+        return _removing.wait_for(lambda: not _removals, timeout)
+
+
+_removals: set[threading.Timer] = set()  # second removals waiting for their time or running
+_removing = threading.Condition()
 
 
 def remove_incarnation(root: str, incarnation: str) -> None:
