@@ -285,3 +285,22 @@ def test_four_session_receivers_complete_one_by_one_within_a_five_second_lock(sp
     done = sorted(body for bodies in outcomes for body in bodies)   # a worker that lost a lock exits non-zero
     assert done == sorted(f"{s:02d}-{i}" for s in range(16) for i in range(10))
     assert admin.get_queue_runtime_properties("orders").total_message_count == 0
+
+
+def test_dropping_a_deleted_incarnations_views_survives_another_thread_adding_one():
+    """A session receive opens its tables' views side by side, each branch adding its own to the receiver's
+    cache while the other drops a deleted incarnation's: the drop copies the keys first, so an addition
+    landing in the middle raises nothing, is kept, and only the other incarnation's views go."""
+    from types import SimpleNamespace
+
+    from sparkbus.engine.delivery import _keep_only
+
+    cache = {"gone/messages": 1, "new/locks": 2}
+
+    class Tables(dict):  # each look at the current tables is where the other branch's addition lands
+        def values(self):
+            cache.setdefault("new/sessions", 3)
+            return super().values()
+
+    _keep_only(cache, SimpleNamespace(tables=Tables(locks="new/locks", sessions="new/sessions")))
+    assert cache == {"new/locks": 2, "new/sessions": 3}

@@ -958,9 +958,12 @@ def session_lost(session: SessionLock, why: str) -> SessionLockLostError:
 
 
 def _keep_only(cache: dict[str, T], info: EntityInfo) -> None:
-    """Drop the tables of other incarnations (a deleted entity's) from a cache keyed by table uri."""
-    for uri in [known for known in cache if known not in info.tables.values()]:
-        del cache[uri]
+    """Drop the tables of other incarnations (a deleted entity's) from a cache keyed by table uri. Another
+    thread may add to the cache meanwhile (a session receive reads its tables' views side by side, each
+    branch adding the one it opens): the keys are copied at once, and a key already dropped is no error."""
+    current = set(info.tables.values())
+    for uri in [known for known in list(cache) if known not in current]:
+        cache.pop(uri, None)
 
 
 @functools.lru_cache(maxsize=64)
