@@ -4,6 +4,7 @@ it is dead-lettered (the error handler called each time), stop() in a burst leav
 returning when idle, handlers that settle themselves, and subscriptions."""
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -227,11 +228,13 @@ def test_sparkbus_process_runs_a_handler_until_sigterm_stops_it_gracefully(admin
     import sys
 
     admin.create_queue("jobs", requires_session=sessions)
-    (tmp_path / "work.py").write_text(
-        "import time\n"
+    (tmp_path / "work.py").write_text(  # handlers run on two threads: a line each, whole
+        "import threading, time\n"
+        "printing = threading.Lock()\n"
         "def handle(context):\n"
         "    time.sleep(0.05)\n"
-        "    print('handled', context.message, flush=True)\n")
+        "    with printing:\n"
+        "        print('handled', context.message, flush=True)\n")
     with ServiceBusClient(ns_path) as client:
         if sessions:
             _session_messages(client, "jobs", 2, 5)
@@ -241,14 +244,20 @@ def test_sparkbus_process_runs_a_handler_until_sigterm_stops_it_gracefully(admin
                "--handler", "work:handle", "--concurrency", "1" if sessions else "2"]
     worker = subprocess.Popen(command + (["--sessions", "2"] if sessions else []), cwd=tmp_path,
                               stdout=subprocess.PIPE, text=True)
+    printed: queue.Queue[str] = queue.Queue()  # read on a thread, so a worker that stops printing fails the test
+    reader = threading.Thread(target=lambda: [printed.put(line) for line in worker.stdout], daemon=True)
+    reader.start()
     lines = []
     try:
         while sum(line.startswith("handled") for line in lines) < 10:
-            line = worker.stdout.readline()
-            assert line, lines
-            lines.append(line)
+            try:
+                lines.append(printed.get(timeout=120))
+            except queue.Empty:
+                raise AssertionError(f"the worker printed nothing more in 120 s: {lines}") from None
         worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=60)
+        worker.wait(timeout=60)
+        reader.join(timeout=60)
+        out = "".join(printed.get() for _ in range(printed.qsize()))
     finally:
         worker.kill()
     assert worker.returncode == 0
