@@ -49,9 +49,10 @@ demo: $(RUNTIME)
 		--conf spark.ui.enabled=false jobs/demo.py \
 		--namespace .sparkbus/demo --definition conf/namespace.toml
 
-# Two pytest workers (pytest-xdist): tests wait on JVMs, subprocesses and the emulator for about half of a
-# serial run. The SparkSession's tests form one group, so the run starts one session.
-TEST_WORKERS ?= 2
+# Three pytest workers (pytest-xdist) on two cores: with two, tests waited on JVMs, subprocesses, the
+# emulators and timers for half of the run (docs/testing.md). The SparkSession's tests form one group, so
+# the run starts one session.
+TEST_WORKERS ?= 3
 test: install typecheck
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 

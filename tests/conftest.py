@@ -53,7 +53,7 @@ ONE_WORKER = ("test_jobs", "test_spark_connect")
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
-    """For pytest-xdist (`make test` runs two workers, --dist loadgroup): every test of the SparkSession runs
+    """For pytest-xdist (`make test` runs three workers, --dist loadgroup): every test of the SparkSession runs
     on one worker, so the run still starts one session, and each module of ONE_WORKER on one worker, so its
     servers start once; the slow tests come first, so the quick ones fill the workers' last minutes."""
     for item in items:
