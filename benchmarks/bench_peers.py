@@ -74,7 +74,7 @@ import sparkbus
 from sparkbus import ServiceBusAdministrationClient, ServiceBusClient, ServiceBusMessage
 from sparkbus.core.throttling import PREMIUM_CREDITS_PER_UNIT
 from sparkbus.exceptions import MessageSizeExceededError
-from sparkbus.storage import fsync_file
+from sparkbus.storage import fsync_file, maintenance
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -217,14 +217,29 @@ class Sparkbus:
                          "messages_per_send_call": round(count / calls, 1)}
 
     def single_send(self, target: dict, count: int) -> list[float]:
-        latencies = []
+        latencies, self.send_spans = [], []
         with self.client.get_queue_sender(target["queue"]) as sender:
             for i in range(count):
                 message = sb_message(i)
                 start = time.perf_counter()
                 sender.send_messages(message)
-                latencies.append((time.perf_counter() - start) * 1000)
+                end = time.perf_counter()
+                latencies.append((end - start) * 1000)
+                self.send_spans.append((start, end))
         return latencies
+
+    def beside_maintenance(self) -> dict:
+        """Of the last single sends after the warm-up: how many ran beside a job of the maintenance thread
+        (compaction, checkpoint, log cleanup) and the p50 and p99 of those that ran beside none."""
+        jobs = list(maintenance.ran)
+        alone = [(end - start) * 1000 for start, end in self.send_spans[WARMUP:]
+                 if not any(job.started < end and job.ended > start for job in jobs)]
+        if not alone:
+            return {"sends_beside_a_job": len(self.send_spans) - WARMUP}
+        alone.sort()
+        return {"sends_beside_a_job": len(self.send_spans) - WARMUP - len(alone),
+                "p50_beside_no_job_ms": round(statistics.median(alone), 3),
+                "p99_beside_no_job_ms": round(alone[max(0, int(len(alone) * 0.99) - 1)], 3)}
 
     def single_receive(self, target: dict, count: int) -> tuple[list[float], list[int], int]:
         latencies, ids, bad = [], [], 0
@@ -787,6 +802,10 @@ def queue_workloads(driver, args: argparse.Namespace, results: Results) -> None:
         p50, p99 = percentiles(driver.single_send(target, count))
         notes = {"operations": args.single, "warmup": WARMUP, "method": driver.single["send"]}
         results.add("send_single_p50", system, p50, **notes)
+        if system == "sparkbus":
+            beside = driver.beside_maintenance()
+            notes.update(beside)
+            print(f"sparkbus single sends: {beside}", flush=True)
         results.add("send_single_p99", system, p99, **notes)
         latencies, ids, bad = driver.single_receive(target, count)
         check(f"{system} single receive", ids, count, bad, driver.left(target))

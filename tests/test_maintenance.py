@@ -229,3 +229,25 @@ def test_compaction_takes_the_rows_this_process_wrote_and_reads_the_others(admin
         assert merged[p].num_rows == 6
     assert all(fetched.rows_written(os.path.join(uri, unquote(path))) is None for listed in paths.values()
                for path in listed)  # each taken once
+
+
+def test_the_thread_records_each_job_it_ran_with_its_times_failed_or_not():
+    """maintenance.ran holds each job the thread ran (its kind, key, start and end), a failed one too: what
+    a benchmark tells the operations that ran beside maintenance from those that did not."""
+    seen: list[float] = []
+
+    def task() -> None:
+        seen.append(time.perf_counter())
+
+    def broken() -> None:
+        raise OSError("a broken table")
+
+    maintenance.run_later("recorded", task)
+    assert maintenance.wait_idle(30)
+    maintenance.run_later("recorded-broken", broken)
+    assert maintenance.wait_idle(30)
+    done, failed = list(maintenance.ran)[-2:]
+    assert (done.kind, done.key, failed.kind, failed.key) == (maintenance.TASK, "recorded", maintenance.TASK,
+                                                              "recorded-broken")
+    assert done.started <= seen[0] <= done.ended <= failed.started <= failed.ended
+    assert maintenance.failures[-1][0] == "recorded-broken"

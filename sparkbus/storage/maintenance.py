@@ -36,8 +36,9 @@ import os
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 import pyarrow as pa
@@ -93,6 +94,21 @@ _worker: Optional[threading.Thread] = None
 _busy = False
 _stopping = False
 failures: list[tuple[str, Exception]] = []  # the last jobs that failed other than by losing a race
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """A job the thread ran: its kind (COMPACT, CHECKPOINT, CLEANUP or TASK), its table's uri (a task's
+    key) and when it started and ended (time.perf_counter()): what an operation slower than its peers ran
+    beside (benchmarks/bench_peers.py reports the single sends that overlapped none)."""
+
+    kind: str
+    key: str
+    started: float
+    ended: float
+
+
+ran: deque[JobRun] = deque(maxlen=10_000)  # the latest jobs the thread ran, in the order they ended
 
 
 @guarded
@@ -451,12 +467,15 @@ def _run() -> None:
             if job[1] == CHECKPOINT:
                 del _checkpoint_at[job[0]]
             _busy = True
+        started = time.perf_counter()
         try:
             work()
         except Exception as error:  # a storage fault (a read-only or broken table): the next due version asks
             # again; the thread must live on for the other tables
             failures.append((job[0], error))
             del failures[:-10]
+        finally:
+            ran.append(JobRun(job[1], job[0], started, time.perf_counter()))
 
 
 @atexit.register
