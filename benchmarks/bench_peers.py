@@ -42,7 +42,8 @@ Workloads (the same on each system where it applies):
               process drains all 10 subscriptions / queues).
   partitions  sparkbus receive+complete with 1, 2 and 4 partitions (premium namespaces of that
               partition_count) and 16 (a standard partitioned queue), with 1 and 4 processes.
-Writes benchmarks/results/peers-<timestamp>.json, peers-latest.json and peers-latest.png, and prints a table.
+Writes benchmarks/results/peers-<timestamp>.json (and, for a run of every system and workload, peers-latest.json
+and peers-latest.png), and prints a table.
 """
 from __future__ import annotations
 
@@ -1198,12 +1199,16 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(report, indent=2) + "\n"
-    for name in (f"peers-{stamp}.json", "peers-latest.json"):
+    # a run of some systems or workloads is kept under its time only: "latest" stays the last whole run
+    whole = args.only == set(SYSTEMS) and args.workloads == set(WORKLOADS)
+    written = [f"peers-{stamp}.json", *(["peers-latest.json", "peers-latest.png"] if whole else [])]
+    for name in (n for n in written if n.endswith(".json")):
         (args.output / name).write_text(text)
     title = (f"sparkbus, RabbitMQ {info['versions'].get('rabbitmq', '-')}, PostgreSQL "
              f"{info['versions'].get('postgresql', '-').split()[0]} on {os.cpu_count()} cores, {stamp}\n"
              f"{args.messages:,} messages of 1 KiB per workload, {args.single:,} single operations")
-    plot(rows, results.figures, args.output / "peers-latest.png", title)
+    if whole:
+        plot(rows, results.figures, args.output / "peers-latest.png", title)
     print()
     print(table(rows, results.figures))
     floor = report["machine"]
@@ -1213,8 +1218,7 @@ def main() -> None:
           "receive + complete two.")
     print(f"\nGoals for the local engine, measured in this run ({command}):\n")
     print(goals_table(report["goals"]))
-    print(f"\nwritten: {args.output / f'peers-{stamp}.json'}, peers-latest.json, peers-latest.png "
-          f"({seconds:.0f} s)")
+    print(f"\nwritten in {args.output}: {', '.join(written)} ({seconds:.0f} s)")
 
 
 if __name__ == "__main__":
