@@ -171,6 +171,8 @@ SETTINGS_REFRESH_SECONDS = 1.0
 # commit.
 CONFIRM_WINDOW_SECONDS = 1.0
 REMOVAL_DELAY_SECONDS = 1.5
+_removals: set[threading.Timer] = set()  # delayed second removals (remove_deleted) waiting or running
+_removing = threading.Condition()  # guards _removals; notified as each ends
 
 
 def remove_deleted(root: str, incarnations: list[str], deleted_at: float) -> None:
@@ -208,9 +210,6 @@ def wait_removed(timeout: Optional[float] = None) -> bool:
     with _removing:
         return _removing.wait_for(lambda: not _removals, timeout)
 
-
-_removals: set[threading.Timer] = set()  # second removals waiting for their time or running
-_removing = threading.Condition()
 
 
 def remove_incarnation(root: str, incarnation: str) -> None:
