@@ -891,9 +891,9 @@ CHURN_SECONDS = 0.5
 
 def commit_floor_ms(directory: Path, count: int = 500) -> dict[str, float]:
     """Medians on this disk of the least a durable one-row Delta commit costs, done as sparkbus commits
-    (a Parquet file of one 1 KiB row, encoded as sparkbus encodes it; the log entry staged in a temporary
-    file; the file, the entry and the partition directory fsynced concurrently; the entry linked to its
-    version's name; the log directory fsynced), with no other work; and of what a PostgreSQL commit pays (a WAL-style append to a
+    (a Parquet file of one 1 KiB row, encoded as sparkbus encodes it; the log entry staged in an unnamed
+    file of the log directory; the file, the entry and the partition directory fsynced concurrently; the
+    entry linked to its version's name; the log directory fsynced), with no other work; and of what a PostgreSQL commit pays (a WAL-style append to a
     preallocated file + fdatasync). A single send is at least the first; a peek-lock receive + complete two.
     The same commits' p99, alone and beside a thread doing the file-system work log cleanup and compaction do
     (CHURN_FILES small files created, then removed and their directory fsynced, every CHURN_SECONDS): that
@@ -952,15 +952,23 @@ def _floor_commits(root: Path, count: int) -> list[float]:
             data = part / f"part-{uuid.uuid4()}.parquet"
             with pa.OSFile(str(data), "wb") as sink:
                 pq.write_table(row, sink, compression="none", use_dictionary=False, store_schema=False)
-            staged = log / f".{uuid.uuid4().hex}.json.tmp"
-            staged.write_bytes(json.dumps({"add": {"path": data.name, "size": data.stat().st_size}}).encode())
-            others = [pool.submit(fsync_file, str(p)) for p in (data, part)]
-            fsync_file(str(staged))
-            for other in others:
-                other.result()
-            os.link(staged, log / f"{version:020d}.json")
-            fsync_file(str(log))
-            staged.unlink()
+            entry = json.dumps({"add": {"path": data.name, "size": data.stat().st_size}}).encode()
+            directory = os.open(log, os.O_RDONLY | os.O_DIRECTORY)
+            try:  # the entry unnamed in the log directory (O_TMPFILE), linked by descriptor (Linux)
+                staged = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=directory)
+                try:
+                    os.write(staged, entry)
+                    others = [pool.submit(fsync_file, str(p)) for p in (data, part)]
+                    os.fsync(staged)
+                    for other in others:
+                        other.result()
+                    os.link(f"/proc/self/fd/{staged}", f"{version:020d}.json", dst_dir_fd=directory,
+                            follow_symlinks=True)
+                finally:
+                    os.close(staged)
+                os.fsync(directory)
+            finally:
+                os.close(directory)
             commits.append((time.perf_counter() - start) * 1000)
     return commits
 

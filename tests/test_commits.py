@@ -103,6 +103,38 @@ def test_a_commit_skips_other_writers_versions_that_do_not_touch_its_claim(table
     assert _read(table)["partition_id"].to_pylist() == [1, 2]
 
 
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-entry", "temporary-name"])
+def test_a_staged_entry_lost_to_another_writer_is_linked_at_the_next_version_and_leaves_nothing(
+        table, monkeypatch, unnamed):
+    """Where the file system has unnamed files (O_TMPFILE: this machine's ext4) an entry is staged as one and
+    linked by descriptor, elsewhere under a temporary name: either way one staged entry, written once, is
+    linked at the next free version after losing one to another writer, and neither leaves a file or a
+    descriptor behind."""
+    if not unnamed:
+        monkeypatch.setattr(commits, "_UNNAMED", 0)  # the path of a file system without them
+    assert bool(commits._UNNAMED) == unnamed and commits._UNNAMED in (0, getattr(os, "O_TMPFILE", 0))
+    log_dir = os.path.join(table.table_uri.removeprefix("file://"), "_delta_log")
+    staged = commits._Staged.written(log_dir, b'{"commitInfo":{}}\n')
+    assert (staged.descriptor is not None) == unnamed and bool(staged.path) != unnamed
+    descriptors = [d for d in (staged.descriptor, staged.directory) if d is not None]
+    assert staged.link(os.path.join(log_dir, f"{1:020d}.json"))
+    assert not staged.link(os.path.join(log_dir, f"{1:020d}.json"))  # taken: nothing changed
+    staged.close()
+    for descriptor in descriptors:
+        with pytest.raises(OSError):
+            os.fstat(descriptor)  # closed
+
+    stale = storage.open_table(table.table_uri)                      # at version 1
+    _append(table, 1, [5])                                           # another writer takes version 2
+    log = commits.TableLog.of(stale)
+    added = commits.write_file(log, 2, _rows([6]))
+    done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (6, 6)}))
+    assert done.version == 3 and [e.version for e in done.skipped] == [2]
+    assert _read(table)["sequence_number"].to_pylist() == [5, 6]
+    assert sorted(os.listdir(log_dir)) == [f"{v:020d}.json" for v in range(4)]  # no staged file left
+    assert (log_dir in commits._named_only) is False
+
+
 def test_a_commit_conflicting_with_a_winner_writes_nothing(table):
     stale = storage.open_table(table.table_uri)
     _append(table, 2, [10, 11])                                      # the winner: partition 2, rows 10-11
@@ -280,12 +312,12 @@ def test_a_put_retried_after_it_landed_finds_its_own_entry_and_succeeds(table, m
     """A store client that retries a conditional PUT whose first attempt landed sees the entry existing:
     the commit recognises its own entry (commitInfo.txnId) instead of taking it for a lost race, whose
     files would then be discarded under a committed entry."""
-    original = commits._link_entry
+    original = commits._Staged.link
 
-    def landed_then_retried(staged: str, target: str) -> bool:
+    def landed_then_retried(staged: commits._Staged, target: str) -> bool:
         assert original(staged, target)  # the first attempt landed...
         return False                     # ...and the retry found the entry there
-    monkeypatch.setattr(commits, "_link_entry", landed_then_retried)
+    monkeypatch.setattr(commits._Staged, "link", landed_then_retried)
     done = _append(table, 1, [5, 6])
     monkeypatch.undo()
     assert done.version == 1 and done.skipped == []

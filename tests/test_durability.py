@@ -27,9 +27,13 @@ SCENARIO = textwrap.dedent("""
 """)
 LINE = re.compile(r"^(?P<thread>\d+)\s+(?P<call>.*)$")  # strace pads a process id to 5 columns
 RESUMED = re.compile(r"^<\.\.\. \w+ resumed>(?P<rest>.*)$")
-FSYNC = re.compile(r"^f(?:data)?sync\((?P<fd>\d+)(?:<(?P<path>[^>]*)>)?\)\s+= 0")
-OPENAT = re.compile(r'^openat\([^,]+, "(?P<path>[^"]+)", .*\)\s+= (?P<fd>\d+)')
-LINK = re.compile(r'^link(?:at)?\((?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<source>[^"]+)", (?:AT_FDCWD<[^>]*>, |AT_FDCWD, )?"(?P<target>[^"]+)"(?:, 0)?\)\s+= 0')
+# (an unnamed file, O_TMPFILE, shows as "<directory>/#<inode>" followed by "(deleted)" until linked)
+FSYNC = re.compile(r"^f(?:data)?sync\((?P<fd>\d+)(?:<(?P<path>[^>]*)>(?:\(deleted\))?)?\)\s+= 0")
+OPENAT = re.compile(r'^openat\([^,]+, "(?P<path>[^"]+)", (?P<flags>[^,)]*).*\)\s+= (?P<fd>\d+)(?:<(?P<opened>[^>]*)>)?')
+DIRECTORY = r'(?:(?:AT_FDCWD|\d+)(?:<(?P<{}>[^>]*)>)?, )?'
+LINK = re.compile(rf'^link(?:at)?\({DIRECTORY.format("source_dir")}"(?P<source>[^"]+)", '
+                  rf'{DIRECTORY.format("target_dir")}"(?P<target>[^"]+)"(?:, \w+)?\)\s+= 0')
+PROC_FD = re.compile(r"^/proc/self/fd/(?P<fd>\d+)$")
 
 
 def _fsynced(tmp_path, durability: str) -> tuple[str, dict[str, list[int]], dict[str, tuple[str, int]]]:
@@ -55,13 +59,17 @@ def _fsynced(tmp_path, durability: str) -> tuple[str, dict[str, list[int]], dict
                 continue
             if (resumed := RESUMED.match(call)) is not None:
                 call = pending.pop(thread, "") + resumed["rest"]
-            if (found := OPENAT.match(call)) is not None:
-                opened[(thread, int(found["fd"]))] = found["path"]
+            if (found := OPENAT.match(call)) is not None:  # an unnamed file: known by its "<directory>/#<inode>"
+                unnamed = "O_TMPFILE" in found["flags"] and found["opened"]
+                opened[(thread, int(found["fd"]))] = unnamed or found["path"]
             elif (found := FSYNC.match(call)) is not None:
                 path = found["path"] or opened.get((thread, int(found["fd"])), "")
                 synced.setdefault(path.rstrip("/"), []).append(number)
-            elif (found := LINK.match(call)) is not None:
-                linked[found["target"]] = (found["source"], number)
+            elif (found := LINK.match(call)) is not None:  # (a relative name is in its directory descriptor's)
+                source, target = found["source"], os.path.join(found["target_dir"] or "", found["target"])
+                if (by_descriptor := PROC_FD.match(source)) is not None:  # an unnamed file linked by descriptor
+                    source = opened.get((thread, int(by_descriptor["fd"])), source)
+                linked[target] = (source, number)
     return namespace, synced, linked
 
 
@@ -83,7 +91,7 @@ def test_every_commit_its_files_and_their_directories_are_fsynced(tmp_path):
     for entry in entries:
         log_dir = os.path.dirname(entry)
         staged, at = linked.get(entry, ("", -1))
-        if staged.endswith(".json.tmp"):  # a direct commit (storage.commits)
+        if staged.endswith(".json.tmp") or "/#" in staged:  # a direct commit (storage.commits): named or unnamed
             direct += 1
             assert any(line < at for line in synced.get(staged, [])), \
                 f"{entry} linked before its content was fsynced:\n{_mentions(tmp_path, staged)}"

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterable, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Optional, TypeVar, Union
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -248,13 +248,14 @@ def fsync_directories(directories: Iterable[str]) -> None:
     fsync_together([], directories)
 
 
-def fsync_together(files: list[str], directories: Iterable[str] = ()) -> None:
+def fsync_together(files: list[str], directories: Iterable[str] = (), *, descriptor: Optional[int] = None) -> None:
     """fsync files and directories (as fsync_directories does) concurrently, returning when all are
     durable: a journalling file system commits concurrent fsyncs together, so several cost about one.
+    descriptor: an open file fsynced with them, in the calling thread (a commit's unnamed log entry).
     The first error raises (after every fsync ended)."""
     directories = sorted(set(directories), key=len, reverse=True)
     parents = sorted({os.path.dirname(d) for d in directories if d not in _durable_directories} - set(directories))
-    paths = [*files, *directories, *parents]
+    paths: list[Union[str, int]] = [*([] if descriptor is None else [descriptor]), *files, *directories, *parents]
     pending: list[concurrent.futures.Future[None]] = []
     try:
         for path in paths[1:]:
@@ -341,8 +342,11 @@ def log_marker(uri: str) -> Optional[int]:
         return -1
 
 
-def fsync_file(path: str) -> None:
-    """fsync one file or directory by path."""
+def fsync_file(path: Union[str, int]) -> None:
+    """fsync one file or directory by path (or by an open descriptor, left open)."""
+    if isinstance(path, int):
+        os.fsync(path)
+        return
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)

@@ -6,10 +6,11 @@ need: the caller already knows which rows it writes and which region of the tabl
 the same commit is a Parquet file, one JSON log entry and their fsyncs (about 3 ms).
 
 Protocol (Delta's optimistic concurrency, the same log delta-rs writes): version N is the log entry
-`N.json`, created only if absent (a local temporary file hard-linked to its name, which fails when the
-name exists; an object-store PUT with If-None-Match). delta-rs creates entries the same way, so its
-commits (maintenance, MERGE, table creation) and these interleave in one log. When version N is taken,
-its actions are read and checked against the commit's `Claim` (what the caller read and relies on):
+`N.json`, created only if absent (on local disk a file written unnamed, or under a temporary name, then
+hard-linked to its name, which fails when the name exists: _Staged; an object-store PUT with
+If-None-Match). delta-rs creates entries only if absent too, so its commits (maintenance, MERGE, table
+creation) and these interleave in one log. When version N is taken, its actions are read and checked
+against the commit's `Claim` (what the caller read and relies on):
 
 - any metaData or protocol action conflicts (the schema or the rules of the table changed);
 - removing a file the commit also removes conflicts (someone rewrote the rows it read);
@@ -29,10 +30,10 @@ latest then), so none can have been cleaned up while less than the retention has
 the table. Without that, an entry that existed and was cleaned up would be created again.
 
 Durability (local files): before the log entry is linked into place, the data files, the partition
-directories naming them and the entry's temporary file are fsynced, all at once (concurrent fsyncs: a
+directories naming them and the entry's staged file are fsynced, all at once (concurrent fsyncs: a
 journalling file system such as ext4 commits them together, so a one-file send waits for about two
 fsyncs instead of four in a row); the log directory naming the entry is fsynced after the link, before
-the commit returns. The temporary entry is written once and linked again at the next version when one is
+the commit returns. The staged entry is written once and linked again at the next version when one is
 taken. A PUT to an object store is durable when it returns.
 
 Contention (object stores). A commit that loses version N pays its PUT's round trip, then a read of N
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import errno
 import functools
 import json
 import math
@@ -562,7 +564,7 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
             beside: Optional[Started[Optional[Entry]]] = None
             if staged is None and started - _lost_at.get(log.uri, -math.inf) < CONTENDED_SECONDS:
                 beside = Started(functools.partial(read_entry, log, version), "entries")  # see Contention
-            if (_link_entry(staged, target) if staged is not None else create_entry(target, payload)):
+            if (staged.link(target) if staged is not None else create_entry(target, payload)):
                 return Committed(version, skipped, Position(version, started))
             if staged is None:
                 _lost_at[log.uri] = time.monotonic()
@@ -577,7 +579,7 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
             version = taken[-1].version + 1
     finally:
         if staged is not None:
-            os.unlink(staged)
+            staged.close()
 
 
 def _checked(log: TableLog, claim: Claim, entries: list[Entry]) -> list[Entry]:
@@ -590,46 +592,99 @@ def _checked(log: TableLog, claim: Claim, entries: list[Entry]) -> list[Entry]:
     return entries
 
 
-def _stage(log: TableLog, added: list[AddedFile], payload: bytes) -> Optional[str]:
-    """On a local disk: the entry written to a temporary file in the log directory, and it, the data files
-    and the partition directories naming them fsynced together; its path (None for an object store)."""
+def _stage(log: TableLog, added: list[AddedFile], payload: bytes) -> Optional[_Staged]:
+    """On a local disk: the entry written to a file in the log directory not yet named as a version, and
+    it, the data files and the partition directories naming them fsynced together (None for an object
+    store)."""
     if not location.is_local(log.uri):
         return None
-    log_dir = location.join(log.uri, "_delta_log")
-    staged = _temporary_entry(log_dir, payload)
+    staged = _Staged.written(location.join(log.uri, "_delta_log"), payload)
     if durable():
         try:
             paths = [os.path.join(log.uri, unquote(a.path)) for a in added]
-            fsync_together([staged, *paths], {os.path.dirname(path) for path in paths})
+            if staged.descriptor is not None:
+                fsync_together(paths, {os.path.dirname(path) for path in paths}, descriptor=staged.descriptor)
+            else:
+                fsync_together([staged.path, *paths], {os.path.dirname(path) for path in paths})
         except BaseException:
-            os.unlink(staged)
+            staged.close()
             raise
     return staged
 
 
-def _temporary_entry(log_dir: str, payload: bytes) -> str:
-    """payload written to a new temporary file in the log directory (not fsynced); TableRemovedError when
-    the directory does not exist (the table was removed: an expired version retries, this cannot)."""
-    staged = os.path.join(log_dir, f".{uuid.uuid4().hex}.json.tmp")
-    try:
-        f = open(staged, "wb")
-    except FileNotFoundError as error:
-        raise TableRemovedError(f"{log_dir}: the table's log directory does not exist") from error
-    with f:
-        f.write(payload)
-    return staged
+_named_only: set[str] = set()  # log directories whose file system has no unnamed files (O_TMPFILE)
+_UNNAMED = getattr(os, "O_TMPFILE", 0) if os.path.isdir("/proc/self/fd") else 0
 
 
-def _link_entry(staged: str, target: str) -> bool:
-    """Link the staged entry to its version's name unless that exists, then fsync the log directory:
-    whether this call created it."""
-    try:
-        os.link(staged, target)
-    except FileExistsError:
-        return False
-    if durable():
-        fsync_file(os.path.dirname(target))
-    return True
+@dataclass
+class _Staged:
+    """A log entry written before it has a version: where the file system offers it (Linux: ext4, xfs,
+    btrfs, tmpfs), an unnamed file (O_TMPFILE) in the log directory, held by its descriptor, and linked to
+    its version's name through /proc/self/fd; elsewhere a temporary file at `path`, linked and then
+    removed. The unnamed file spares the temporary name's creation and removal, two changes to the log
+    directory per commit (0.15-0.25 ms of a 1.2 ms commit on this machine's ext4), and a crash leaves
+    nothing behind (the file system frees an unnamed file at recovery). Either is linked with link(2),
+    which fails when the name exists: the put-if-absent of a local log."""
+    directory: int  # the log directory, open: the unnamed file is made, linked and fsynced through it
+    path: str = ""  # the temporary file's (named entries only)
+    descriptor: Optional[int] = None  # the unnamed file's
+
+    @classmethod
+    def written(cls, log_dir: str, payload: bytes) -> "_Staged":
+        """payload in a new staged entry in log_dir (not fsynced); TableRemovedError when the directory does
+        not exist (the table was removed: an expired version retries, this cannot)."""
+        try:
+            directory = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError as error:
+            raise TableRemovedError(f"{log_dir}: the table's log directory does not exist") from error
+        staged = cls(directory)
+        try:
+            if _UNNAMED and log_dir not in _named_only:
+                try:
+                    staged.descriptor = os.open(".", _UNNAMED | os.O_WRONLY, 0o644, dir_fd=directory)
+                except OSError as error:
+                    if error.errno not in (errno.EISDIR, errno.EOPNOTSUPP, errno.EINVAL):  # (EISDIR: a kernel
+                        raise  # without O_TMPFILE opened the directory)
+                    _named_only.add(log_dir)
+            if staged.descriptor is not None:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(staged.descriptor, view):]
+            else:
+                staged.path = os.path.join(log_dir, f".{uuid.uuid4().hex}.json.tmp")
+                with open(staged.path, "wb") as f:
+                    f.write(payload)
+        except BaseException:
+            staged.close()
+            raise
+        return staged
+
+    def link(self, target: str) -> bool:
+        """Link the entry to target (a name in the log directory) unless that exists, then fsync the log
+        directory: whether this call created it."""
+        try:
+            if self.descriptor is not None:
+                os.link(f"/proc/self/fd/{self.descriptor}", os.path.basename(target), dst_dir_fd=self.directory,
+                        follow_symlinks=True)
+            else:
+                os.link(self.path, os.path.basename(target), dst_dir_fd=self.directory)
+        except FileExistsError:
+            return False
+        if durable():
+            os.fsync(self.directory)
+        return True
+
+    def close(self) -> None:
+        """Release the staged entry: the unnamed file's descriptor, or the temporary file itself."""
+        if self.descriptor is not None:
+            os.close(self.descriptor)
+            self.descriptor = None
+        if self.path:
+            os.unlink(self.path)
+            self.path = ""
+        if self.directory >= 0:
+            os.close(self.directory)
+            self.directory = -1
 
 
 def entries_after(table_uri: str, version: int) -> list[Entry]:
@@ -735,13 +790,13 @@ def create_entry(target: str, payload: bytes) -> bool:
     exists, durable on return: whether this call created it."""
     if not location.is_local(target):
         return location.create(target, payload)
-    staged = _temporary_entry(os.path.dirname(target), payload)
+    staged = _Staged.written(os.path.dirname(target), payload)
     try:
         if durable():
-            fsync_file(staged)
-        return _link_entry(staged, target)
+            fsync_file(staged.descriptor if staged.descriptor is not None else staged.path)
+        return staged.link(target)
     finally:
-        os.unlink(staged)
+        staged.close()
 
 
 def _entry_payload(added: list[AddedFile], removed: list[str], app_transactions: dict[str, int],
