@@ -104,35 +104,39 @@ def test_a_commit_skips_other_writers_versions_that_do_not_touch_its_claim(table
 
 
 @pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-entry", "temporary-name"])
-def test_a_staged_entry_lost_to_another_writer_is_linked_at_the_next_version_and_leaves_nothing(
-        table, monkeypatch, unnamed):
+def test_a_staged_entry_taken_at_one_version_is_linked_at_the_next_and_leaves_nothing(table, unnamed):
     """Where the file system has unnamed files (O_TMPFILE: this machine's ext4) an entry is staged as one and
     linked by descriptor, elsewhere under a temporary name: either way one staged entry, written once, is
-    linked at the next free version after losing one to another writer, and neither leaves a file or a
-    descriptor behind."""
-    if not unnamed:
-        monkeypatch.setattr(commits, "_UNNAMED", 0)  # the path of a file system without them
-    assert bool(commits._UNNAMED) == unnamed and commits._UNNAMED in (0, getattr(os, "O_TMPFILE", 0))
+    linked at the next version after finding one taken, and neither leaves a file or a descriptor behind."""
+    assert commits._UNNAMED == getattr(os, "O_TMPFILE", -1)  # this machine has them: both ways are run
     log_dir = os.path.join(table.table_uri.removeprefix("file://"), "_delta_log")
-    staged = commits._Staged.written(log_dir, b'{"commitInfo":{}}\n')
+    other = commits._Staged.written(log_dir, b'{"commitInfo":{}}\n')
+    assert other.link(os.path.join(log_dir, f"{1:020d}.json"))     # another writer takes version 1
+    other.close()
+    staged = commits._Staged.written(log_dir, b'{"commitInfo":{}}\n', unnamed=unnamed)
     assert (staged.descriptor is not None) == unnamed and bool(staged.path) != unnamed
+    assert staged.file == (staged.descriptor if unnamed else staged.path)
     descriptors = [d for d in (staged.descriptor, staged.directory) if d is not None]
-    assert staged.link(os.path.join(log_dir, f"{1:020d}.json"))
     assert not staged.link(os.path.join(log_dir, f"{1:020d}.json"))  # taken: nothing changed
+    assert staged.link(os.path.join(log_dir, f"{2:020d}.json"))
     staged.close()
     for descriptor in descriptors:
         with pytest.raises(OSError):
             os.fstat(descriptor)  # closed
+    assert sorted(os.listdir(log_dir)) == [f"{v:020d}.json" for v in range(3)]  # no staged file left
+    assert storage.open_table(table.table_uri).version() == 2 and log_dir not in commits._named_only
 
-    stale = storage.open_table(table.table_uri)                      # at version 1
-    _append(table, 1, [5])                                           # another writer takes version 2
+
+def test_a_commit_that_loses_a_version_links_its_entry_at_the_next_and_leaves_nothing(table):
+    stale = storage.open_table(table.table_uri)                      # at version 0
+    _append(table, 1, [5])                                           # another writer takes version 1
     log = commits.TableLog.of(stale)
     added = commits.write_file(log, 2, _rows([6]))
     done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (6, 6)}))
-    assert done.version == 3 and [e.version for e in done.skipped] == [2]
+    assert done.version == 2 and [e.version for e in done.skipped] == [1]
     assert _read(table)["sequence_number"].to_pylist() == [5, 6]
-    assert sorted(os.listdir(log_dir)) == [f"{v:020d}.json" for v in range(4)]  # no staged file left
-    assert (log_dir in commits._named_only) is False
+    log_dir = os.path.join(table.table_uri.removeprefix("file://"), "_delta_log")
+    assert sorted(os.listdir(log_dir)) == [f"{v:020d}.json" for v in range(3)]
 
 
 def test_a_commit_conflicting_with_a_winner_writes_nothing(table):

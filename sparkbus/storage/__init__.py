@@ -248,14 +248,14 @@ def fsync_directories(directories: Iterable[str]) -> None:
     fsync_together([], directories)
 
 
-def fsync_together(files: list[str], directories: Iterable[str] = (), *, descriptor: Optional[int] = None) -> None:
-    """fsync files and directories (as fsync_directories does) concurrently, returning when all are
+def fsync_together(files: list[Union[str, int]], directories: Iterable[str] = ()) -> None:
+    """fsync files (by path or open descriptor: a commit's unnamed log entry) and directories (as
+    fsync_directories does) concurrently, the first file in the calling thread, returning when all are
     durable: a journalling file system commits concurrent fsyncs together, so several cost about one.
-    descriptor: an open file fsynced with them, in the calling thread (a commit's unnamed log entry).
     The first error raises (after every fsync ended)."""
     directories = sorted(set(directories), key=len, reverse=True)
     parents = sorted({os.path.dirname(d) for d in directories if d not in _durable_directories} - set(directories))
-    paths: list[Union[str, int]] = [*([] if descriptor is None else [descriptor]), *files, *directories, *parents]
+    paths: list[Union[str, int]] = [*files, *directories, *parents]
     pending: list[concurrent.futures.Future[None]] = []
     try:
         for path in paths[1:]:

@@ -68,7 +68,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -602,10 +602,7 @@ def _stage(log: TableLog, added: list[AddedFile], payload: bytes) -> Optional[_S
     if durable():
         try:
             paths = [os.path.join(log.uri, unquote(a.path)) for a in added]
-            if staged.descriptor is not None:
-                fsync_together(paths, {os.path.dirname(path) for path in paths}, descriptor=staged.descriptor)
-            else:
-                fsync_together([staged.path, *paths], {os.path.dirname(path) for path in paths})
+            fsync_together([staged.file, *paths], {os.path.dirname(path) for path in paths})
         except BaseException:
             staged.close()
             raise
@@ -630,16 +627,17 @@ class _Staged:
     descriptor: Optional[int] = None  # the unnamed file's
 
     @classmethod
-    def written(cls, log_dir: str, payload: bytes) -> "_Staged":
-        """payload in a new staged entry in log_dir (not fsynced); TableRemovedError when the directory does
-        not exist (the table was removed: an expired version retries, this cannot)."""
+    def written(cls, log_dir: str, payload: bytes, *, unnamed: bool = True) -> "_Staged":
+        """payload in a new staged entry in log_dir (not fsynced): unnamed where the file system has unnamed
+        files, unless unnamed is False; TableRemovedError when the directory does not exist (the table was
+        removed: an expired version retries, this cannot)."""
         try:
             directory = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError as error:
             raise TableRemovedError(f"{log_dir}: the table's log directory does not exist") from error
         staged = cls(directory)
         try:
-            if _UNNAMED and log_dir not in _named_only:
+            if unnamed and _UNNAMED and log_dir not in _named_only:
                 try:
                     staged.descriptor = os.open(".", _UNNAMED | os.O_WRONLY, 0o644, dir_fd=directory)
                 except OSError as error:
@@ -658,6 +656,11 @@ class _Staged:
             staged.close()
             raise
         return staged
+
+    @property
+    def file(self) -> Union[int, str]:
+        """What fsyncs the entry's content: the unnamed file's descriptor or the temporary file's path."""
+        return self.descriptor if self.descriptor is not None else self.path
 
     def link(self, target: str) -> bool:
         """Link the entry to target (a name in the log directory) unless that exists, then fsync the log
@@ -793,7 +796,7 @@ def create_entry(target: str, payload: bytes) -> bool:
     staged = _Staged.written(os.path.dirname(target), payload)
     try:
         if durable():
-            fsync_file(staged.descriptor if staged.descriptor is not None else staged.path)
+            fsync_file(staged.file)
         return staged.link(target)
     finally:
         staged.close()
