@@ -106,14 +106,15 @@ def cluster(tmp_path_factory):
 
 
 def _alive_workers(ui_port: int) -> int:
-    """The workers registered with the standalone master whose web UI listens on ui_port (0 while it starts)."""
+    """The workers registered with the standalone master whose web UI listens on ui_port (0 while it starts:
+    refused connections, and an empty or partial page while the UI comes up)."""
     import json
     import urllib.request
 
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as answer:
             return int(json.load(answer).get("aliveworkers", 0))
-    except OSError:
+    except (OSError, ValueError):
         return 0
 
 
