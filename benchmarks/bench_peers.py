@@ -891,13 +891,15 @@ CHURN_SECONDS = 0.5
 
 def commit_floor_ms(directory: Path, count: int = 500) -> dict[str, float]:
     """Medians on this disk of the least a durable one-row Delta commit costs, done as sparkbus commits
-    (a Parquet file of one 1 KiB row, encoded as sparkbus encodes it; the log entry staged in an unnamed
-    file of the log directory; the file, the entry and the partition directory fsynced concurrently; the
-    entry linked to its version's name; the log directory fsynced), with no other work; and of what a PostgreSQL commit pays (a WAL-style append to a
-    preallocated file + fdatasync). A single send is at least the first; a peek-lock receive + complete two.
-    The same commits' p99, alone and beside a thread doing the file-system work log cleanup and compaction do
-    (CHURN_FILES small files created, then removed and their directory fsynced, every CHURN_SECONDS): that
-    work sits in the journal a commit's fsyncs wait for, so it sets the tail a single operation can keep."""
+    (a Parquet file of one 1 KiB row, encoded as sparkbus encodes it, and the log entry, each written into
+    an unnamed file made ahead in its directory on another thread; the data file linked to its name; the
+    data file, the entry and the partition directory fsynced concurrently; the entry linked to its
+    version's name; the log directory fsynced), with no other work; and of what a PostgreSQL commit pays
+    (a WAL-style append to a preallocated file + fdatasync). A single send is at least the first; a
+    peek-lock receive + complete two. The same commits' p99, alone and beside a thread doing the
+    file-system work log cleanup and compaction do (CHURN_FILES small files created, then removed and their
+    directory fsynced, every CHURN_SECONDS): that work sits in the journal a commit's fsyncs wait for, so it
+    sets the tail a single operation can keep."""
     root = directory / "commit-floor"
     shutil.rmtree(root, ignore_errors=True)
     alone = _floor_commits(root, count)
@@ -946,16 +948,26 @@ def _floor_commits(root: Path, count: int) -> list[float]:
     part.mkdir()
     row = pa.table({"sequence_number": [1], "message_id": ["m"], "body": [os.urandom(SIZE)]})
     commits = []
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    directories = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in (part, log)]
+
+    def unnamed() -> list[int]:  # the next commit's data file and entry, made ahead as sparkbus.storage.spares does
+        return [os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=d) for d in directories]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool, concurrent.futures.ThreadPoolExecutor(1) as maker:
+        ahead = maker.submit(unnamed)
         for version in range(count):
             start = time.perf_counter()
+            (written, staged), ahead = ahead.result(), maker.submit(unnamed)
             data = part / f"part-{uuid.uuid4()}.parquet"
-            with pa.OSFile(str(data), "wb") as sink:
-                pq.write_table(row, sink, compression="none", use_dictionary=False, store_schema=False)
+            try:
+                with pa.OSFile(f"/proc/self/fd/{written}", "wb") as sink:
+                    pq.write_table(row, sink, compression="none", use_dictionary=False, store_schema=False)
+                os.link(f"/proc/self/fd/{written}", data.name, dst_dir_fd=directories[0], follow_symlinks=True)
+            finally:
+                os.close(written)
             entry = json.dumps({"add": {"path": data.name, "size": data.stat().st_size}}).encode()
             directory = os.open(log, os.O_RDONLY | os.O_DIRECTORY)
             try:  # the entry unnamed in the log directory (O_TMPFILE), linked by descriptor (Linux)
-                staged = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=directory)
                 try:
                     os.write(staged, entry)
                     others = [pool.submit(fsync_file, str(p)) for p in (data, part)]
@@ -970,6 +982,10 @@ def _floor_commits(root: Path, count: int) -> list[float]:
             finally:
                 os.close(directory)
             commits.append((time.perf_counter() - start) * 1000)
+        for spare in ahead.result():
+            os.close(spare)
+    for d in directories:
+        os.close(d)
     return commits
 
 

@@ -13,7 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from sparkbus import PartitionUnavailableError, storage
-from sparkbus.storage import commits
+from sparkbus.storage import commits, spares
 from sparkbus.storage.reader import PartitionReader
 from sparkbus.core.schemas import LOCKS, TABLE_CONFIGURATION
 
@@ -108,7 +108,7 @@ def test_a_staged_entry_taken_at_one_version_is_linked_at_the_next_and_leaves_no
     """Where the file system has unnamed files (O_TMPFILE: this machine's ext4) an entry is staged as one and
     linked by descriptor, elsewhere under a temporary name: either way one staged entry, written once, is
     linked at the next version after finding one taken, and neither leaves a file or a descriptor behind."""
-    assert commits._UNNAMED == getattr(os, "O_TMPFILE", -1)  # this machine has them: both ways are run
+    assert spares.UNNAMED == getattr(os, "O_TMPFILE", -1)  # this machine has them: both ways are run
     log_dir = os.path.join(table.table_uri.removeprefix("file://"), "_delta_log")
     other = commits._Staged.written(log_dir, b'{"commitInfo":{}}\n')
     assert other.link(os.path.join(log_dir, f"{1:020d}.json"))     # another writer takes version 1

@@ -39,8 +39,9 @@ PROC_FD = re.compile(r"^/proc/self/fd/(?P<fd>\d+)$")
 def _fsynced(tmp_path, durability: str) -> tuple[str, dict[str, list[int]], dict[str, tuple[str, int]]]:
     """(namespace, the trace lines at which each path's fsyncs had returned, entry -> (temporary file
     linked to it, line)). A call another thread's interrupted is joined with its resumption first; an
-    fsync's file is known from the descriptor's path (strace -y) or else from the open in the same thread
-    that returned the descriptor (strace cannot always read a descriptor's path)."""
+    fsync's file is known from the descriptor's path (strace -y) or else from the latest open that returned
+    the descriptor, in any thread (descriptors are the process's: an unnamed file made ahead on one thread
+    is written, fsynced and linked on another; strace cannot always read a descriptor's path)."""
     namespace, trace = str(tmp_path / "ns"), str(tmp_path / "trace")
     env = {**os.environ, "SPARKBUS_DURABILITY": durability}
     subprocess.run(["strace", "-f", "-y", "-e", "trace=openat,fsync,fdatasync,link,linkat", "-o", trace,
@@ -48,7 +49,7 @@ def _fsynced(tmp_path, durability: str) -> tuple[str, dict[str, list[int]], dict
     synced: dict[str, list[int]] = {}
     linked: dict[str, tuple[str, int]] = {}
     pending: dict[str, str] = {}  # thread id -> the start of its call in progress
-    opened: dict[tuple[str, int], str] = {}  # (thread, descriptor) -> path of its latest open
+    opened: dict[int, str] = {}  # descriptor -> path of its latest open
     with open(trace) as lines:
         for number, line in enumerate(lines):
             if (found := LINE.match(line.rstrip("\n"))) is None:
@@ -61,14 +62,14 @@ def _fsynced(tmp_path, durability: str) -> tuple[str, dict[str, list[int]], dict
                 call = pending.pop(thread, "") + resumed["rest"]
             if (found := OPENAT.match(call)) is not None:  # an unnamed file: known by its "<directory>/#<inode>"
                 unnamed = "O_TMPFILE" in found["flags"] and found["opened"]
-                opened[(thread, int(found["fd"]))] = unnamed or found["path"]
+                opened[int(found["fd"])] = unnamed or found["path"]
             elif (found := FSYNC.match(call)) is not None:
-                path = found["path"] or opened.get((thread, int(found["fd"])), "")
+                path = found["path"] or opened.get(int(found["fd"]), "")
                 synced.setdefault(path.rstrip("/"), []).append(number)
             elif (found := LINK.match(call)) is not None:  # (a relative name is in its directory descriptor's)
                 source, target = found["source"], os.path.join(found["target_dir"] or "", found["target"])
                 if (by_descriptor := PROC_FD.match(source)) is not None:  # an unnamed file linked by descriptor
-                    source = opened.get((thread, int(by_descriptor["fd"])), source)
+                    source = opened.get(int(by_descriptor["fd"]), source)
                 linked[target] = (source, number)
     return namespace, synced, linked
 

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
-import errno
 import functools
 import json
 import math
@@ -83,7 +82,7 @@ from . import (PARTITION_COLUMN, Started, concurrently, fsync_file, fsync_togeth
                set_read_at,
                transaction_version as _transaction_version,
                location, open_table, read_at)
-from . import fetched, requests
+from . import fetched, requests, spares
 from .errors import guarded
 
 ENGINE = "sparkbus"
@@ -438,18 +437,20 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
     options = parquet_options(log, compress=compress)
     data = _without_empty_columns(data)
     if location.is_local(target):
-        try:
-            opened = pa.OSFile(target, "wb")  # native writes (a Python file object costs 2x on 1 GB)
-        except FileNotFoundError:  # the partition's first file (or its table was removed)
-            chain = [os.path.dirname(target)]
-            for _ in values:
-                chain.append(os.path.dirname(chain[-1]))
-            for made in reversed(chain):
-                _partition_directory(made)
-            opened = pa.OSFile(target, "wb")
-        with opened as sink:
-            pq.write_table(data, sink, **options)
-            size = sink.tell()
+        size = _written_ahead(target, data, options)
+        if size is None:
+            try:
+                opened = pa.OSFile(target, "wb")  # native writes (a Python file object costs 2x on 1 GB)
+            except FileNotFoundError:  # the partition's first file (or its table was removed)
+                chain = [os.path.dirname(target)]
+                for _ in values:
+                    chain.append(os.path.dirname(chain[-1]))
+                for made in reversed(chain):
+                    _partition_directory(made)
+                opened = pa.OSFile(target, "wb")
+            with opened as sink:
+                pq.write_table(data, sink, **options)
+                size = sink.tell()
     else:
         sink = pa.BufferOutputStream()
         pq.write_table(data, sink, **options)
@@ -460,6 +461,22 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
     fetched.wrote_rows(target, data)
     low, high, stats = _statistics(data, log.stats_columns)
     return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats, values)
+
+
+def _written_ahead(target: str, data: pa.Table, options: dict[str, Any]) -> Optional[int]:
+    """data written as Parquet to target in an unnamed file made ahead in target's directory (spares), then
+    linked to target: its size; None when no file was ready or the directory is gone (the caller writes
+    target itself, and reports a removed table)."""
+    spare = spares.take(os.path.dirname(target))
+    if spare is None:
+        return None
+    try:
+        with pa.OSFile(f"/proc/self/fd/{spare}", "wb") as sink:  # the same file, opened natively
+            pq.write_table(data, sink, **options)
+            size = sink.tell()
+        return size if spares.link(spare, target) else None
+    finally:
+        os.close(spare)
 
 
 def _without_empty_columns(data: pa.Table) -> pa.Table:
@@ -610,7 +627,6 @@ def _stage(log: TableLog, added: list[AddedFile], payload: bytes) -> Optional[_S
 
 
 _named_only: set[str] = set()  # log directories whose file system has no unnamed files (O_TMPFILE)
-_UNNAMED = getattr(os, "O_TMPFILE", 0) if os.path.isdir("/proc/self/fd") else 0
 
 
 @dataclass
@@ -620,7 +636,8 @@ class _Staged:
     its version's name through /proc/self/fd; elsewhere a temporary file at `path`, linked and then
     removed. The unnamed file spares the temporary name's creation and removal, two changes to the log
     directory per commit (0.15-0.25 ms of a 1.2 ms commit on this machine's ext4), and a crash leaves
-    nothing behind (the file system frees an unnamed file at recovery). Either is linked with link(2),
+    nothing behind (the file system frees an unnamed file at recovery). The unnamed file is one made ahead
+    (spares) when one is ready. Either is linked with link(2),
     which fails when the name exists: the put-if-absent of a local log."""
     directory: int  # the log directory, open: the unnamed file is made, linked and fsynced through it
     path: str = ""  # the temporary file's (named entries only)
@@ -637,13 +654,15 @@ class _Staged:
             raise TableRemovedError(f"{log_dir}: the table's log directory does not exist") from error
         staged = cls(directory)
         try:
-            if unnamed and _UNNAMED and log_dir not in _named_only:
-                try:
-                    staged.descriptor = os.open(".", _UNNAMED | os.O_WRONLY, 0o644, dir_fd=directory)
-                except OSError as error:
-                    if error.errno not in (errno.EISDIR, errno.EOPNOTSUPP, errno.EINVAL):  # (EISDIR: a kernel
-                        raise  # without O_TMPFILE opened the directory)
-                    _named_only.add(log_dir)
+            if unnamed and spares.UNNAMED and log_dir not in _named_only:
+                staged.descriptor = spares.take(log_dir)
+                if staged.descriptor is None:
+                    try:
+                        staged.descriptor = os.open(".", spares.UNNAMED | os.O_WRONLY, 0o644, dir_fd=directory)
+                    except OSError as error:
+                        if error.errno not in spares.UNSUPPORTED:
+                            raise
+                        _named_only.add(log_dir)
             if staged.descriptor is not None:
                 view = memoryview(payload)
                 while view:
