@@ -960,8 +960,9 @@ def _floor_commits(root: Path, count: int) -> list[float]:
             (written, staged), ahead = ahead.result(), maker.submit(unnamed)
             data = part / f"part-{uuid.uuid4()}.parquet"
             try:
-                with pa.OSFile(f"/proc/self/fd/{written}", "wb") as sink:
-                    pq.write_table(row, sink, compression="none", use_dictionary=False, store_schema=False)
+                sink = pa.BufferOutputStream()  # encoded in memory, one write: as sparkbus writes small files
+                pq.write_table(row, sink, compression="none", use_dictionary=False, store_schema=False)
+                os.write(written, sink.getvalue())
                 os.link(f"/proc/self/fd/{written}", data.name, dst_dir_fd=directories[0], follow_symlinks=True)
             finally:
                 os.close(written)

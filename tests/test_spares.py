@@ -90,6 +90,39 @@ def test_a_data_file_of_a_removed_table_is_refused_though_a_file_was_made_for_it
     assert not (tmp_path / "locks").exists()
 
 
+def test_small_and_large_files_written_into_files_made_ahead_read_back_whole(tmp_path):
+    """A data file written into a file made ahead holds exactly its rows, whether it was encoded in memory
+    and written at once (up to BUFFERED_WRITE bytes of buffers) or encoded straight into the file; its
+    size in the add action is the file's."""
+    import pyarrow.parquet as pq
+
+    table = storage.create_table(str(tmp_path / "locks"), LOCKS, configuration=TABLE_CONFIGURATION["locks"])
+    log = commits.TableLog.of(table)
+    first = commits.write_file(log, 0, _rows([0]))  # the partition's first file: made inline
+    partition = os.path.join(log.uri, os.path.dirname(first.path))
+    small = _rows(list(range(1, 11)))
+    large = _rows(list(range(11, 11 + 120_000)))
+    assert small.get_total_buffer_size() <= commits.BUFFERED_WRITE < large.get_total_buffer_size()
+    for rows in (small, large):
+        os.close(_ready(partition))  # the one made ready: the next is made now, then waited for
+        assert wait_until(lambda: partition in spares._spares.ready, 10)
+        spare = os.fstat(spares._spares.ready[partition]).st_ino
+        before = set(os.listdir(partition))
+        added = commits.write_file(log, 0, rows)
+        path = os.path.join(log.uri, added.path)
+        assert os.stat(path).st_ino == spare  # the file made ahead, now named
+        assert set(os.listdir(partition)) - before == {os.path.basename(path)}
+        assert added.size == os.path.getsize(path) and added.rows == rows.num_rows
+        read = pq.read_table(path)
+        assert read.num_rows == rows.num_rows
+        for name in rows.schema.names:  # (columns null in every row are left out of the file)
+            expected = rows[name]
+            if name in read.schema.names:
+                assert read[name].cast(expected.type).equals(expected), name
+            else:
+                assert expected.null_count == len(expected), name
+
+
 def test_files_are_kept_ready_for_the_directories_last_written_to_only(tmp_path):
     directories = [str(tmp_path / f"d{i:03d}") for i in range(spares.MAX_DIRECTORIES + 8)]
     for directory in directories:

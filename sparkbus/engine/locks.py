@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import threading
 from typing import Optional
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..storage import Transaction, commits, location, maintenance
-from ..storage.reader import PartitionReader
+from ..storage import Transaction, commits, maintenance
+from ..storage.reader import PartitionReader, data_file
 from ..core import records
 from ..core.schemas import LOCKS
 
@@ -93,7 +92,7 @@ def commit_partitions(view: commits.LogView, rows: dict[int, pa.Table],
         raise
     view.committed(done, files, removed_all)
     for partition, added in zip(partitions, files):
-        path = location.join(view.log.uri, unquote(added.path))
+        path = data_file(view.log.uri, added.path)
         with _reading:
             _reader.remember(path, plans[partition][0])
         if reader is not None:

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Optional, cast
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,8 +22,8 @@ from .. import storage
 from ..core import records
 from ..core import transitions
 from ..exceptions import SessionCannotBeLockedError, SessionLockLostError
-from ..storage import commits, location, maintenance
-from ..storage.reader import PartitionReader
+from ..storage import commits, maintenance
+from ..storage.reader import PartitionReader, data_file
 from ..core.schemas import ACTIVE, DEAD_LETTERED, GONE_SQL, SESSIONS
 
 
@@ -58,7 +57,7 @@ def write(view: commits.LogView, reader: PartitionReader, row: dict[str, Any]) -
         commits.discard(view.log, files)
         raise
     view.committed(done, files, removed)
-    reader.remember(location.join(view.log.uri, unquote(files[0].path)), written)
+    reader.remember(data_file(view.log.uri, files[0].path), written)
     maintenance.after_direct_commit(view.log.uri, done.version)
 
 

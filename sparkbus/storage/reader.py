@@ -9,6 +9,7 @@ file narrow to choose what to lock and then whole for what it locked, one GET fo
 process committed costs none."""
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from typing import Hashable, Iterable, Optional, TypeVar
 from urllib.parse import unquote
@@ -25,6 +26,13 @@ from .commits import LogView
 from .fetched import fetch, rows_written
 
 K = TypeVar("K", bound=Hashable)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def data_file(table_uri: str, path: str) -> str:
+    """Where a data file named in a table's log (its path as there: relative, URL-quoted) is: a receive
+    names each file of the partitions it visits, a few dozen, at every call."""
+    return location.join(table_uri, unquote(path))
 
 
 class PartitionReader:
@@ -105,7 +113,7 @@ class PartitionReader:
             listed = view.files(partition, low, high)
             if skip is not None:
                 listed = [f for f, left_out in zip(listed, skip) if not left_out]
-            paths = [(f.path, location.join(view.log.uri, unquote(f.path))) for f in listed]
+            paths = [(f.path, data_file(view.log.uri, f.path)) for f in listed]
             self._load([full for _, full in paths])
             return [(path, self._file(full)) for path, full in paths]
         except (OSError, pa.ArrowException) as error:  # missing, unreadable or corrupt: the partition's fault
@@ -114,7 +122,7 @@ class PartitionReader:
     def named(self, view: "LogView", paths: list[str]) -> list[pa.Table]:
         """The rows (without the partition column) of the view's data files at these paths (as in the log),
         those not in memory fetched together. OSError or pyarrow's error when one cannot be read."""
-        full = [location.join(view.log.uri, unquote(path)) for path in paths]
+        full = [data_file(view.log.uri, path) for path in paths]
         self._load(full)
         return [self._file(path) for path in full]
 
@@ -125,7 +133,7 @@ class PartitionReader:
         nulls in one call per partition, not file by file: compaction merging a single send's files
         spent 13 ms of Python on them, holding the GIL that the sends waited for. OSError or pyarrow's
         error when one cannot be read."""
-        full = {p: [location.join(view.log.uri, unquote(path)) for path in listed] for p, listed in paths.items()}
+        full = {p: [data_file(view.log.uri, path) for path in listed] for p, listed in paths.items()}
         parts: dict[str, pa.Table] = {}
         for path in (path for listed in full.values() for path in listed):
             kept = self._files.get(path)
@@ -147,7 +155,7 @@ class PartitionReader:
         local disk, where files() reads what it lacks (a read costs no round trip)."""
         if location.is_local(view.log.uri):
             return
-        paths = [location.join(view.log.uri, unquote(f.path)) for p in partitions for f in view.files(p)]
+        paths = [data_file(view.log.uri, f.path) for p in partitions for f in view.files(p)]
         try:
             self._load(paths)
         except (OSError, pa.ArrowException):
@@ -157,7 +165,7 @@ class PartitionReader:
         """The object-store files of these partitions at the view's version that this reader does not hold."""
         if location.is_local(view.log.uri):
             return []
-        paths = [location.join(view.log.uri, unquote(f.path)) for p in partitions for f in view.files(p)]
+        paths = [data_file(view.log.uri, f.path) for p in partitions for f in view.files(p)]
         return [path for path in paths if path not in self._files]
 
     def _load(self, paths: list[str]) -> None:
