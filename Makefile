@@ -102,7 +102,7 @@ bench-send: install
 	$(BIN)/python benchmarks/bench_send.py --bulk 1000000 --single 2000
 
 bench-receive: install
-	$(BIN)/python benchmarks/bench_receive.py --messages 200000 --processes 1,2,4 --single 1000 --history 1000000
+	$(BIN)/python benchmarks/bench_receive.py --messages 200000 --processes 1,2,4 --per-send 10000,248 --single 1000 --history 1000000
 
 bench-fanout: install
 	$(BIN)/python benchmarks/bench_fanout.py --messages 1000000 --latency 200

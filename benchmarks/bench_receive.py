@@ -11,40 +11,52 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import resource
 import statistics
 import time
 
 from common import bench_namespace
 
 from sparkbus import ServiceBusClient, ServiceBusMessage
+from sparkbus.storage import commits
 
 BATCH = 1000
 
 
-def fill(path: str, queue: str, count: int, size: int) -> None:
-    """count messages in commits of 10,000 (the bulk path without Spark)."""
+def fill(path: str, queue: str, count: int, size: int, per_send: int = 10_000) -> None:
+    """count messages in commits of per_send (the bulk path without Spark; a send of messages without keys
+    lands in one partition, so per_send is also the rows of each data file a receiver reads)."""
     sender = ServiceBusClient(path).get_queue_sender(queue)
     body = b"x" * size
-    for start in range(0, count, 10_000):
-        sender._send([ServiceBusMessage(body) for _ in range(min(10_000, count - start))], batch_limit=False)
+    for start in range(0, count, per_send):
+        sender._send([ServiceBusMessage(body) for _ in range(min(per_send, count - start))], batch_limit=False)
 
 
 def drain(path: str, queue: str, barrier, results) -> None:
+    """Receive and complete until the queue stays empty for 0.5 s; report (messages, time of the end, CPU
+    seconds of the whole process, its commits to the locks table: commits.Outcomes)."""
     receiver = ServiceBusClient(path).get_queue_receiver(queue)
+    locks_uri = receiver._entity_info().tables["locks"]
     barrier.wait()
+    before = resource.getrusage(resource.RUSAGE_SELF)
     done = 0
     while True:
         batch = receiver.receive_messages(max_message_count=BATCH, max_wait_time=0.5)
         if not batch:
             break
         done += receiver.complete_messages(batch)
-    results.put((done, time.time()))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    results.put((done, time.time(), cpu, commits.outcomes(locks_uri)))
 
 
-def throughput(path: str, admin, processes: int, count: int, size: int) -> None:
-    queue = f"drain{processes}"
+def throughput(path: str, admin, processes: int, count: int, size: int, per_send: int) -> None:
+    """processes receivers draining count messages sent in commits of per_send: messages/s, CPU per message
+    over the receivers' processes and their lock commits refused by a conflict (what several receivers of
+    one queue fight over)."""
+    queue = f"drain{processes}x{per_send}"
     admin.create_queue(queue, enable_partitioning=True, max_size_in_megabytes=5120, lock_duration="PT5M")
-    fill(path, queue, count, size)
+    fill(path, queue, count, size, per_send)
     spawn = multiprocessing.get_context("spawn")
     barrier, results = spawn.Barrier(processes + 1), spawn.Queue()
     procs = [spawn.Process(target=drain, args=(path, queue, barrier, results)) for _ in range(processes)]
@@ -55,11 +67,17 @@ def throughput(path: str, admin, processes: int, count: int, size: int) -> None:
     outcomes = [results.get() for _ in procs]
     for p in procs:
         p.join()
-    total = sum(done for done, _ in outcomes)
+    total = sum(done for done, *_ in outcomes)
     # Each process waits 0.5 s for more before it stops: that idle tail is not receiving.
-    elapsed = max(end for _, end in outcomes) - start - 0.5
-    print(f"receive+complete, batches of {BATCH}, {processes} process(es): {total:,} messages in {elapsed:.2f} s "
-          f"= {total / elapsed:,.0f} messages/s")
+    elapsed = max(end for _, end, *_ in outcomes) - start - 0.5
+    cpu = sum(seconds for _, _, seconds, _ in outcomes)
+    made = sum(counts.committed + counts.refused for *_, counts in outcomes)
+    refused = sum(counts.refused for *_, counts in outcomes)
+    lost = sum(counts.versions_lost for *_, counts in outcomes)
+    print(f"receive+complete, batches of {BATCH}, {processes} process(es), sends of {per_send:,}: {total:,} messages "
+          f"in {elapsed:.2f} s = {total / elapsed:,.0f} messages/s; CPU {cpu / total * 1e6:.1f} us a message "
+          f"(the whole processes, about 0.5 s idle each at the end); lock-table commits {made:,}, refused by a "
+          f"conflict {refused:,} ({refused / max(made, 1):.1%}), versions lost to another writer first {lost:,}")
     assert total == count, f"drained {total} of {count}"
 
 
@@ -135,6 +153,9 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=10,
                         help="also run --single and --concurrent with this prefetch_count (0: only without)")
     parser.add_argument("--size", type=int, default=1024, help="body bytes per message")
+    parser.add_argument("--per-send", default="10000",
+                        help="messages per send commit when filling the throughput runs' queue, comma-separated "
+                             "(248: what a full standard-tier batch of 1 KiB messages holds)")
     args = parser.parse_args()
     with bench_namespace() as (path, admin):
         for prefetch in sorted({0, args.prefetch}):
@@ -145,8 +166,9 @@ def main() -> None:
             if args.concurrent and args.single:
                 concurrent_single(path, admin, args.concurrent, args.single // 4 or 1, args.size, prefetch)
         if args.messages:
-            for processes in (int(p) for p in args.processes.split(",")):
-                throughput(path, admin, processes, args.messages, args.size)
+            for per_send in (int(n) for n in args.per_send.split(",")):
+                for processes in (int(p) for p in args.processes.split(",")):
+                    throughput(path, admin, processes, args.messages, args.size, per_send)
         if args.history:
             short = history(path, admin, 10_000, 300, args.size)
             long = history(path, admin, args.history, 300, args.size)

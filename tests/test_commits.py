@@ -134,6 +134,7 @@ def test_a_commit_that_loses_a_version_links_its_entry_at_the_next_and_leaves_no
     added = commits.write_file(log, 2, _rows([6]))
     done = commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (6, 6)}))
     assert done.version == 2 and [e.version for e in done.skipped] == [1]
+    assert commits.outcomes(log.uri) == commits.Outcomes(committed=2, versions_lost=1, refused=0)
     assert _read(table)["sequence_number"].to_pylist() == [5, 6]
     log_dir = os.path.join(table.table_uri.removeprefix("file://"), "_delta_log")
     assert sorted(os.listdir(log_dir)) == [f"{v:020d}.json" for v in range(3)]
@@ -146,6 +147,7 @@ def test_a_commit_conflicting_with_a_winner_writes_nothing(table):
     added = commits.write_file(log, 2, _rows([11]))
     with pytest.raises(CommitFailedError, match="rows of partition 2 it read were written"):
         commits.commit(log, commits.position_of(stale), [added], [], commits.Claim({2: (11, 11)}))
+    assert commits.outcomes(log.uri) == commits.Outcomes(committed=1, versions_lost=1, refused=1)
     commits.discard(log, [added])
     assert not os.path.exists(os.path.join(log.uri, added.path))
     assert storage.open_table(table.table_uri).version() == 1
@@ -183,6 +185,7 @@ def test_a_stale_position_is_refused_instead_of_writing_over_a_cleaned_up_versio
     unknown = DeltaTable(table.table_uri)                            # not opened through sparkbus.storage
     with pytest.raises(CommitFailedError, match="stale snapshot"):
         commits.commit(log, commits.position_of(unknown), [added], [], commits.Claim({0: (1, math.inf)}))
+    assert commits.outcomes(log.uri) == commits.Outcomes(committed=0, versions_lost=0, refused=2)
 
 
 def test_a_log_view_follows_adds_and_removes_and_reseeds_when_stale(table):

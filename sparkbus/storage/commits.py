@@ -63,9 +63,10 @@ import json
 import math
 import os
 import re
+import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 from urllib.parse import quote, unquote
@@ -566,6 +567,38 @@ def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
             pass
 
 
+@dataclass
+class Outcomes:
+    """What this process's direct commits to one log met: commits made, versions taken first by another
+    writer (the commit then tried the next one, its claim unharmed) and commits refused (CommitFailedError,
+    a conflict or a stale base: the caller re-plans). What a benchmark or an operator reads to see what
+    writers of one table fight over; counted under a lock, so threads' commits are all counted."""
+
+    committed: int = 0
+    versions_lost: int = 0
+    refused: int = 0
+
+
+_outcomes: dict[str, Outcomes] = {}
+_counting = threading.Lock()
+
+
+def outcomes(table_uri: str) -> Outcomes:
+    """A copy of the counts of this process's direct commits to the table at table_uri (zeros before any)."""
+    with _counting:
+        return replace(_outcomes.get(table_uri) or Outcomes())
+
+
+def _count(log: TableLog, *, committed: int = 0, versions_lost: int = 0, refused: int = 0) -> None:
+    with _counting:
+        counts = _outcomes.get(log.uri)
+        if counts is None:
+            counts = _outcomes[log.uri] = Outcomes()
+        counts.committed += committed
+        counts.versions_lost += versions_lost
+        counts.refused += refused
+
+
 def tail_ahead(log: TableLog, base: Position) -> "Optional[Started[tuple[list[Entry], float]]]":
     """On an object-store log contended lately (see Contention), the entries after base, read from now on
     (started before the commit's data files are written, and handed to commit as `ahead`); None elsewhere."""
@@ -588,33 +621,45 @@ def commit(log: TableLog, base: Position, added: list[AddedFile], removed: Itera
     payload = _entry_payload(added, list(removed), app_transactions or {}, operation, data_change, txn_id)
     staged = _stage(log, added, payload)
     try:
-        skipped = _checked(log, claim, ahead.result()[0]) if ahead is not None else []
-        version = base.version + 1 + len(skipped)
-        while True:
-            started = time.monotonic()
-            if started - base.known_at > log.safe_seconds:  # checked for every version tried (see the docstring)
-                raise CommitFailedError(f"{log.uri}: stale snapshot: version {base.version} was read more than "
-                                        f"{log.safe_seconds:.0f} s ago and later log entries may be cleaned up")
-            target = log.entry_uri(version)
-            beside: Optional[Started[Optional[Entry]]] = None
-            if staged is None and started - _lost_at.get(log.uri, -math.inf) < CONTENDED_SECONDS:
-                beside = Started(functools.partial(read_entry, log, version), "entries")  # see Contention
-            if (staged.link(target) if staged is not None else create_entry(target, payload)):
-                return Committed(version, skipped, Position(version, started))
-            if staged is None:
-                _lost_at[log.uri] = time.monotonic()
-            winner = beside.result() if beside is not None else None
-            # the winner read beside the PUT (None: read before it landed), or it and any written after it
-            taken = [winner] if winner is not None else read_entries(log, version)[0]
-            if not taken:  # taken and then cleaned up: this position is older than it looked
-                raise CommitFailedError(f"{log.uri}: stale snapshot: version {version} is gone from the log")
-            if taken[0].txn_id == txn_id:  # ours: a PUT the client retried after its first one had landed
-                return Committed(version, skipped, Position(version, started))
-            skipped += _checked(log, claim, taken)
-            version = taken[-1].version + 1
+        done = _committed(log, base, claim, staged, payload, txn_id, ahead)
+    except CommitFailedError:
+        _count(log, refused=1)
+        raise
     finally:
         if staged is not None:
             staged.close()
+    _count(log, committed=1)
+    return done
+
+
+def _committed(log: TableLog, base: Position, claim: Claim, staged: Optional[_Staged], payload: bytes, txn_id: str,
+               ahead: "Optional[Started[tuple[list[Entry], float]]]") -> Committed:
+    """commit's versions tried in turn, from the first free one after base (see commit)."""
+    skipped = _checked(log, claim, ahead.result()[0]) if ahead is not None else []
+    version = base.version + 1 + len(skipped)
+    while True:
+        started = time.monotonic()
+        if started - base.known_at > log.safe_seconds:  # checked for every version tried (see the docstring)
+            raise CommitFailedError(f"{log.uri}: stale snapshot: version {base.version} was read more than "
+                                    f"{log.safe_seconds:.0f} s ago and later log entries may be cleaned up")
+        target = log.entry_uri(version)
+        beside: Optional[Started[Optional[Entry]]] = None
+        if staged is None and started - _lost_at.get(log.uri, -math.inf) < CONTENDED_SECONDS:
+            beside = Started(functools.partial(read_entry, log, version), "entries")  # see Contention
+        if (staged.link(target) if staged is not None else create_entry(target, payload)):
+            return Committed(version, skipped, Position(version, started))
+        _count(log, versions_lost=1)
+        if staged is None:
+            _lost_at[log.uri] = time.monotonic()
+        winner = beside.result() if beside is not None else None
+        # the winner read beside the PUT (None: read before it landed), or it and any written after it
+        taken = [winner] if winner is not None else read_entries(log, version)[0]
+        if not taken:  # taken and then cleaned up: this position is older than it looked
+            raise CommitFailedError(f"{log.uri}: stale snapshot: version {version} is gone from the log")
+        if taken[0].txn_id == txn_id:  # ours: a PUT the client retried after its first one had landed
+            return Committed(version, skipped, Position(version, started))
+        skipped += _checked(log, claim, taken)
+        version = taken[-1].version + 1
 
 
 def _checked(log: TableLog, claim: Claim, entries: list[Entry]) -> list[Entry]:
