@@ -591,9 +591,7 @@ def outcomes(table_uri: str) -> Outcomes:
 
 def _count(log: TableLog, *, committed: int = 0, versions_lost: int = 0, refused: int = 0) -> None:
     with _counting:
-        counts = _outcomes.get(log.uri)
-        if counts is None:
-            counts = _outcomes[log.uri] = Outcomes()
+        counts = _outcomes.setdefault(log.uri, Outcomes())
         counts.committed += committed
         counts.versions_lost += versions_lost
         counts.refused += refused
