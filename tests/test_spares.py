@@ -16,6 +16,7 @@ import pytest
 from conftest import wait_until
 from test_commits import _rows
 from sparkbus import storage
+from sparkbus.engine import availability
 from sparkbus.core.schemas import LOCKS, TABLE_CONFIGURATION
 from sparkbus.storage import commits, spares
 
@@ -71,6 +72,24 @@ def test_a_file_made_ahead_for_a_removed_directory_is_linked_nowhere(tmp_path):
         assert not directory.exists()
     finally:
         os.close(spare)
+
+
+def test_a_file_made_ahead_that_cannot_be_named_fails_naming_its_partition_and_leaves_nothing(tmp_path):
+    """An immutable directory (chattr +i, which binds root too) refuses the link: the error names the target,
+    whose partition_id=N directory is how a send finds the faulty partition and places its messages elsewhere."""
+    directory = tmp_path / "partition_id=13"
+    directory.mkdir()
+    spare = _ready(str(directory))
+    subprocess.run(["chattr", "+i", str(directory)], check=True)
+    try:
+        with pytest.raises(PermissionError) as raised:
+            spares.link(spare, str(directory / "named"))
+        assert raised.value.filename == str(directory / "named")
+        assert availability.partition_named(raised.value) == 13
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+        os.close(spare)
+    assert os.listdir(directory) == []
 
 
 def test_a_data_file_of_a_removed_table_is_refused_though_a_file_was_made_for_it(tmp_path):
@@ -139,6 +158,43 @@ def test_files_are_kept_ready_for_the_directories_last_written_to_only(tmp_path)
         assert spare is not None
         os.close(spare)
     assert all(os.listdir(d) == [] for d in directories)  # nothing was ever named
+
+
+UNWRITABLE = textwrap.dedent("""
+    import errno, os, resource, signal, sys
+    sys.path.insert(0, sys.argv[2])
+    from conftest import wait_until
+    from test_commits import _rows
+    from sparkbus import storage
+    from sparkbus.core.schemas import LOCKS, TABLE_CONFIGURATION
+    from sparkbus.engine import availability
+    from sparkbus.storage import commits, spares
+    log = commits.TableLog.of(storage.create_table(sys.argv[1], LOCKS, configuration=TABLE_CONFIGURATION["locks"]))
+    partition = os.path.join(log.uri, os.path.dirname(commits.write_file(log, 7, _rows([0])).path))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    for rows in (_rows(list(range(1, 1001))), _rows(list(range(1, 120_001)))):  # encoded in memory, natively
+        if (ready := spares.take(partition)) is not None:  # (the next one is asked for either way)
+            os.close(ready)
+        assert wait_until(lambda: partition in spares._spares.ready, 10)
+        before = set(os.listdir(partition))
+        try:
+            commits.write_file(log, 7, rows)
+            raise AssertionError("written past the limit")
+        except OSError as error:
+            assert error.errno == errno.EFBIG and error.filename.startswith(partition + "/part-"), repr(error)
+            assert availability.partition_named(error) == 7, repr(error)
+        assert set(os.listdir(partition)) == before  # nothing named
+    print("ok")
+""")
+
+
+def test_a_file_made_ahead_that_cannot_be_written_fails_naming_its_partition(tmp_path):
+    """A write into a file made ahead fails as a write into a named one would (here past RLIMIT_FSIZE):
+    with the target's path, whose partition_id=N directory is the partition a send places elsewhere."""
+    done = subprocess.run([sys.executable, "-c", UNWRITABLE, str(tmp_path / "locks"), os.path.dirname(__file__)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 FORKED = textwrap.dedent("""

@@ -477,14 +477,17 @@ def _written_ahead(target: str, data: pa.Table, options: dict[str, Any]) -> Opti
     if spare is None:
         return None
     try:
-        if data.get_total_buffer_size() <= BUFFERED_WRITE:
-            sink = pa.BufferOutputStream()
-            pq.write_table(data, sink, **options)
-            size = _write_all(spare, sink.getvalue())
-        else:
-            with pa.OSFile(f"/proc/self/fd/{spare}", "wb") as native:  # the same file, opened natively
-                pq.write_table(data, native, **options)
-                size = native.tell()
+        try:
+            if data.get_total_buffer_size() <= BUFFERED_WRITE:
+                sink = pa.BufferOutputStream()
+                pq.write_table(data, sink, **options)
+                size = _write_all(spare, sink.getvalue())
+            else:
+                with pa.OSFile(f"/proc/self/fd/{spare}", "wb") as native:  # the same file, opened natively
+                    pq.write_table(data, native, **options)
+                    size = native.tell()
+        except OSError as error:  # named by target (whose directory names the partition), not the descriptor
+            raise OSError(error.errno, error.strerror or str(error), target) from error
         return size if spares.link(spare, target) else None
     finally:
         os.close(spare)

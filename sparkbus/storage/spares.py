@@ -102,7 +102,8 @@ def take(directory: str) -> Optional[int]:
 
 def link(descriptor: int, target: str) -> bool:
     """Give the unnamed file of descriptor the name target (a path in the directory it was made in, or in
-    one that replaced it): False when target's directory does not exist (its table was removed)."""
+    one that replaced it): False when target's directory does not exist (its table was removed). Raises
+    OSError naming target (whose directory names its partition) when the name cannot be given."""
     try:
         directory = os.open(os.path.dirname(target), os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
@@ -111,6 +112,8 @@ def link(descriptor: int, target: str) -> bool:
         os.link(f"/proc/self/fd/{descriptor}", os.path.basename(target), dst_dir_fd=directory, follow_symlinks=True)
     except FileNotFoundError:
         return False
+    except OSError as error:  # (its own message names the descriptor and the bare file name)
+        raise type(error)(error.errno, error.strerror, target) from error
     finally:
         os.close(directory)
     return True
