@@ -15,7 +15,7 @@ from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
 import sparkbus
 from sparkbus import ServiceBusMessage
-from sparkbus.engine import throttle
+from sparkbus.engine import registry, throttle
 from sparkbus.spark.datasource import option_root
 from sparkbus.storage import location, maintenance
 from fault_proxy import FaultProxy
@@ -246,6 +246,34 @@ def test_a_commit_that_never_reaches_the_store_is_a_communication_error_and_writ
     monkeypatch.undo()
     assert _entries(admin, "q") == before
     assert admin.get_queue_runtime_properties("q").active_message_count == 0
+
+
+def test_a_sender_of_a_deleted_queue_is_told_so_when_the_store_fails_its_removal(azurite, monkeypatch):
+    """A send that finds its queue deleted removes what it wrote and raises not found. When the store fails
+    that removal (the connection of every batch delete reset), the send still raises not found, never the
+    store's error: the delete's own removals take the directory."""
+    ns = f"{azurite}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    admin.create_queue("x")
+    proxy = FaultProxy(os.environ["AZURITE_BLOB_STORAGE_URL"], r"^(POST|DELETE) [^ ]*comp=batch", "request",
+                       faults=1000)
+    direct, proxied = os.environ["AZURITE_BLOB_STORAGE_URL"], f"http://127.0.0.1:{proxy.start()}"
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", proxied)
+    try:
+        with sparkbus.ServiceBusClient(ns) as client, client.get_queue_sender("x") as sender:
+            sender.send_messages(ServiceBusMessage("before"))
+            monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", direct)
+            admin.delete_queue("x")
+            monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", proxied)
+            with pytest.raises(sparkbus.MessagingEntityNotFoundError, match="'x'"):
+                sender.send_messages(ServiceBusMessage("lost"))
+            assert proxy.broken() > 0
+    finally:
+        proxy.stop()
+    monkeypatch.undo()
+    assert registry.wait_removed(timeout=60)
+    assert not [uri for uri in location.listing(ns) if "/entities/" in uri]
 
 
 def test_compaction_on_an_object_store_keeps_every_row(admin, client, ns_path, store):

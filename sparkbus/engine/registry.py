@@ -61,7 +61,7 @@ from ..storage import commits, location, maintenance
 from ..core import tiers
 from ..core.entities import EntityOptions
 from ..core.names import key, subscription_path
-from ..exceptions import InvalidOperationError, MessagingEntityNotFoundError
+from ..exceptions import InvalidOperationError, MessagingEntityNotFoundError, ServiceBusError
 from ..core.schemas import ENTITY_TABLES
 from . import availability
 from .availability import unavailable_partitions
@@ -299,8 +299,9 @@ class CachedEntity:
             return
         try:
             remove_incarnation(self._catalog.root, info.incarnation)
-        except OSError:  # the store failed now: the removal on the maintenance thread may still succeed
-            pass
+        except (OSError, ServiceBusError) as error:  # the store failed now (unreachable, busy): the removal
+            # on the maintenance thread may still succeed; the caller is told its entity is gone either way
+            LOG.warning("removing deleted %s under %s failed: %s", info.incarnation, self._catalog.root, error)
         if cause is None:
             raise EntityDeleted(info, current)
         raise EntityDeleted(info, current) from cause
