@@ -227,6 +227,36 @@ def test_a_commit_whose_connection_broke_is_tried_again_and_lands_exactly_once(a
         proxy.stop()
 
 
+CATALOG_ENTRY_CREATE = r"^PUT [^ ]*/_catalog/_delta_log/\d+\.json[^ ]* .*\r\nif-none-match: \*"
+
+
+@pytest.mark.parametrize("mode", ["answer", "request"])
+def test_a_catalog_change_whose_connection_broke_is_made_exactly_once(azurite, monkeypatch, mode):
+    """delta-rs does not retry the catalog MERGE's conditional PUT either. Its connection reset after the
+    store wrote the entry ("answer") or before ("request"): the change finds its own entry in the log, or
+    tries again; either way the queue is created once, in one more catalog entry, and the create returns."""
+    ns = f"{azurite}/{uuid.uuid4().hex[:12]}/ns"
+    sparkbus.create_namespace(ns, credits_per_second=None)
+    catalog_log = location.join(ns, "_catalog", "_delta_log")
+    before = [uri for uri in location.listing(catalog_log) if uri.endswith(".json")]
+    proxy = FaultProxy(os.environ["AZURITE_BLOB_STORAGE_URL"], CATALOG_ENTRY_CREATE, mode, faults=1)
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", f"http://127.0.0.1:{proxy.start()}")
+    try:
+        admin = sparkbus.ServiceBusAdministrationClient(ns)
+        admin.create_queue("q")
+        assert proxy.broken() == 1
+    finally:
+        proxy.stop()
+    monkeypatch.undo()
+    after = [uri for uri in location.listing(catalog_log) if uri.endswith(".json")]
+    assert len(after) == len(before) + 1
+    admin = sparkbus.ServiceBusAdministrationClient(ns)
+    assert [q.name for q in admin.list_queues()] == ["q"]
+    with sparkbus.ServiceBusClient(ns) as client:
+        client.get_queue_sender("q").send_messages(ServiceBusMessage("m"))
+    assert admin.get_queue_runtime_properties("q").active_message_count == 1
+
+
 def test_a_commit_that_never_reaches_the_store_is_a_communication_error_and_writes_no_entry(azurite,
                                                                                             monkeypatch):
     ns = f"{azurite}/{uuid.uuid4().hex[:12]}/ns"

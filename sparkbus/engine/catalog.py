@@ -9,6 +9,11 @@ Creation is the claim of a namespace: version 0, holding the namespace row, is c
 creator (Catalog.create). delta-rs' write_deltalake(mode="error") is no such claim: of two creators
 racing, the second found version 0 taken and committed its row as version 1, so both succeeded and the
 catalog held two namespace rows.
+
+A change whose commit request failed for want of the store (a connection reset, an answer that never came)
+may or may not be in the log: the store may have carried it out. Each MERGE names itself in its
+commitInfo (txnId), so the failed one reads the log after its snapshot: found, the change is made; not
+found, it changed nothing and the retry policy tries it again (retry.Unchanged), deciding afresh.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import json
 import os
 import tempfile
 import threading
+import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
@@ -30,6 +36,7 @@ from ..storage import commits, maintenance
 from ..core.entities import EntityOptions
 from ..core.filters import RuleFilter, SqlRuleAction, action_from_json, filter_from_json
 from ..core.schemas import TS
+from ..exceptions import ServiceBusCommunicationError
 from . import retry
 from . import clock
 
@@ -229,11 +236,25 @@ class Catalog:
             table = self._table
             if table is None or table.version() != snap.version:
                 raise _StaleSnapshot("catalog changed since the snapshot was read")
-            storage.merge(table, source, "t.key = s.key", lambda merger: (
-                merger.when_matched_update(assignments, predicate="s._op = 'upsert'")
-                .when_matched_delete(predicate="s._op = 'delete'")
-                .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")))
+            txn_id = uuid.uuid4().hex
+            try:
+                storage.merge(table, source, "t.key = s.key", lambda merger: (
+                    merger.when_matched_update(assignments, predicate="s._op = 'upsert'")
+                    .when_matched_delete(predicate="s._op = 'delete'")
+                    .when_not_matched_insert(assignments, predicate="s._op = 'upsert'")), txn_id=txn_id)
+            except ServiceBusCommunicationError as error:
+                if self._landed(snap.version, txn_id):
+                    return
+                raise retry.Unchanged(str(error)) from error
             maintenance.after_commit(table)
+
+    def _landed(self, version: int, txn_id: str) -> bool:
+        """Whether a log entry after version is the commit txn_id, whose store request failed: a request
+        whose connection broke may have been carried out (its answer lost), and telling which is what makes
+        trying the change again safe (not landed) or needless (landed). A change whose request the store
+        carries out only after this read found it missing is found by the next try's conflict (its decide
+        sees the change made)."""
+        return commits.has_entry_by(self.uri, version, txn_id)
 
 
 def _copy(source: str, target: str) -> None:

@@ -17,7 +17,10 @@ never cut short, and one that succeeds after the deadline is reported as the suc
 
 A store that throttles a request or does not answer in time (after its HTTP client's own retries) is
 transient too, but re-planning at once would only add load: each try waits the policy's backoff, and the
-last one's error is raised (ServiceBusServerBusyError, OperationTimeoutError).
+last one's error is raised (ServiceBusServerBusyError, OperationTimeoutError). A store that could not be
+reached is retried the same way only where the operation knows that its try changed nothing (Unchanged):
+a request whose connection broke may have been carried out, so repeating any other would risk doing it
+twice.
 
 Pauses handed over (sparkbus.aio): a call run through `handing_over` does not sleep where a request was
 refused before it did anything (a throttled request, sparkbus.engine.throttle); it raises Backoff, and its
@@ -35,7 +38,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from .. import storage
 from ..storage import CommitFailedError, DeltaError
-from ..exceptions import CommitConflictError, OperationTimeoutError
+from ..exceptions import CommitConflictError, OperationTimeoutError, ServiceBusCommunicationError
 from ..storage.errors import StoreBusy, StoreTimeout
 
 T = TypeVar("T")
@@ -151,6 +154,11 @@ def handing_over(resume: Optional[Resume], function: Callable[..., T], *args: ob
         _handover.active, _handover.resume = False, None
 
 
+class Unchanged(ServiceBusCommunicationError):
+    """The store could not be reached, and the operation made sure its try changed nothing (its commit is
+    not in the log): retried as a busy store is, and raised as the communication error it is at the end."""
+
+
 DEFAULT = RetryPolicy()
 NO_RETRY = RetryPolicy(total=0)  # one round of re-plans only (work that a later pass redoes, or that waits)
 
@@ -167,7 +175,7 @@ def run(operation: Callable[[], T], policy: RetryPolicy = DEFAULT, *, what: str 
     """Run operation (which re-reads what it decides on) under the policy; on_transient runs after each
     transient failure (to refresh cached tables). A store that throttled or timed out (storage.errors'
     StoreBusy, StoreTimeout) is waited for as the policy says, then its error raised (a
-    ServiceBusServerBusyError / OperationTimeoutError). Raises CommitConflictError when the policy is
+    ServiceBusServerBusyError / OperationTimeoutError), as is an Unchanged try. Raises CommitConflictError when the policy is
     exhausted by conflicts, and any other error at once."""
     retry = 0
     while True:
@@ -183,7 +191,7 @@ def run(operation: Callable[[], T], policy: RetryPolicy = DEFAULT, *, what: str 
                         on_transient()
                     if replan < REPLANS - 1:
                         time.sleep(random.uniform(0, REPLAN_DELAY * 2 ** min(replan, 3)))
-        except (StoreBusy, StoreTimeout):
+        except (StoreBusy, StoreTimeout, Unchanged):
             if retry >= policy.total:
                 raise
         else:

@@ -175,12 +175,14 @@ def write(table_or_uri: str | Path | DeltaTable, data: Any, **options: Any) -> N
 
 @guarded
 def merge(table: DeltaTable, source: pa.Table, predicate: str,
-          clauses: Callable[[TableMerger], TableMerger]) -> dict[str, Any]:
+          clauses: Callable[[TableMerger], TableMerger], *, txn_id: Optional[str] = None) -> dict[str, Any]:
     """MERGE source (alias s) into table (alias t) on predicate, with the clauses `clauses` adds to delta-rs'
-    merger and without post-commit hooks (NO_HOOKS): one commit, to which the table object moves; returns
-    delta-rs' metrics. CommitFailedError when a conflicting commit came first."""
+    merger and without post-commit hooks (NO_HOOKS): one commit, to which the table object moves, its
+    commitInfo's txnId txn_id when given (how a caller finds its own entry in the log); returns delta-rs'
+    metrics. CommitFailedError when a conflicting commit came first."""
     requests.note("delta-rs")
-    merger = table.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=NO_HOOKS)
+    merger = table.merge(source, predicate, source_alias="s", target_alias="t", post_commithook_properties=NO_HOOKS,
+                         commit_properties=CommitProperties(custom_metadata={"txnId": txn_id}) if txn_id else None)
     return clauses(merger).execute()
 
 

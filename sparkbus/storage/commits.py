@@ -806,6 +806,22 @@ def read_entries(log: "TableLog | str", first: int) -> tuple[list[Entry], float]
 
 
 @guarded
+def has_entry_by(table_uri: str, version: int, txn_id: str) -> bool:
+    """Whether an entry after version, of any table (partitioned or not), is the commit whose commitInfo's
+    txnId is txn_id: read one by one up to the first missing version (a commit's caller looks right after
+    it, so the entries after its snapshot are few)."""
+    while True:
+        version += 1
+        try:
+            text = location.get(entry_uri(table_uri, version))
+        except FileNotFoundError:
+            return False
+        for line in text.splitlines():
+            if line.strip() and json.loads(line).get("commitInfo", {}).get("txnId") == txn_id:
+                return True
+
+
+@guarded
 def read_entry(log: "TableLog | str", version: int) -> Optional[Entry]:
     """The actions of one version of a table (its log or uri), or None when its entry does not exist (yet,
     or any more)."""
