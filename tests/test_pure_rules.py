@@ -279,6 +279,38 @@ def test_files_whose_messages_are_settled_or_locked_beyond_now_hold_nothing_to_t
     assert transitions.settled(ranges, states, later) == [False] * len(ranges)
 
 
+def test_state_columns_are_read_once_per_table_and_answer_as_the_columns_do():
+    """transitions.state_columns: the same object for the same state rows (settled, candidates and
+    quiet_until of one receive share it), a new one for other rows; over rows in two chunks, with unset
+    and set locks, unlocked, active, positions and deliveries say what the columns say."""
+    import numpy as np
+    import pyarrow as pa
+
+    from sparkbus.core import transitions
+    from sparkbus.core.records import micros
+    from sparkbus.core.schemas import ACTIVE, COMPLETED
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    rows = [(5, ACTIVE, now + timedelta(seconds=5), 2), (3, COMPLETED, None, 1), (9, ACTIVE, now, 4),
+            (1, ACTIVE, None, 7)]
+    table = _state_rows([{"partition_id": 0, "sequence_number": n, "state": state, "delivery_count": count,
+                          "locked_until_utc": until} for n, state, until, count in rows])
+    states = pa.Table.from_batches([*table.slice(0, 2).to_batches(), *table.slice(2).to_batches()])
+    assert states["sequence_number"].num_chunks == 2
+    known = transitions.state_columns(states)
+    assert transitions.state_columns(states) is known
+    assert known.numbers.tolist() == [5, 3, 9, 1] and known.active.tolist() == [True, False, True, True]
+    assert known.unlocked(micros(now)).tolist() == [False, True, True, True]  # a lock ending now has lapsed
+    assert known.unlocked(micros(now) - 1).tolist() == [False, True, False, True]
+    assert known.positions(np.array([9, 2, 1, 5, 3])).tolist() == [2, -1, 3, 0, 1]
+    assert known.deliveries.tolist() == [2, 1, 4, 7]
+    unlocked = _state_rows([{"partition_id": 0, "sequence_number": 1, "state": ACTIVE, "delivery_count": 1}])
+    other = transitions.state_columns(unlocked)
+    assert other is not known and other.table is unlocked and other.unlocked(0).tolist() == [True]
+    empty = transitions.state_columns(unlocked.slice(0, 0))
+    assert empty.positions(np.array([1, 2])).tolist() == [-1, -1]
+
+
 def test_quiet_until_is_the_first_lock_to_lapse_or_schedule_to_fall_due():
     """transitions.quiet_until: after candidates found nothing in a partition, the earliest moment one of
     its messages could become receivable without a write: a lock of an active message lapsing or a

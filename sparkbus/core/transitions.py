@@ -180,16 +180,16 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     """
     now_us = micros(now)
     numbers = stored_int64s(messages["sequence_number"])
-    position = _positions(numbers, stored_int64s(states["sequence_number"]))
+    known = state_columns(states)
+    position = known.positions(numbers)
     has = position >= 0
     born_dead = ~has & _valid(messages["born_dead_letter_reason"])  # its dead-lettered state row is on its way
-    state = states["state"]
-    keep = _per_message(_at_most(states["locked_until_utc"], now_us, True), position, True)  # no lock, or lapsed
+    keep = _per_message(known.unlocked(now_us), position, True)  # no lock, or lapsed
     if queue == ACTIVE:
-        keep &= _per_message(_equal(state, ACTIVE), position, ~born_dead)
+        keep &= _per_message(known.active, position, ~born_dead)
         keep &= _at_most(messages["scheduled_enqueue_time_utc"], now_us, True)
     else:
-        keep &= _per_message(_equal(state, queue), position, born_dead & (queue == DEAD_LETTERED))
+        keep &= _per_message(_equal(states["state"], queue), position, born_dead & (queue == DEAD_LETTERED))
     if sequence_numbers:
         keep &= np.isin(numbers, np.asarray(sequence_numbers, dtype=np.int64))
     if session_id is not None:
@@ -223,7 +223,7 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
         lock_state = pc.if_else(chosen_born, DEAD_LETTERED, lock_state)
         reason = pc.if_else(chosen_born, found["born_dead_letter_reason"], reason)
         description = pc.if_else(chosen_born, found["born_dead_letter_description"], description)
-    counts = stored_int64s(states["delivery_count"])
+    counts = known.deliveries
     deliveries = np.where(at >= 0, counts[np.maximum(at, 0)] if len(counts) else 0, 0)
     for name, column in (("lock_state", lock_state), ("prior_deliveries", pa.array(deliveries.astype(np.int32))),
                          ("prior_reason", reason), ("prior_description", description)):
@@ -244,10 +244,11 @@ def settled(ranges: list[tuple[float, float]], states: pa.Table, now: Optional[d
     others had just locked, only to find nothing in them."""
     if not ranges:
         return []
-    gone = ~_equal(states["state"], ACTIVE)
+    known = state_columns(states)
+    gone = ~known.active
     if now is not None:
-        gone |= ~_at_most(states["locked_until_utc"], micros(now), True)
-    numbers = np.sort(stored_int64s(states["sequence_number"])[gone])
+        gone |= ~known.unlocked(micros(now))
+    numbers = np.sort(known.numbers[gone])
     if len(numbers) > 1 and (repeated := numbers[1:] == numbers[:-1]).any():  # (np.unique: 12 times slower)
         numbers = numbers[np.concatenate(([True], ~repeated))]
     lows = np.array([low for low, _ in ranges], dtype=np.float64)
@@ -265,14 +266,12 @@ def quiet_until(messages: pa.Table, states: pa.Table, now: datetime) -> Optional
     after now. None: never (only a write can change the answer)."""
     now_us = micros(now)
     numbers = stored_int64s(messages["sequence_number"])
-    position = _positions(numbers, stored_int64s(states["sequence_number"]))
-    is_active = _equal(states["state"], ACTIVE)
-    active = _per_message(is_active, position, True)
+    known = state_columns(states)
+    position = known.positions(numbers)
+    active = _per_message(known.active, position, True)
     moments = []
-    until = states["locked_until_utc"]
-    if len(until) and until.null_count < len(until):
-        ends = stored_int64s(until)
-        moments.append(ends[_valid(until) & (ends > now_us) & is_active])
+    if known.any_locked:
+        moments.append(known.lock_ends[known.lock_set & (known.lock_ends > now_us) & known.active])
     scheduled = messages["scheduled_enqueue_time_utc"]
     if len(scheduled) and scheduled.null_count < len(scheduled):
         due = stored_int64s(scheduled)
@@ -281,14 +280,58 @@ def quiet_until(messages: pa.Table, states: pa.Table, now: datetime) -> Optional
     return int(min(m.min() for m in later)) if later else None
 
 
-def _positions(numbers: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """For each of numbers, its index in among (distinct values), or -1 where it is not there."""
-    if not len(among):
-        return np.full(len(numbers), -1, dtype=np.int64)
-    order = np.argsort(among, kind="stable")
-    ranked = among[order]
-    slot = np.minimum(np.searchsorted(ranked, numbers), len(ranked) - 1)
-    return np.where(ranked[slot] == numbers, order[slot], -1)
+class StateColumns:
+    """What choosing and skipping read from one partition's state rows (LOCKS), each column taken from
+    its buffers once: a receive asks settled(), candidates() and quiet_until() of the same rows, and on
+    this kind of machine every Arrow or numpy call made after a wait (a commit's fsyncs) runs with cold
+    caches, 20-60 us for a string comparison that costs 7 us in a loop. Built by state_columns; read-only."""
+
+    def __init__(self, states: pa.Table) -> None:
+        self.table = states
+        self.numbers = stored_int64s(states["sequence_number"])
+        self.active = _equal(states["state"], ACTIVE)
+        until = states["locked_until_utc"]
+        self.any_locked = bool(len(until)) and until.null_count < len(until)
+        self.lock_ends = stored_int64s(until) if self.any_locked else np.zeros(len(until), np.int64)
+        self.lock_set = _valid(until)
+        self._deliveries: Optional[np.ndarray] = None
+        self._ranked: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+    def unlocked(self, now_us: int) -> np.ndarray:
+        """Per row, whether it holds no lock at now_us (none, or lapsed)."""
+        if not self.any_locked:
+            return np.ones(len(self.numbers), dtype=bool)
+        return ~self.lock_set | (self.lock_ends <= now_us)
+
+    @property
+    def deliveries(self) -> np.ndarray:
+        if self._deliveries is None:
+            self._deliveries = stored_int64s(self.table["delivery_count"])
+        return self._deliveries
+
+    def positions(self, numbers: np.ndarray) -> np.ndarray:
+        """For each of numbers, the index of its state row, or -1 where it has none."""
+        if not len(self.numbers):
+            return np.full(len(numbers), -1, dtype=np.int64)
+        if self._ranked is None:
+            order = np.argsort(self.numbers, kind="stable")
+            self._ranked = order, self.numbers[order]
+        order, ranked = self._ranked
+        slot = np.minimum(np.searchsorted(ranked, numbers), len(ranked) - 1)
+        return np.where(ranked[slot] == numbers, order[slot], -1)
+
+
+_last_states: Optional[StateColumns] = None  # the rows state_columns last served (one entry: a receive's)
+
+
+def state_columns(states: pa.Table) -> StateColumns:
+    """StateColumns of these state rows, the same object again for the same table (the entry holds the
+    table, so its identity cannot be reused meanwhile; threads at worst build it twice)."""
+    global _last_states
+    known = _last_states
+    if known is None or known.table is not states:
+        known = _last_states = StateColumns(states)
+    return known
 
 
 def _per_message(values: np.ndarray, position: np.ndarray, otherwise: "np.ndarray | bool") -> np.ndarray:
@@ -347,7 +390,9 @@ def plan(found: pa.Table, policy: Policy, now: datetime, queue: str, delete: boo
     taken = found.select(["partition_id", "sequence_number", "lock_state", "prior_reason", "prior_description"])
     taken = taken.slice(0, k) if k == 0 or deliver[-1] == k - 1 else taken.take(pa.array(deliver, pa.int64()))
     state = left_as_array(RECEIVED_AND_DELETED, taken["lock_state"]) if delete else taken["lock_state"]
-    if state.null_count:
+    if state.null_count and k <= 16:  # (a few as Python values: the kernel call cost a single receive 30-70 us)
+        state = pa.array([ACTIVE if value is None else value for value in state.to_pylist()], pa.string())
+    elif state.null_count:
         state = pc.fill_null(state, ACTIVE)
     # the LOCKS columns, in its order and types (non-nullable ones set here)
     rows = pa.Table.from_arrays([
