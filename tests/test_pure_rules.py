@@ -304,6 +304,8 @@ def test_state_columns_are_read_once_per_table_and_answer_as_the_columns_do():
     assert known.unlocked(micros(now) - 1).tolist() == [False, True, False, True]
     assert known.positions(np.array([9, 2, 1, 5, 3])).tolist() == [2, -1, 3, 0, 1]
     assert known.deliveries.tolist() == [2, 1, 4, 7]
+    with pytest.raises(ValueError, match="read-only"):  # shared by every caller of these rows
+        known.active[0] = False
     unlocked = _state_rows([{"partition_id": 0, "sequence_number": 1, "state": ACTIVE, "delivery_count": 1}])
     other = transitions.state_columns(unlocked)
     assert other is not known and other.table is unlocked and other.unlocked(0).tolist() == [True]

@@ -294,6 +294,8 @@ class StateColumns:
         self.any_locked = bool(len(until)) and until.null_count < len(until)
         self.lock_ends = stored_int64s(until) if self.any_locked else np.zeros(len(until), np.int64)
         self.lock_set = _valid(until)
+        for shared in (self.numbers, self.active, self.lock_ends, self.lock_set):
+            shared.flags.writeable = False  # served to every caller of these rows: none may change them
         self._deliveries: Optional[np.ndarray] = None
         self._ranked: Optional[tuple[np.ndarray, np.ndarray]] = None
 
@@ -306,7 +308,9 @@ class StateColumns:
     @property
     def deliveries(self) -> np.ndarray:
         if self._deliveries is None:
-            self._deliveries = stored_int64s(self.table["delivery_count"])
+            counts = stored_int64s(self.table["delivery_count"])
+            counts.flags.writeable = False
+            self._deliveries = counts
         return self._deliveries
 
     def positions(self, numbers: np.ndarray) -> np.ndarray:
@@ -315,7 +319,7 @@ class StateColumns:
             return np.full(len(numbers), -1, dtype=np.int64)
         if self._ranked is None:
             order = np.argsort(self.numbers, kind="stable")
-            self._ranked = order, self.numbers[order]
+            self._ranked = order, self.numbers[order]  # (both private: positions returns new arrays)
         order, ranked = self._ranked
         slot = np.minimum(np.searchsorted(ranked, numbers), len(ranked) - 1)
         return np.where(ranked[slot] == numbers, order[slot], -1)
