@@ -42,8 +42,8 @@ Workloads (the same on each system where it applies):
               process drains all 10 subscriptions / queues).
   partitions  sparkbus receive+complete with 1, 2 and 4 partitions (premium namespaces of that
               partition_count) and 16 (a standard partitioned queue), with 1 and 4 processes.
-Writes benchmarks/results/peers-<timestamp>.json (and, for a run of every system and workload, peers-latest.json
-and peers-latest.png), and prints a table.
+Writes benchmarks/results/peers-<timestamp>.json (and, for a run of every system and workload at the full
+counts, not --quick, peers-latest.json and peers-latest.png), and prints a table.
 """
 from __future__ import annotations
 
@@ -1265,8 +1265,9 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(report, indent=2) + "\n"
-    # a run of some systems or workloads is kept under its time only: "latest" stays the last whole run
-    whole = args.only == set(SYSTEMS) and args.workloads == set(WORKLOADS)
+    # a run of some systems or workloads, or a quick one, is kept under its time only: "latest" stays the
+    # last whole run at the full counts (the figures the goals are read from)
+    whole = args.only == set(SYSTEMS) and args.workloads == set(WORKLOADS) and not args.quick
     written = [f"peers-{stamp}.json", *(["peers-latest.json", "peers-latest.png"] if whole else [])]
     for name in (n for n in written if n.endswith(".json")):
         (args.output / name).write_text(text)
