@@ -103,6 +103,29 @@ def test_row_order_is_kept_across_spark_partitions(spark, admin, sender):
     assert stored_messages(admin, "q")["body"].to_pylist() == expected  # numbered in the DataFrame's order
 
 
+@pytest.mark.local_only  # an object store has no file to fill in place: there the rows are staged and written again
+def test_executors_write_each_row_once_as_the_tables_own_files(spark, admin, ns_path, sender):
+    import os
+
+    from conftest import files_under
+
+    df = spark.range(0, 2_000, 1, 4).selectExpr("concat('b', id) AS body")
+    before = datetime.now(timezone.utc)
+    result = sender.send_dataframe(df)
+    assert result.message_count == 2_000
+    table = admin.get_entity_tables("q")["messages"]
+    data = [path for path in files_under(table) if path.endswith(".parquet") and not path.startswith("_delta_log")]
+    assert len(data) == 4  # one file per Spark partition (its keyless rows), none rewritten by the committer
+    assert not any(files for _, _, files in os.walk(os.path.join(ns_path, "_staging")))  # nothing staged is left
+    stored = stored_messages(admin, "q")
+    assert len(set(stored["enqueued_time_utc"].to_pylist())) == 1 and stored["enqueued_time_utc"][0].as_py() >= before
+    for partition in set(stored["partition_id"].to_pylist()):
+        numbers = [n & LOW for n, p in zip(stored["sequence_number"].to_pylist(), stored["partition_id"].to_pylist())
+                   if p == partition]
+        assert sorted(numbers) == list(range(1, len(numbers) + 1))
+    assert sorted(stored["body"].to_pylist()) == sorted(f"b{i}".encode() for i in range(2_000))
+
+
 def test_a_csv_dataset_sends_typed_properties_and_fields_that_rules_select(spark, admin, ns_path, tmp_path, capsys):
     """send-batch with --property-columns: CSV columns become typed application properties (a rule comparing
     a number selects them), --field maps message fields to columns, a null cell is no property."""

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from sparkbus import InvalidOperationError, PartitionUnavailableError
-from sparkbus.core.partitioning import (KEY_MISMATCH, KEYLESS, KEYLESS_RUN, RoundRobin, partition_codes, partition_key, partition_of,
+from sparkbus.core.partitioning import (KEY_MISMATCH, KEYLESS, KEYLESS_RUN, RoundRobin, keyless_files, partition_codes, partition_key, partition_of,
                                         resolve)
 
 
@@ -27,6 +27,21 @@ def test_precedence():
     assert partition_key(None, None, "m", False) is None
     with pytest.raises(InvalidOperationError, match="must be identical"):
         partition_key("s", "k", None, False)
+
+
+def test_files_of_keyless_messages_share_a_partition_until_they_fill_a_run():
+    available = [p for p in range(16) if p != 5]
+    small = keyless_files([53, 54, 53], available, RoundRobin(16))  # one send's few keyless messages stay together
+    assert len(set(small)) == 1 and small[0] != 5
+    halves = keyless_files([KEYLESS_RUN // 2] * 6, available, RoundRobin(16))
+    assert [halves.count(p) for p in dict.fromkeys(halves)] == [2, 2, 2]  # two files fill a run
+    rr = RoundRobin(16)
+    big = keyless_files([62_500] * 15, available, rr)  # each file beyond a run ends it: the next partition
+    assert sorted(big) == available
+    assert keyless_files([1], available, rr) == [available[(available.index(big[-1]) + 1) % 15]]
+    assert keyless_files([], [], rr) == []
+    with pytest.raises(PartitionUnavailableError, match="no partition"):
+        keyless_files([1], [], rr)
 
 
 def test_codes():

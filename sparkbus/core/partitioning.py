@@ -89,6 +89,24 @@ class RoundRobin:
         return np.asarray(available, dtype=np.int32)[positions]
 
 
+def keyless_files(counts: Sequence[int], available: Sequence[int], round_robin: RoundRobin) -> list[int]:
+    """The partitions of files of keyless messages, each placed whole (a bulk send's executors wrote them
+    before placement: storage.unnumbered), in order: consecutive files share a partition until together
+    they hold KEYLESS_RUN messages; the file that reaches it ends the run, and the next goes on the next
+    partition. PartitionUnavailableError when no partition is available."""
+    if not counts:
+        return []
+    if not available:
+        raise PartitionUnavailableError("no partition of the entity is available")
+    placed, held, run = [], 0, round_robin.take(1, available)[0]
+    for count in counts:
+        if held >= KEYLESS_RUN:
+            run, held = round_robin.take(1, available)[0], 0
+        placed.append(int(run))
+        held += count
+    return placed
+
+
 def resolve(given: Union[Sequence[int], np.ndarray], unavailable: set[int], round_robin: RoundRobin, partition_count: int) -> np.ndarray:
     """Final partitions: keyless ones round-robin over available partitions; pinned ones must be available."""
     codes = np.asarray(given, dtype=np.int32)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Optional
 from urllib.parse import unquote
@@ -43,7 +43,7 @@ from ..core.encoding import OUTGOING, body_sizes, header_sizes
 from ..exceptions import (CommitConflictError, InvalidOperationError, MessageNotFoundError, MessageSizeExceededError,
                           MessagingEntityDisabledError, PartitionUnavailableError, ServiceBusError,
                           ServiceBusQuotaExceededError)
-from ..storage import DeltaTable, commits, followed, maintenance
+from ..storage import DeltaTable, commits, followed, location, maintenance, unnumbered
 from ..storage.reader import PartitionReader
 from ..core.schemas import BORN_DEAD_LETTER_COLUMNS, CANCELLED, LOCKS, MESSAGES, TRANSFER_COLUMNS
 from . import duplicates, locks, retry
@@ -86,9 +86,7 @@ def _reject_oversized(rows: pa.Table, sizes: np.ndarray, limit: int, text: str) 
 
 def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[np.ndarray, np.ndarray]:
     """Entity status, session and size rules for rows; returns (body sizes, header sizes)."""
-    status = info.options.status
-    if status in ("Disabled", "SendDisabled"):
-        raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; sending is not allowed")
+    check_status(info)
     if info.options.requires_session and rows.num_rows and rows["session_id"].null_count:
         missing = _first_rows(np.asarray(pc.is_null(rows["session_id"])), rows)
         raise InvalidOperationError(
@@ -102,6 +100,34 @@ def check_rows(info: EntityInfo, rows: pa.Table, *, batch_limit: bool) -> tuple[
         raise MessageSizeExceededError(
             f"the batch of {len(size)} messages is {int(size.sum())} bytes; the limit is {info.max_batch_bytes}")
     return body, header
+
+
+def check_status(info: EntityInfo) -> None:
+    """MessagingEntityDisabledError when the entity takes no messages (Disabled, SendDisabled)."""
+    status = info.options.status
+    if status in ("Disabled", "SendDisabled"):
+        raise MessagingEntityDisabledError(f"{info.kind} {info.path!r} is {status}; sending is not allowed")
+
+
+# The columns of a message row that depend on its commit: what an unnumbered file (a bulk send's, written
+# before its commit: storage.unnumbered) holds placeholders in until the commit fills them in.
+FILLED = ("sequence_number", "enqueued_time_utc", "expires_at_utc")
+
+
+@dataclass(frozen=True)
+class Unnumbered:
+    """A data file of new messages written before their commit (storage.unnumbered), in the MESSAGES
+    schema without the partition column, of one partition (partitioning.KEYLESS: of keyless messages,
+    placed whole by the commit): FILLED hold placeholders, the expiry reckoned from written_at_us (the
+    enqueue time the file assumes, microseconds since the epoch). body_bytes and header_bytes: the sums
+    of its rows' sizes (quota checks)."""
+
+    path: str
+    partition: int
+    rows: int
+    body_bytes: int
+    header_bytes: int
+    written_at_us: int
 
 
 @dataclass
@@ -390,7 +416,8 @@ class EntityWriter:
         self._check_quota(info, incoming)
         sequence, ranges = sequencing.number(partitions, self._marks)
         accepted = rows if len(index) == rows.num_rows else rows.take(pa.array(index))
-        data = _stored_rows(info, accepted, partitions, sequence, body[index], header[index], now).drop_columns(
+        data = stored_rows(accepted, partitions, sequence, body[index], header[index], now,
+                           info.options.default_message_time_to_live).drop_columns(
             [storage.PARTITION_COLUMN])
         claim = commits.Claim({p: (sequencing.compose(p, self._marks.get(p, 0) + 1), math.inf) for p in touched},
                               app_ids=frozenset(app_transactions or ()))
@@ -405,21 +432,115 @@ class EntityWriter:
         except BaseException:
             commits.discard(self._log, files)
             raise
-        followed.committed(info.tables["messages"], self._position.version, done, files, transactions)
-        for entry in done.skipped:  # other writers' commits between the base and this one (other partitions)
-            self._learn(entry, info.header_copies)
-        for pid, (_, last) in ranges.items():
-            self._marks[pid] = last & sequencing.LOW_MASK
-        for added in files:
-            self._bounds.add(added.path, added.partition, incoming[added.partition])
-        if self._position is not None:
-            self._position = done.position
-        maintenance.after_direct_commit(self._log.uri, done.version)
+        self._committed(info, done, files, transactions, ranges, [incoming[added.partition] for added in files])
         result.message_count = len(index)
         result.partitions = ranges
         if with_sequence_numbers:
             for i, seq in zip(index.tolist(), sequence.tolist()):
                 result.sequence_numbers[i] = seq
+        return result
+
+    def _committed(self, info: EntityInfo, done: commits.Committed, files: list[commits.AddedFile],
+                   transactions: Optional[dict[str, int]], ranges: dict[int, tuple[int, int]],
+                   stored: list[int]) -> None:
+        """After this writer's commit of files (stored: each file's stored bytes): the followed views,
+        marks, size bounds and position move to it, and maintenance hears of the version."""
+        assert self._log is not None and self._position is not None  # set by _view
+        followed.committed(info.tables["messages"], self._position.version, done, files, transactions)
+        for entry in done.skipped:  # other writers' commits between the base and this one (other partitions)
+            self._learn(entry, info.header_copies)
+        for pid, (_, last) in ranges.items():
+            self._marks[pid] = last & sequencing.LOW_MASK
+        for added, size in zip(files, stored):
+            self._bounds.add(added.path, added.partition, size)
+        if self._position is not None:  # (None: a skipped entry says to read the table again)
+            self._position = done.position
+        maintenance.after_direct_commit(self._log.uri, done.version)
+
+    def stats_columns(self, info: EntityInfo) -> tuple[str, ...]:
+        """The columns the messages table keeps statistics of (what an unnumbered file's writer needs)."""
+        self._view(info, reads=False)
+        assert self._log is not None  # read with the table
+        return self._log.stats_columns
+
+    def append_unnumbered(self, files: list[Unnumbered], *, info: Optional[EntityInfo] = None) -> EnqueueResult:
+        """Send the messages of files written before their commit (Unnumbered, in the DataFrame's order:
+        each partition's files numbered one after the other) as one atomic commit: the files move into
+        the table, and each attempt fills in their sequence numbers and enqueue times (and the expiry
+        reckoned from them) before it commits, again after a conflict. The caller has applied the
+        session and size rules and the placement; here the entity's status and its partitions' size
+        quota are checked. Only for entities without duplicate detection; the files are removed when
+        nothing is committed."""
+        info = info or self.info()
+        check_status(info)
+        if info.options.requires_duplicate_detection:
+            raise ValueError("unnumbered files skip duplicate detection: send them to entities without it")
+        if not files:
+            return EnqueueResult()
+        keyless = [i for i, f in enumerate(files) if f.partition == partitioning.KEYLESS]
+        if keyless:
+            if self._round_robin is None:
+                self._round_robin = partitioning.RoundRobin(info.partition_count)
+            unavailable = info.avoided()
+            placed = partitioning.keyless_files([files[i].rows for i in keyless],
+                                                [p for p in range(info.partition_count) if p not in unavailable],
+                                                self._round_robin)
+            files = list(files)
+            for i, p in zip(keyless, placed):
+                files[i] = replace(files[i], partition=p)
+        incoming: dict[int, int] = {}
+        stored = [f.body_bytes + f.header_bytes * info.header_copies for f in files]
+        for f, size in zip(files, stored):
+            incoming[f.partition] = incoming.get(f.partition, 0) + size
+        ahead = self._entity.check_ahead(info) if self._entity is not None else None
+        self._view(info, reads=False)
+        assert self._log is not None
+        log = self._log
+        adopted: list[str] = []
+        try:
+            for f in files:
+                adopted.append(commits.adopt(log, f.partition, f.path))
+        except BaseException:
+            commits.discard(log, [_named(relative, f.partition) for relative, f in zip(adopted, files)])
+            raise
+        as_of = [f.written_at_us for f in files]  # the enqueue time each file's FILLED columns hold now
+
+        def attempt() -> EnqueueResult:
+            self._view(info, reads=False)
+            self._check_quota(info, incoming)
+            partitions = np.repeat(np.array([f.partition for f in files], dtype=np.int32), [f.rows for f in files])
+            sequence, ranges = sequencing.number(partitions, self._marks)
+            now_us = records.micros(clock.now())
+            added, start = [], 0
+            for i, (relative, f) in enumerate(zip(adopted, files)):
+                numbers, shift = sequence[start:start + f.rows], now_us - as_of[i]
+                start += f.rows
+                unnumbered.fill(location.join(log.uri, unquote(relative)), {
+                    "sequence_number": _replaced(numbers),
+                    "enqueued_time_utc": _replaced(np.full(f.rows, now_us, dtype=np.int64)),
+                    "expires_at_utc": _later(shift)})
+                as_of[i] = now_us
+                added.append(commits.added_file(log, f.partition, relative))
+            assert self._position is not None  # set by _view
+            claim = commits.Claim({p: (sequencing.compose(p, self._marks.get(p, 0) + 1), math.inf) for p in ranges})
+            done = commits.commit(log, self._position, added, [], claim, ahead=commits.tail_ahead(log, self._position))
+            self._committed(info, done, added, None, ranges, stored)
+            return EnqueueResult(message_count=len(sequence), partitions=ranges)
+
+        def refresh() -> None:  # the conflict or the cleaned-up log says the table moved on
+            self._position = None
+            if self._entity is not None:
+                self._entity.confirm(info)
+
+        try:
+            result = retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
+        except BaseException as error:
+            commits.discard(log, [_named(relative, f.partition) for relative, f in zip(adopted, files)])
+            if self._entity is not None and isinstance(error, Exception) and not isinstance(error, EntityDeleted):
+                self._entity.confirm(info, error)
+            raise
+        if self._entity is not None:
+            self._entity.confirm(info, ahead=ahead)
         return result
 
     def _learn(self, entry: commits.Entry, header_copies: int) -> None:
@@ -480,13 +601,12 @@ def _size_upper_bounds(table: DeltaTable, header_copies: int) -> SizeBounds:
     return bounds
 
 
-def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, sequence: np.ndarray, body: np.ndarray,
-                 header: np.ndarray, now: datetime) -> pa.Table:
+def stored_rows(rows: pa.Table, partitions: np.ndarray, sequence: np.ndarray, body: np.ndarray,
+                header: np.ndarray, now: datetime, default_ttl: timedelta) -> pa.Table:
     """OUTGOING rows completed with placement, numbering, times and sizes, in the MESSAGES schema (times
     as int64 arrays viewed as timestamps: a cast cost 8x; this took 239 us for a single send's row, now
-    124)."""
+    124). default_ttl: the entity's default message time to live."""
     now_us = records.micros(now)
-    default_ttl = info.options.default_message_time_to_live
     ttl_column = rows["time_to_live_ms"]
     if ttl_column.null_count == len(ttl_column):  # no message sets one (the usual case): no kernel calls
         has_ttl, ttl_ms = np.zeros(len(ttl_column), dtype=bool), np.zeros(len(ttl_column), dtype=np.int64)
@@ -513,6 +633,22 @@ def _stored_rows(info: EntityInfo, rows: pa.Table, partitions: np.ndarray, seque
 
 
 _TIME = MESSAGES.field("enqueued_time_utc").type
+
+
+def _replaced(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A fill of a column (storage.unnumbered.fill): values, whatever it holds."""
+    return lambda current: values
+
+
+def _later(shift_us: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A fill of an expiry column: each expiry shift_us later, as its enqueue time moved (one that never
+    comes stays so, and none passes the latest time)."""
+    return lambda current: np.where(current == LATEST_TIME_US, current, np.minimum(current + shift_us, LATEST_TIME_US))
+
+
+def _named(relative: str, partition: int) -> commits.AddedFile:
+    """An AddedFile naming a file for commits.discard (only its path is read)."""
+    return commits.AddedFile(relative, partition, 0, 0, {}, {}, "", ())
 
 
 # what cancelling reads of the messages it names (files kept between calls; one lock for the process's threads)

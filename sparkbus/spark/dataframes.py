@@ -2,17 +2,26 @@
 
 send_dataframe: columns named like the ServiceBusMessage fields (body required, string or binary).
 Executors complete the rows batch by batch in Arrow (message ids, encoded properties, and partition
-placement by the same function as the Python path, partitioning.partition_codes) and stage them as
-Arrow IPC files in the namespace; the driver memory-maps them and commits every row in one Delta commit
-with gap-free sequence numbers, duplicate detection and per-row size checks. The commit that keeps
-numbering gap-free under concurrency (a delta-rs write with a partition-scoped predicate) takes its data
-from the committing process, so the rows are read there, but not collected through the JVM.
+placement by the same function as the Python path, partitioning.partition_codes). Into a local entity
+without duplicate detection they also check the session and size rules and write the rows as the
+messages table's own data files (storage.unnumbered), and the driver's one commit moves them into the
+table and fills in their sequence numbers and enqueue times in place: every byte is written once (1 GB
+of bodies: the driver's second write was about a third of the send). Elsewhere (an object store, which
+cannot change a file in place; duplicate detection, decided against the table's history in the
+committing process; rows that break a rule, whose error the staged path raises) they stage Arrow IPC
+files in the namespace, and the driver memory-maps them and commits every row in one Delta commit with
+gap-free sequence numbers, duplicate detection and per-row size checks, reading the rows there but not
+collecting them through the JVM. Either way one commit makes every row visible at once, numbered gap-free
+in the DataFrame's order within each partition (keyless rows: each Spark partition's in one file, placed
+whole, before its keyed rows in the same partition).
 placement_udf exposes the same placement as a Spark UDF for users' own DataFrames.
 """
 from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, cast
 
 import numpy as np
@@ -20,11 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..core import partitioning, sequencing
-from ..core.encoding import OUTGOING, STRING_PROPERTIES, new_message_ids
+from ..core import partitioning, records, sequencing
+from ..core.encoding import OUTGOING, STRING_PROPERTIES, body_sizes, header_sizes, new_message_ids
 from ..core.values import encode_properties
-from ..engine.enqueue import EnqueueResult
-from ..storage import location
+from ..engine.enqueue import FILLED, EnqueueResult, Unnumbered, check_status, stored_rows
+from ..storage import location, unnumbered
 from .workers import workers_checked
 
 if TYPE_CHECKING:
@@ -309,13 +318,117 @@ def _stage(df: "DataFrame", staging: str, requires_duplicate_detection: bool, pa
     return [row.path for row in sorted(staged, key=lambda row: row.position)]
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """What an executor writing unnumbered files checks and places by (an entity's, shipped with the task)."""
+
+    requires_session: bool
+    max_header_bytes: int
+    max_message_bytes: int
+    partition_count: int
+    unavailable: frozenset[int]
+    default_ttl: timedelta
+
+    def kept(self, rows: pa.Table, codes: np.ndarray, body: np.ndarray, header: np.ndarray) -> bool:
+        """Whether rows keep the session, placement and size rules (the staged path raises what they break)."""
+        if self.requires_session and rows["session_id"].null_count:
+            return False
+        pinned = codes[codes >= 0]
+        if (codes == partitioning.KEY_MISMATCH).any() or (self.unavailable and np.isin(pinned, list(self.unavailable)).any()):
+            return False
+        return not ((header > self.max_header_bytes).any() or (body + header > self.max_message_bytes).any())
+
+
+def _write_unnumbered(df: "DataFrame", staging: str, rules: _Rules,
+                      stats_columns: tuple[str, ...]) -> Optional[list[Unnumbered]]:
+    """Executors complete, check and place their rows and write them as the table's own data files under
+    `staging` (storage.unnumbered: the commit fills in their numbers and times): per Spark partition, one
+    file per entity partition its keyed rows go to and one of its keyless rows (partition KEYLESS, placed
+    whole by the commit). Returns the files in the DataFrame's order, or None when some rows break a rule
+    (the files are removed: the staged path then raises what they break, as it always has)."""
+    from ..core.schemas import MESSAGES
+
+    schema = pa.schema([f for f in MESSAGES if f.name != storage.PARTITION_COLUMN])
+
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        index = cast("TaskContext", TaskContext.get()).partitionId()  # never None: mapInArrow runs it in a task
+        os.makedirs(staging, exist_ok=True)
+        now = datetime.now(timezone.utc)
+        writers: dict[int, unnumbered.Writer] = {}
+        sizes: dict[int, list[int]] = {}
+        kept = True
+        try:
+            for batch in batches:
+                rows = complete_batch(batch, False, rules.partition_count)
+                codes = np.asarray(rows[CODE].to_numpy(zero_copy_only=False), dtype=np.int32)
+                rows = rows.drop_columns([CODE])
+                body, header = body_sizes(rows), header_sizes(rows)
+                if not rules.kept(rows, codes, body, header):
+                    kept = False
+                    break
+                placed = codes  # keyless rows (KEYLESS) go into one file, placed whole by the commit
+                data = stored_rows(rows, np.maximum(placed, 0), np.zeros(len(placed), np.int64), body, header,
+                                   now, rules.default_ttl).drop_columns([storage.PARTITION_COLUMN])
+                for p in np.unique(placed).tolist():
+                    mask = placed == p
+                    if p not in writers:
+                        path = location.join(staging, f"{index:08d}-{p:05d}-{uuid.uuid4().hex}.parquet")
+                        writers[p], sizes[p] = unnumbered.Writer(path, schema, stats_columns, FILLED), [0, 0]
+                    writers[p].write(data if mask.all() else data.filter(pa.array(mask)))
+                    sizes[p][0] += int(body[mask].sum())
+                    sizes[p][1] += int(header[mask].sum())
+        finally:
+            for written in writers.values():
+                written.close()
+            if not kept:
+                for written in writers.values():
+                    os.remove(written.path)
+        if not kept:
+            yield pa.RecordBatch.from_pydict({"position": [index], "partition": [0], "path": [""], "rows": [0],
+                                              "body": [0], "header": [0], "at": [0], "kept": [False]})
+            return
+        ordered = sorted(writers)
+        yield pa.RecordBatch.from_pydict({
+            "position": [index] * len(ordered), "partition": ordered, "path": [writers[p].path for p in ordered],
+            "rows": [writers[p].rows for p in ordered], "body": [sizes[p][0] for p in ordered],
+            "header": [sizes[p][1] for p in ordered], "at": [records.micros(now)] * len(ordered),
+            "kept": [True] * len(ordered)})
+
+    with workers_checked(df.sparkSession):
+        found = df.mapInArrow(write, "position long, partition long, path string, rows long, body long, "
+                                     "header long, at long, kept boolean").collect()
+    if not all(row.kept for row in found):
+        for row in found:
+            if row.kept:
+                os.remove(row.path)
+        return None
+    return [Unnumbered(row.path, row.partition, row.rows, row.body, row.header, row.at)
+            for row in sorted(found, key=lambda row: (row.position, row.partition))]
+
+
 def send_dataframe(writer: "EntityWriter", df: "DataFrame") -> EnqueueResult:
-    """Send every row of df in one atomic commit; returns counts and per-partition (first, last) numbers."""
+    """Send every row of df in one atomic commit; returns counts and per-partition (first, last) numbers.
+
+    Into a local entity without duplicate detection the executors write the table's data files themselves
+    (_write_unnumbered) and the commit numbers them in place: each row is written once. Elsewhere (an
+    object store, duplicate detection, rows that break a rule) they stage Arrow files that the committing
+    process reads and writes as data files."""
     check_dataframe(df, "send_dataframe")
     fields = check_columns(df.schema)
     info = writer.info()
+    check_status(info)
     staging = location.join(info.namespace.path, STAGING_DIR, uuid.uuid4().hex)
     try:
+        if location.is_local(info.tables["messages"]) and location.is_local(staging) and \
+                not info.options.requires_duplicate_detection:
+            rules = _Rules(info.options.requires_session, info.max_header_bytes, info.max_message_bytes,
+                           info.partition_count, frozenset(info.avoided()), info.options.default_message_time_to_live)
+            files = _write_unnumbered(_select(df, fields), location.join(staging, "unnumbered"), rules,
+                                      writer.stats_columns(info))
+            if files is not None:
+                return writer.append_unnumbered(files, info=info)
         paths = _stage(_select(df, fields), staging, info.options.requires_duplicate_detection,
                        info.partition_count)
         tables = [read_staged(p) for p in paths]

@@ -58,11 +58,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import errno
 import functools
 import json
 import math
 import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -467,6 +469,38 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
     fetched.wrote_rows(target, data)
     low, high, stats = _statistics(data, log.stats_columns)
     return AddedFile(quote(relative, safe="/="), partition, size, data.num_rows, low, high, stats, values)
+
+
+def adopt(log: TableLog, partition: int, source: str) -> str:
+    """Move a data file written elsewhere on this file system (storage.unnumbered: a bulk send's executor
+    wrote it) into the partition's directory under a new data file's name; its path relative to the table,
+    as a log names it. Like write_file's files, it is part of the table only once a commit names it
+    (commit fsyncs it and its directory first). A file on another file system is copied."""
+    directory = f"{PARTITION_COLUMN}={partition}"
+    relative = f"{directory}/part-00000-{uuid.uuid4()}-c000.parquet"
+    target = location.join(log.uri, relative)
+    if not location.is_local(target):
+        raise ValueError(f"{log.uri}: files are adopted into local tables only")
+    _partition_directory(os.path.dirname(target))
+    try:
+        os.rename(source, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(source, target)
+        os.remove(source)
+    return quote(relative, safe="/=")
+
+
+def added_file(log: TableLog, partition: int, relative: str) -> AddedFile:
+    """The add action of a data file already in the table's directory (adopt), its statistics read from
+    the file's stats columns."""
+    path = location.join(log.uri, unquote(relative))
+    file = pq.ParquetFile(path)
+    present = set(file.schema_arrow.names)
+    data = file.read(columns=[c for c in log.stats_columns if c in present])
+    low, high, stats = _statistics(data, log.stats_columns)
+    return AddedFile(relative, partition, os.path.getsize(path), file.metadata.num_rows, low, high, stats, ())
 
 
 def _written_ahead(target: str, data: pa.Table, options: dict[str, Any]) -> Optional[int]:
