@@ -501,7 +501,7 @@ class EntityWriter:
             for f in files:
                 adopted.append(commits.adopt(log, f.partition, f.path))
         except BaseException:
-            commits.discard(log, [_named(relative, f.partition) for relative, f in zip(adopted, files)])
+            commits.discard_paths(log, adopted)
             raise
         as_of = [f.written_at_us for f in files]  # the enqueue time each file's FILLED columns hold now
 
@@ -535,7 +535,7 @@ class EntityWriter:
         try:
             result = retry.run(attempt, self._retry, what=f"sending to {info.path!r}", on_transient=refresh)
         except BaseException as error:
-            commits.discard(log, [_named(relative, f.partition) for relative, f in zip(adopted, files)])
+            commits.discard_paths(log, adopted)
             if self._entity is not None and isinstance(error, Exception) and not isinstance(error, EntityDeleted):
                 self._entity.confirm(info, error)
             raise
@@ -644,11 +644,6 @@ def _later(shift_us: int) -> Callable[[np.ndarray], np.ndarray]:
     """A fill of an expiry column: each expiry shift_us later, as its enqueue time moved (one that never
     comes stays so, and none passes the latest time)."""
     return lambda current: np.where(current == LATEST_TIME_US, current, np.minimum(current + shift_us, LATEST_TIME_US))
-
-
-def _named(relative: str, partition: int) -> commits.AddedFile:
-    """An AddedFile naming a file for commits.discard (only its path is read)."""
-    return commits.AddedFile(relative, partition, 0, 0, {}, {}, "", ())
 
 
 # what cancelling reads of the messages it names (files kept between calls; one lock for the process's threads)

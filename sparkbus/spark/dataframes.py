@@ -368,11 +368,11 @@ def _write_unnumbered(df: "DataFrame", staging: str, rules: _Rules,
                 if not rules.kept(rows, codes, body, header):
                     kept = False
                     break
-                placed = codes  # keyless rows (KEYLESS) go into one file, placed whole by the commit
-                data = stored_rows(rows, np.maximum(placed, 0), np.zeros(len(placed), np.int64), body, header,
+                # keyless rows (code KEYLESS) go into one file, placed whole by the commit
+                data = stored_rows(rows, np.maximum(codes, 0), np.zeros(len(codes), np.int64), body, header,
                                    now, rules.default_ttl).drop_columns([storage.PARTITION_COLUMN])
-                for p in np.unique(placed).tolist():
-                    mask = placed == p
+                for p in np.unique(codes).tolist():
+                    mask = codes == p
                     if p not in writers:
                         path = location.join(staging, f"{index:08d}-{p:05d}-{uuid.uuid4().hex}.parquet")
                         writers[p], sizes[p] = unnumbered.Writer(path, schema, stats_columns, FILLED), [0, 0]

@@ -597,9 +597,14 @@ def _done(call: Callable[[], T]) -> concurrent.futures.Future[T]:
 
 def discard(log: TableLog, files: Iterable[AddedFile]) -> None:
     """Delete data files a failed commit wrote (best effort: an unreferenced file harms nothing)."""
-    for added in files:
+    discard_paths(log, [added.path for added in files])
+
+
+def discard_paths(log: TableLog, paths: Iterable[str]) -> None:
+    """discard, of data files named by their paths relative to the table (as a log names them, adopt)."""
+    for path in paths:
         try:
-            location.remove(location.join(log.uri, unquote(added.path)))
+            location.remove(location.join(log.uri, unquote(path)))
         except OSError:
             pass
 
