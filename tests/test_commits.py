@@ -281,6 +281,31 @@ def test_a_whole_reader_takes_a_narrow_readers_columns_and_decodes_only_the_othe
     assert buffers(alone, "state") != buffers(chosen, "state")
 
 
+def test_a_small_local_file_is_read_at_once_and_reads_as_one_read_by_path(table, monkeypatch):
+    """A local data file up to SMALL_FILE_BYTES is read with one call and parsed from memory; the rows are
+    those of the file read by its path, and a file cut short is the partition's fault either way."""
+    from sparkbus.storage import reader as reading
+    log = commits.TableLog.of(table)
+    rows = _rows(list(range(100, 400)))
+    added = commits.write_file(log, 4, rows)
+    commits.commit(log, commits.position_of(table), [added], [], commits.Claim({4: (100, 399)}))
+    view = commits.LogView(storage.open_table(table.table_uri))
+    path = reading.data_file(view.log.uri, added.path)
+    with open(path, "rb") as file:
+        assert reading._small_local_file(path) == file.read()
+    at_once = PartitionReader(LOCKS).rows(view, 4)
+    monkeypatch.setattr(reading, "SMALL_FILE_BYTES", added.size - 1)
+    assert reading._small_local_file(path) is None
+    by_path = PartitionReader(LOCKS).rows(view, 4)
+    assert at_once.equals(by_path) and at_once.drop_columns([storage.PARTITION_COLUMN]).equals(rows)
+    with open(path, "r+b") as file:
+        file.truncate(added.size // 2)
+    for limit in (added.size, 0):
+        monkeypatch.setattr(reading, "SMALL_FILE_BYTES", limit)
+        with pytest.raises(PartitionUnavailableError, match="partition 4"):
+            PartitionReader(LOCKS).rows(view, 4)
+
+
 def test_application_transaction_versions_are_read_from_the_checkpoint_and_the_entries_after_it(table):
     """app_versions gives what delta-rs' transaction_version gives, for many app ids from one read of the
     log, at the table object's version: before any checkpoint, from a checkpoint alone, from a checkpoint

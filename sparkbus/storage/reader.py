@@ -10,6 +10,7 @@ process committed costs none."""
 from __future__ import annotations
 
 import functools
+import os
 from collections import OrderedDict
 from typing import Hashable, Iterable, Optional, TypeVar
 from urllib.parse import unquote
@@ -26,6 +27,7 @@ from .commits import LogView
 from .fetched import fetch, rows_written
 
 K = TypeVar("K", bound=Hashable)
+SMALL_FILE_BYTES = 4 << 20  # local data files up to this size are read with one call (_small_local_file)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -188,8 +190,8 @@ class PartitionReader:
         held = self._narrow._files.get(path) if self._narrow is not None else None
         wanted = self._file_schema.names if held is None else \
             [name for name in self._file_schema.names if name not in held.schema.names]
-        if content is None and not location.is_local(path):
-            content = fetch([path])[path]
+        if content is None:
+            content = fetch([path])[path] if not location.is_local(path) else _small_local_file(path)
         footer = self._narrow._footers.get(path) if held is not None and self._narrow is not None else None
         # pre_buffer off: its coalesced reads pay off on high-latency files, not on a local file or bytes
         # already fetched, where it cost a third of a narrow read (466 -> 311 us for a file of 248 rows)
@@ -217,6 +219,28 @@ class PartitionReader:
             gone, dropped = self._files.popitem(last=False)
             self._footers.pop(gone, None)
             self._bytes -= dropped.get_total_buffer_size()
+
+
+def _small_local_file(path: str) -> Optional[bytes]:
+    """A local data file's bytes, read with one call, when it holds at most SMALL_FILE_BYTES (None: read
+    it by path). pyarrow reads a file named by its path column chunk by column chunk, each a system call
+    after the path's file system is resolved: a file of 248 messages read whole took 215 us that way and
+    94 us read at once and parsed from memory."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(descriptor).st_size
+        if size > SMALL_FILE_BYTES:
+            return None
+        chunks, left = [], size
+        while left:
+            chunk = os.read(descriptor, left)
+            if not chunk:  # (a data file never shrinks: only a broken one ends early, and its parse fails)
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(descriptor)
 
 
 def _as_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:
