@@ -224,6 +224,9 @@ def test_candidates_choose_what_each_queue_may_lock_oldest_first():
     assert chosen(DEAD_LETTERED) == [(5, DEAD_LETTERED, 0, "TTLExpiredException"), (6, DEAD_LETTERED, 1, "why")]
     assert transitions.candidates(messages, states.slice(0, 0), ACTIVE, now, 3)["sequence_number"].to_pylist() == \
         [1, 2, 3]  # no state rows: every due message, the born-dead one aside
+    schemas = {transitions.candidates(messages, states, ACTIVE, now, 100, **options).schema
+               for options in ({}, {"session_id": "s"})}
+    assert len(schemas) == 1  # chosen without a state row among them (nothing taken from the state rows): the same columns
 
 
 def _state_rows(rows: list[dict]) -> pa.Table:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .records import conformed, from_rows, micros, stored_int64s
+from .records import conformed, from_rows, micros, nulls, stored_int64s
 from .schemas import (ACTIVE, COMPLETED, DEAD_LETTER_PREFIX, DEAD_LETTER_STATES, DEAD_LETTERED, DEFERRED, EXPIRED,
                       FORWARDED, GONE_STATES, LOCKS, PURGED, RECEIVED_AND_DELETED, TRANSFER_DEAD_LETTERED, TS)
 from .wire import MAX_DEAD_LETTER_TEXT
@@ -167,6 +167,9 @@ def renewed(row: Mapping[str, Any], now: datetime, policy: Policy) -> dict[str, 
 CANDIDATE_STATE_COLUMNS = ("lock_state", "prior_deliveries", "prior_reason", "prior_description")
 
 
+_PRIOR_COLUMNS = ("state", "dead_letter_reason", "dead_letter_error_description")  # (text columns of LOCKS)
+
+
 def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, limit: int,
                sequence_numbers: Optional[list[int]] = None, session_id: Optional[str] = None,
                enqueued_before: Optional[datetime] = None, up_to: Optional[int] = None) -> pa.Table:
@@ -214,9 +217,11 @@ def candidates(messages: pa.Table, states: pa.Table, queue: str, now: datetime, 
     # CANDIDATE_STATE_COLUMNS: each candidate's state row's (none: active, never delivered), or a dead
     # letter's on its way (born_dead)
     at = position[rows]
-    prior = states.select(["state", "dead_letter_reason", "dead_letter_error_description"]).take(
-        pa.array(at, mask=at < 0))
-    lock_state, reason, description = prior.columns
+    if (at < 0).all():  # none has a state row (never delivered, the usual case): no take over the state rows,
+        # which on a table of many chunks (one per state file) first concatenates each column
+        lock_state, reason, description = (nulls(len(at), pa.string()) for _ in _PRIOR_COLUMNS)
+    else:
+        lock_state, reason, description = states.select(list(_PRIOR_COLUMNS)).take(pa.array(at, mask=at < 0)).columns
     born = born_dead[rows]
     if born.any():
         chosen_born = pa.array(born)
