@@ -1178,6 +1178,10 @@ def _decoder(queue: str) -> Decode[ServiceBusReceivedMessage]:
         rows, state_rows = records.Columns(taken), records.Columns(states)
         # _view, inlined: a view's attributes, with what settling reads of it, read a column at a time
         blank, new, row = _blank(rows, state_rows, kind), ServiceBusReceivedMessage.__new__, records.Row
+        # the keys each view is given below, there from the start: a copy then never grows its table
+        blank.update(_index=0, sequence_number=None, lock_token=None, _state_row=None)
+        if "body_type" not in taken.column_names or taken["body_type"].null_count == taken.num_rows:
+            blank["_body_type"] = None  # ordinary bodies (every row's is null): nothing to read when body is
         numbers, tokens = rows.column("sequence_number"), state_rows.column("lock_token")
         made: list[Union[ServiceBusReceivedMessage, DecodeError]] = []
         for i, check in enumerate(_needs_check(taken).tolist()):

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sparkbus import (MessageAlreadySettled, ServiceBusClient, ServiceBusMessage, ServiceBusReceivedMessage,
                       ServiceBusReceiveMode, ServiceBusSubQueue, storage)
-from sparkbus.amqp import AmqpAnnotatedMessage
+from sparkbus.amqp import AmqpAnnotatedMessage, AmqpMessageBodyType
 from sparkbus.core import records
 from sparkbus.core import amqp
 from sparkbus.core.forwarding import DEAD_LETTER_DESCRIPTION_PROPERTY, DEAD_LETTER_REASON_PROPERTY
@@ -289,6 +289,29 @@ def test_views_of_one_receive_are_independent_and_their_attributes_can_be_set(ad
                 assert getattr(third, name) == f"set {name}"
         assert second.subject is None and second.message_id != third.message_id
         receiver.complete_messages([first, second])
+
+
+def test_views_of_ordinary_bodies_know_their_body_type_without_reading_it(admin, client):
+    """A receive whose rows all hold ordinary (one-section data) bodies gives views that start knowing it,
+    so reading a body reads one column; a receive with any other body reads each message's type."""
+    admin.create_queue("q")
+    with client.get_queue_sender("q") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
+    with client.get_queue_receiver("q") as receiver:
+        got = receiver.receive_messages(3, max_wait_time=5)
+        assert all("_body_type" in vars(m) for m in got)
+        assert [bytes(m.body) for m in got] == [b"m0", b"m1", b"m2"]
+        assert {m.body_type for m in got} == {AmqpMessageBodyType.DATA}
+        receiver.complete_messages(got)
+        with client.get_queue_sender("q") as sender:
+            sender.send_messages([ServiceBusMessage("plain"),
+                                  ServiceBusMessage.from_amqp(AmqpAnnotatedMessage(sequence_body=[[1, 2]]))])
+        plain, sequence = sorted(receiver.receive_messages(2, max_wait_time=5), key=lambda m: m.sequence_number)
+        assert "_body_type" not in vars(plain)  # read from its row when asked
+        assert (plain.body_type, bytes(plain.body)) == (AmqpMessageBodyType.DATA, b"plain")
+        assert sequence.body_type == AmqpMessageBodyType.SEQUENCE and list(sequence.body) == [[1, 2]]
+        mixed = [plain, sequence]
+        receiver.complete_messages(mixed)
 
 
 def test_views_settle_as_received_messages_did(admin, client):
