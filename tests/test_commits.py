@@ -282,8 +282,9 @@ def test_a_whole_reader_takes_a_narrow_readers_columns_and_decodes_only_the_othe
 
 
 def test_a_small_local_file_is_read_at_once_and_reads_as_one_read_by_path(table, monkeypatch):
-    """A local data file up to SMALL_FILE_BYTES is read with one call and parsed from memory; the rows are
-    those of the file read by its path, and a file cut short is the partition's fault either way."""
+    """A local data file up to SMALL_FILE_BYTES (a reader of a few columns: NARROW_FILE_BYTES) is read with
+    one call and parsed from memory; the rows are those of the file read by its path, and a file cut short
+    is the partition's fault either way."""
     from sparkbus.storage import reader as reading
     log = commits.TableLog.of(table)
     rows = _rows(list(range(100, 400)))
@@ -292,16 +293,20 @@ def test_a_small_local_file_is_read_at_once_and_reads_as_one_read_by_path(table,
     view = commits.LogView(storage.open_table(table.table_uri))
     path = reading.data_file(view.log.uri, added.path)
     with open(path, "rb") as file:
-        assert reading._small_local_file(path) == file.read()
+        assert reading._small_local_file(path, added.size) == file.read()
+    assert reading._small_local_file(path, added.size - 1) is None
     at_once = PartitionReader(LOCKS).rows(view, 4)
+    narrow_at_once = PartitionReader(LOCKS, columns=("sequence_number",)).rows(view, 4)
     monkeypatch.setattr(reading, "SMALL_FILE_BYTES", added.size - 1)
-    assert reading._small_local_file(path) is None
+    monkeypatch.setattr(reading, "NARROW_FILE_BYTES", added.size - 1)
     by_path = PartitionReader(LOCKS).rows(view, 4)
     assert at_once.equals(by_path) and at_once.drop_columns([storage.PARTITION_COLUMN]).equals(rows)
+    assert narrow_at_once.equals(PartitionReader(LOCKS, columns=("sequence_number",)).rows(view, 4))
     with open(path, "r+b") as file:
         file.truncate(added.size // 2)
     for limit in (added.size, 0):
         monkeypatch.setattr(reading, "SMALL_FILE_BYTES", limit)
+        monkeypatch.setattr(reading, "NARROW_FILE_BYTES", limit)
         with pytest.raises(PartitionUnavailableError, match="partition 4"):
             PartitionReader(LOCKS).rows(view, 4)
 
