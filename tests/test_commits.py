@@ -281,34 +281,44 @@ def test_a_whole_reader_takes_a_narrow_readers_columns_and_decodes_only_the_othe
     assert buffers(alone, "state") != buffers(chosen, "state")
 
 
-def test_a_small_local_file_is_read_at_once_and_reads_as_one_read_by_path(table, monkeypatch):
-    """A local data file up to SMALL_FILE_BYTES (a reader of a few columns: NARROW_FILE_BYTES) is read with
-    one call and parsed from memory; the rows are those of the file read by its path, and a file cut short
-    is the partition's fault either way."""
+def test_local_files_read_at_once_and_by_path_give_the_rows_written(table):
+    """Local data files are read with one call and parsed from memory up to SMALL_FILE_BYTES, and by a
+    reader of a few columns up to NARROW_FILE_BYTES; larger ones by path. Files of the three sizes read
+    back as written through a whole and a narrow reader, and a file cut short is the partition's fault
+    whichever way it is read."""
     from sparkbus.storage import reader as reading
     log = commits.TableLog.of(table)
-    rows = _rows(list(range(100, 400)))
-    added = commits.write_file(log, 4, rows)
-    commits.commit(log, commits.position_of(table), [added], [], commits.Claim({4: (100, 399)}))
+    sizes = {1: (300, 0), 2: (300, 2048), 3: (1100, 4096)}  # partition: rows, bytes of reason text a row
+    written: dict[int, tuple[pa.Table, str, int]] = {}
+    for partition, (count, reason) in sizes.items():
+        first = partition * 10_000
+        rows = _rows(list(range(first, first + count)))
+        rows = rows.set_column(rows.schema.get_field_index("dead_letter_reason"), "dead_letter_reason",
+                               pa.array([os.urandom(reason // 2).hex() if reason else None for _ in range(count)],
+                                        pa.string()))
+        added = commits.write_file(log, partition, rows)
+        commits.commit(log, commits.position_of(table), [added], [],
+                       commits.Claim({partition: (first, first + count - 1)}))
+        written[partition] = (rows, reading.data_file(log.uri, added.path), added.size)
+    small, medium, large = (written[p][2] for p in (1, 2, 3))
+    assert small <= reading.NARROW_FILE_BYTES < medium <= reading.SMALL_FILE_BYTES < large
     view = commits.LogView(storage.open_table(table.table_uri))
-    path = reading.data_file(view.log.uri, added.path)
-    with open(path, "rb") as file:
-        assert reading._small_local_file(path, added.size) == file.read()
-    assert reading._small_local_file(path, added.size - 1) is None
-    at_once = PartitionReader(LOCKS).rows(view, 4)
-    narrow_at_once = PartitionReader(LOCKS, columns=("sequence_number",)).rows(view, 4)
-    monkeypatch.setattr(reading, "SMALL_FILE_BYTES", added.size - 1)
-    monkeypatch.setattr(reading, "NARROW_FILE_BYTES", added.size - 1)
-    by_path = PartitionReader(LOCKS).rows(view, 4)
-    assert at_once.equals(by_path) and at_once.drop_columns([storage.PARTITION_COLUMN]).equals(rows)
-    assert narrow_at_once.equals(PartitionReader(LOCKS, columns=("sequence_number",)).rows(view, 4))
-    with open(path, "r+b") as file:
-        file.truncate(added.size // 2)
-    for limit in (added.size, 0):
-        monkeypatch.setattr(reading, "SMALL_FILE_BYTES", limit)
-        monkeypatch.setattr(reading, "NARROW_FILE_BYTES", limit)
-        with pytest.raises(PartitionUnavailableError, match="partition 4"):
-            PartitionReader(LOCKS).rows(view, 4)
+    for partition, (rows, path, size) in written.items():
+        with open(path, "rb") as file:
+            assert reading._small_local_file(path, size) == file.read()
+        assert reading._small_local_file(path, size - 1) is None
+        whole = PartitionReader(LOCKS).rows(view, partition)
+        narrow = PartitionReader(LOCKS, columns=("sequence_number", "dead_letter_reason")).rows(view, partition)
+        assert whole.drop_columns([storage.PARTITION_COLUMN]).equals(rows)
+        assert narrow["sequence_number"].equals(rows["sequence_number"])
+        assert narrow["dead_letter_reason"].equals(rows["dead_letter_reason"])
+    for partition in (1, 3):  # read at once, and by path
+        rows, path, size = written[partition]
+        with open(path, "r+b") as file:
+            file.truncate(size // 2)
+        for reader in (PartitionReader(LOCKS), PartitionReader(LOCKS, columns=("sequence_number",))):
+            with pytest.raises(PartitionUnavailableError, match=f"partition {partition}"):
+                reader.rows(view, partition)
 
 
 def test_application_transaction_versions_are_read_from_the_checkpoint_and_the_entries_after_it(table):
