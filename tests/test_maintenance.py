@@ -251,3 +251,26 @@ def test_the_thread_records_each_job_it_ran_with_its_times_failed_or_not():
                                                               "recorded-broken")
     assert done.started <= seen[0] <= done.ended <= failed.started <= failed.ended
     assert maintenance.failures[-1][0] == "recorded-broken"
+
+
+def test_maintenance_runs_below_the_callers_priority_on_pools_of_its_own():
+    """The maintenance thread runs at BACKGROUND_NICENESS (Linux lowers a thread's priority alone) and the
+    storage pools it uses are not the callers': a compaction's fsyncs never queue in front of a send's, and
+    the pool threads it starts run in the background too."""
+    seen: dict[str, object] = {}
+
+    def task() -> None:
+        thread = threading.get_native_id()
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, thread)
+        pool = storage.pool("fsync", 8)
+        seen["pool"] = pool
+        seen["pool_nice"] = pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result()
+
+    maintenance.run_later("priority", task)
+    assert maintenance.wait_idle(30)
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert caller < storage.BACKGROUND_NICENESS
+    assert seen["nice"] == seen["pool_nice"] == max(storage.BACKGROUND_NICENESS, caller)
+    assert seen["pool"] is not storage.pool("fsync", 8)
+    assert storage.pool("fsync", 8).submit(
+        lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result() == caller

@@ -455,6 +455,7 @@ def _run() -> None:
     10,000 live files (a checkpoint of it took 10 s); with checkpoints by table in the order the tables
     were first seen, a topic's checkpoints stopped at version 210 of 5,000 behind its queue's."""
     global _busy
+    storage.run_in_background()
     while True:
         with _changed:
             _busy = False
