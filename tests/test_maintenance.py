@@ -274,3 +274,35 @@ def test_maintenance_runs_below_the_callers_priority_on_pools_of_its_own():
     assert seen["pool"] is not storage.pool("fsync", 8)
     assert storage.pool("fsync", 8).submit(
         lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result() == caller
+
+
+def test_the_thread_starts_from_the_process_view_of_a_table_a_receiver_follows(admin, client, ns_path):
+    """A table this process's receivers follow is not opened again by the maintenance thread (an open
+    replays the log from its checkpoint): its view of it starts from a copy of the process's view, moved to
+    the latest version, with the same files; a table nothing follows yet is opened."""
+    from sparkbus.storage import requests
+
+    admin.create_queue("seeded", enable_partitioning=True)
+    uris = admin.get_entity_tables("seeded")
+    with client.get_queue_sender("seeded") as sender:
+        sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(8)])
+    with client.get_queue_receiver("seeded", max_wait_time=2) as receiver:
+        receiver.complete_messages(receiver.receive_messages(3))
+    with client.get_queue_sender("seeded") as sender:  # after the receiver's view was taken
+        sender.send_messages([ServiceBusMessage("later")])
+    seen: dict[str, tuple[int, int, set[str]]] = {}
+
+    def task() -> None:
+        for role in ("messages", "locks"):
+            with requests.counting() as tally:
+                view = maintenance.followed_view(uris[role])
+            seen[role] = (tally.delta_calls, view.version, {f.path for p in view.partitions() for f in view.files(p)})
+
+    maintenance.run_later("seeded views", task)
+    assert maintenance.wait_idle(30)
+    for role in ("messages", "locks"):
+        table = storage.open_table(uris[role])
+        expected = {action for action in table.get_add_actions(flatten=True).column("path").to_pylist()}
+        assert seen[role] == (0, table.version(), expected), role
+    with pytest.raises(ValueError, match="not a partitioned table"):
+        maintenance.followed_view(os.path.join(ns_path, "_catalog"))

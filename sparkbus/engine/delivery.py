@@ -357,8 +357,7 @@ class Delivery:
         if messages is not None and not retention.may_remove(messages.files(partition)):
             return
         maintenance.run_later(f"retention {info.tables['locks']} {partition}", lambda: self.entity.confirmed(
-            info, lambda: retention.run(info, storage.open_table(info.tables["messages"]),
-                                        storage.open_table(info.tables["locks"]), partition)))
+            info, lambda: retention.run_kept(info, partition)))
 
     # ---- locking -----------------------------------------------------------------------------------------
 

@@ -71,6 +71,14 @@ def run(info: EntityInfo, messages: DeltaTable, locks: DeltaTable, partition: in
                      archived=archive_view(info))
 
 
+def run_kept(info: EntityInfo, partition: int) -> int:
+    """run() on the views of the entity's tables that the maintenance thread keeps between jobs
+    (maintenance.followed_view), where it runs (maintenance.run_later): each run reads the log entries
+    written since the last, not both tables' logs from their checkpoints."""
+    return run_views(info, maintenance.followed_view(info.tables["messages"]),
+                     maintenance.followed_view(info.tables["locks"]), partition, archived=archive_view(info))
+
+
 def run_entity(info: EntityInfo, *, eager: bool = False) -> int:
     """run() on every available partition of the entity, its tables opened once and followed between them
     (eager: see run_views). Returns the message rows removed."""

@@ -316,6 +316,15 @@ class LogView:
     def version(self) -> int:
         return self.position.version
 
+    def arrow_schema(self) -> pa.Schema:
+        """The table's schema (partition columns included) as of the view's seed: an entry that changes it
+        seeds the view again."""
+        return pa.schema(self._seeded.schema().to_arrow())
+
+    def partition_columns(self) -> list[str]:
+        """The table's partition columns, as of the view's seed."""
+        return list(self._seeded.metadata().partition_columns)
+
     def copy(self) -> "LogView":
         """Another view at the same version, following the log on its own from there."""
         twin = copy.copy(self)

@@ -125,6 +125,18 @@ def view_of(uri: str, advance: bool = True) -> LogView:
         return kept[0].copy()
 
 
+def kept_copy(uri: str) -> Optional[LogView]:
+    """A copy of the process's view of the table at uri, moved to the latest version first, when the
+    process follows that table already; None when it does not (the caller opens the table itself)."""
+    with _guard:
+        entry = _views.get(uri)
+    if entry is None:
+        return None
+    lock, kept = entry
+    with lock:
+        return kept[0].advance().copy() if kept else None
+
+
 def offer(view: LogView) -> None:
     """A reader's view, now done with: it becomes the process's view of its table when it is further on."""
     lock, kept = _kept_view(view.log.uri)

@@ -48,6 +48,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .. import storage
 from . import commits, location
+from . import followed as process_views
 from .commits import AddedFile, LogView
 from .errors import guarded
 from .reader import PartitionReader
@@ -317,17 +318,35 @@ def _followed(uri: str) -> Optional[tuple[LogView, PartitionReader]]:
         kept = _kept.views = OrderedDict()
     followed = kept.pop(uri, None)
     if followed is None:
-        table = _latest(uri)
-        partitioned_by = table.metadata().partition_columns
+        # a copy of the view the process's receivers follow, where there is one: an open replays the log
+        # from its latest checkpoint (0.3-0.9 s for a few hundred entries of a busy table)
+        view = process_views.kept_copy(uri)
+        if view is None:
+            table = _latest(uri)
+            partitioned_by, schema = table.metadata().partition_columns, pa.schema(table.schema().to_arrow())
+        else:
+            partitioned_by, schema = view.partition_columns(), view.arrow_schema()
         if storage.PARTITION_COLUMN not in partitioned_by:
             return None
-        schema = pa.schema([f for f in pa.schema(table.schema().to_arrow())  # the columns data files hold
+        schema = pa.schema([f for f in schema  # the columns data files hold
                             if f.name == storage.PARTITION_COLUMN or f.name not in partitioned_by])
-        followed = (LogView(table), PartitionReader(schema, max_bytes=READER_BYTES, written=True))
+        followed = (view or LogView(table), PartitionReader(schema, max_bytes=READER_BYTES, written=True))
     kept[uri] = followed
     while len(kept) > TABLES_KEPT:
         kept.popitem(last=False)
     return followed
+
+
+def followed_view(uri: str) -> LogView:
+    """The log view this thread keeps of the partitioned table at uri (the one compaction follows), for
+    the tasks of the layers above that run on this thread (retention): opening the table for each run
+    replayed its log from the latest checkpoint (0.5-1.3 s a run with four receivers on two cores); the
+    kept view reads only the entries written since. Call it on the maintenance thread only (run_later):
+    the view is that thread's. ValueError for a table without partitions."""
+    followed = _followed(uri)
+    if followed is None:
+        raise ValueError(f"{uri}: not a partitioned table")
+    return followed[0]
 
 
 @contextmanager
