@@ -325,14 +325,15 @@ def _followed(uri: str) -> Optional[tuple[LogView, PartitionReader]]:
         view = process_views.kept_copy(uri)
         if view is None:
             table = _latest(uri)
-            partitioned_by, schema = table.metadata().partition_columns, pa.schema(table.schema().to_arrow())
-        else:
-            partitioned_by, schema = view.partition_columns(), view.arrow_schema()
+            if storage.PARTITION_COLUMN not in table.metadata().partition_columns:
+                return None
+            view = LogView(table)
+        partitioned_by = view.partition_columns()
         if storage.PARTITION_COLUMN not in partitioned_by:
             return None
-        schema = pa.schema([f for f in schema  # the columns data files hold
+        schema = pa.schema([f for f in view.arrow_schema()  # the columns data files hold
                             if f.name == storage.PARTITION_COLUMN or f.name not in partitioned_by])
-        followed = (view or LogView(table), PartitionReader(schema, max_bytes=READER_BYTES, written=True))
+        followed = (view, PartitionReader(schema, max_bytes=READER_BYTES, written=True))
     kept[uri] = followed
     while len(kept) > TABLES_KEPT:
         kept.popitem(last=False)
