@@ -5,8 +5,10 @@
     python benchmarks/bench_store.py --latency-ms 0,20 --single 40 --processes 1,2,4
 
 For each store and latency, each operation's p50 and p99 (ms) and the storage requests it makes (counted by
-the proxy); from the p50s at 0 and at L ms, the number of requests it waits for one after another:
-(p50 at L - p50 at 0) / L. Then processes sharing one 16-partition queue at the highest latency: batches of
+the proxy); the number of requests it waits for one after another, counted by the storage layer (the median
+over the samples, at the highest latency: "in a row"), and estimated from the p50s at 0 and at L ms,
+(p50 at L - p50 at 0) / L ("from p50s": it includes what a request waits for beside the store, and is noisy
+over few samples). Then processes sharing one 16-partition queue at the highest latency: batches of
 200 sent, receives of 1,000 completed, every message exactly once; and as many writers racing for one log's
 next version with nothing else to do (the ceiling of one entity's log). JSON under benchmarks/results/
 (store-<time>.json and store-latest.json) and a plot (store-latest.png).
@@ -48,16 +50,24 @@ def percentile(values: list[float], q: float) -> float:
 
 def _timed(samples: int, prepare: Optional[Callable[[], Any]], run: Callable[[Any], Any],
            requests: Callable[[], int]) -> dict[str, float]:
-    """p50/p99 of run(prepare()) over samples, and the requests per run (prepare's not counted)."""
-    times, counted = [], 0
+    """p50/p99 of run(prepare()) over samples, the requests per run the proxy saw (prepare's not counted),
+    and the median of the chains of requests each run waited for one after another, as the storage layer
+    counts them (sparkbus.storage.requests: the caller's thread and the branches it waited for; the
+    maintenance thread's requests are not in it)."""
+    from sparkbus.storage import requests as chains
+
+    times, counted, sequential = [], 0, []
     for _ in range(samples):
         given = prepare() if prepare else None
         before = requests()
         start = time.perf_counter()
-        run(given)
+        with chains.counting() as tally:
+            run(given)
         times.append((time.perf_counter() - start) * 1000)
         counted += requests() - before
-    return {"p50": statistics.median(times), "p99": percentile(times, 0.99), "requests": counted / samples}
+        sequential.append(tally.sequential)
+    return {"p50": statistics.median(times), "p99": percentile(times, 0.99), "requests": counted / samples,
+            "sequential": statistics.median(sequential)}
 
 
 def measure(root: str, samples: int, requests: Callable[[], int]) -> dict[str, dict[str, float]]:
@@ -425,16 +435,18 @@ def report(results: list[dict[str, Any]]) -> None:
     for store in dict.fromkeys(r["store"] for r in results):
         print(f"\n{store}")
         header = f"{'operation':38}" + "".join(f" {f'p50/p99 ms @{l:g}':>20}" for l in latencies if (store, l) in by)
-        print(header + f" {'requests':>9} {'sequential':>11}")
+        print(header + f" {'requests':>9} {'in a row':>9} {'from p50s':>10}")
         base, high = by.get((store, 0.0)) or by.get((store, 0)), by.get((store, top))
         for op in (base or high)["operations"]:
             cells = "".join(f" {by[(store, l)]['operations'][op]['p50']:9.1f}/{by[(store, l)]['operations'][op]['p99']:<10.1f}"
                             for l in latencies if (store, l) in by and op in by[(store, l)]["operations"])
             requests = (high or base)["operations"][op]["requests"]
+            in_a_row = (high or base)["operations"][op].get("sequential")
             sequential = ""
             if base and high and high is not base and op in base["operations"] and op in high["operations"]:
-                sequential = f"{(high['operations'][op]['p50'] - base['operations'][op]['p50']) / top:11.1f}"
-            print(f"{op:38}{cells} {requests:9.1f} {sequential:>11}")
+                sequential = f"{(high['operations'][op]['p50'] - base['operations'][op]['p50']) / top:10.1f}"
+            counted = "" if in_a_row is None else f"{in_a_row:9.1f}"
+            print(f"{op:38}{cells} {requests:9.1f} {counted:>9} {sequential:>10}")
         for latency in latencies:
             if (store, latency) in by and by[(store, latency)].get("throughput"):
                 for n, t in by[(store, latency)]["throughput"].items():
