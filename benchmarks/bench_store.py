@@ -441,12 +441,12 @@ def report(results: list[dict[str, Any]]) -> None:
             cells = "".join(f" {by[(store, l)]['operations'][op]['p50']:9.1f}/{by[(store, l)]['operations'][op]['p99']:<10.1f}"
                             for l in latencies if (store, l) in by and op in by[(store, l)]["operations"])
             requests = (high or base)["operations"][op]["requests"]
-            in_a_row = (high or base)["operations"][op].get("sequential")
-            sequential = ""
-            if base and high and high is not base and op in base["operations"] and op in high["operations"]:
-                sequential = f"{(high['operations'][op]['p50'] - base['operations'][op]['p50']) / top:10.1f}"
+            in_a_row = (high or base)["operations"][op].get("sequential")  # absent from runs before it was counted
             counted = "" if in_a_row is None else f"{in_a_row:9.1f}"
-            print(f"{op:38}{cells} {requests:9.1f} {counted:>9} {sequential:>10}")
+            estimated = ""
+            if base and high and high is not base and op in base["operations"] and op in high["operations"]:
+                estimated = f"{(high['operations'][op]['p50'] - base['operations'][op]['p50']) / top:10.1f}"
+            print(f"{op:38}{cells} {requests:9.1f} {counted:>9} {estimated:>10}")
         for latency in latencies:
             if (store, latency) in by and by[(store, latency)].get("throughput"):
                 for n, t in by[(store, latency)]["throughput"].items():
