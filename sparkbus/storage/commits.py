@@ -30,9 +30,9 @@ latest then), so none can have been cleaned up while less than the retention has
 the table. Without that, an entry that existed and was cleaned up would be created again.
 
 Durability (local files): before the log entry is linked into place, the data files, the partition
-directories naming them and the entry's staged file are fsynced, all at once (concurrent fsyncs: a
-journalling file system such as ext4 commits them together, so a one-file send waits for about two
-fsyncs instead of four in a row); the log directory naming the entry is fsynced after the link, before
+directories naming them and the entry's staged file are fsynced (storage.fsync_together: a one-file
+commit's three in a row in the calling thread, more of them concurrently, which a journalling file system
+such as ext4 commits together); the log directory naming the entry is fsynced after the link, before
 the commit returns. The staged entry is written once and linked again at the next version when one is
 taken. A PUT to an object store is durable when it returns.
 
