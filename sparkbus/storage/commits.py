@@ -85,7 +85,7 @@ from . import (PARTITION_COLUMN, Started, concurrently, fsync_file, fsync_togeth
                set_read_at,
                transaction_version as _transaction_version,
                location, open_table, read_at)
-from . import fetched, requests, spares
+from . import fetched, requests, small_files, spares
 from .errors import guarded
 
 ENGINE = "sparkbus"
@@ -437,7 +437,8 @@ def parquet_options(log: TableLog, *, compress: bool) -> dict[str, Any]:
     snappy and dictionaries took a third of a one-row file's encoding and most of a 1,000-row one's),
     Parquet statistics only for the columns the log keeps statistics of, and no copy of
     the Arrow schema (the Parquet types read back as the table's schema). compress: what compaction
-    writes, the files that linger, is compressed (snappy, as delta-rs writes)."""
+    writes, the files that linger, is compressed (snappy, as delta-rs writes). A file of a few rows is
+    encoded the same way without pyarrow's writer (storage.small_files)."""
     return {"compression": "snappy" if compress else "none", "use_dictionary": compress,
             "write_statistics": list(log.stats_columns), "store_schema": False}
 
@@ -445,7 +446,7 @@ def parquet_options(log: TableLog, *, compress: bool) -> dict[str, Any]:
 def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool = False,
                values: tuple[tuple[str, str], ...] = ()) -> AddedFile:
     """Write one partition's rows (the table schema without the partition column) as a new data file
-    (encoded as parquet_options says); the file is part of the table only once a commit names it, and
+    (encoded as parquet_options says; a few rows, uncompressed, by storage.small_files); the file is part of the table only once a commit names it, and
     commit() makes it durable first (on an object store it is durable on return). values: the file's
     values of the table's other partition columns (its directories below the partition's, in order)."""
     directory = "/".join([f"{PARTITION_COLUMN}={partition}", *(f"{k}={v}" for k, v in values)])
@@ -453,8 +454,9 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
     target = location.join(log.uri, relative)
     options = parquet_options(log, compress=compress)
     data = _without_empty_columns(data)
+    small = None if compress else small_files.encoded(data, log.stats_columns)
     if location.is_local(target):
-        size = _written_ahead(target, data, options)
+        size = _written_ahead(target, data, options, small)
         if size is None:
             try:
                 opened = pa.OSFile(target, "wb")  # native writes (a Python file object costs 2x on 1 GB)
@@ -466,12 +468,18 @@ def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool 
                     _partition_directory(made)
                 opened = pa.OSFile(target, "wb")
             with opened as sink:
-                pq.write_table(data, sink, **options)
+                if small is not None:
+                    sink.write(small)
+                else:
+                    pq.write_table(data, sink, **options)
                 size = sink.tell()
     else:
-        sink = pa.BufferOutputStream()
-        pq.write_table(data, sink, **options)
-        payload = sink.getvalue().to_pybytes()
+        if small is not None:
+            payload = small
+        else:
+            sink = pa.BufferOutputStream()
+            pq.write_table(data, sink, **options)
+            payload = sink.getvalue().to_pybytes()
         location.put(target, payload)
         fetched.written(target, payload)
         size = len(payload)
@@ -512,16 +520,18 @@ def added_file(log: TableLog, partition: int, relative: str) -> AddedFile:
     return AddedFile(relative, partition, os.path.getsize(path), file.metadata.num_rows, low, high, stats, ())
 
 
-def _written_ahead(target: str, data: pa.Table, options: dict[str, Any]) -> Optional[int]:
+def _written_ahead(target: str, data: pa.Table, options: dict[str, Any], small: Optional[bytes]) -> Optional[int]:
     """data written as Parquet to target in an unnamed file made ahead in target's directory (spares), then
     linked to target: its size; None when no file was ready or the directory is gone (the caller writes
-    target itself, and reports a removed table)."""
+    target itself, and reports a removed table). small: data's file, when storage.small_files encoded it."""
     spare = spares.take(os.path.dirname(target))
     if spare is None:
         return None
     try:
         try:
-            if data.get_total_buffer_size() <= BUFFERED_WRITE:
+            if small is not None:
+                size = _write_all(spare, small)
+            elif data.get_total_buffer_size() <= BUFFERED_WRITE:
                 sink = pa.BufferOutputStream()
                 pq.write_table(data, sink, **options)
                 size = _write_all(spare, sink.getvalue())
