@@ -23,12 +23,13 @@ KINDS = {  # type -> values of it
     pa.string(): st.text(max_size=40),
     pa.binary(): st.binary(max_size=40),
     TS: st.integers(-62135596800 * 10**6, 253402300799 * 10**6),  # datetime's range, in microseconds
+    pa.timestamp("us"): st.integers(-62135596800 * 10**6, 253402300799 * 10**6),  # (no time zone)
 }
 
 
 def _array(values: list, kind: pa.DataType) -> pa.Array:
-    if kind == TS:
-        return pa.array([v for v in values], pa.int64()).view(TS)
+    if pa.types.is_timestamp(kind):
+        return pa.array(values, pa.int64()).view(kind)
     return pa.array(values, kind)
 
 

@@ -53,6 +53,9 @@ def encoded(table: pa.Table, statistics: Collection[str] = ()) -> Optional[bytes
     columns = table.columns
     if any(column.null_count and not kind.nullable for kind, column in zip(plan.columns, columns)):
         return None  # (pyarrow says what is wrong with it)
+    # The structs below are spelled out byte by byte (the struct helpers cost a one-row file 60 us): a field
+    # header is (id - previous id) << 4 | type, so 0x15/0x16 is the next field, an i32/i64; 0x19 the next, a
+    # list; 0x1c the next, a struct; 0x26, 0x28, 0x2c two ids on, an i64, a binary, a struct; 0x00 ends one.
     out = bytearray(b"PAR1")
     chunks = bytearray()
     count = _int(rows)
