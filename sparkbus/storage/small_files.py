@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Collection, Optional
+from typing import Any, Collection, Optional
 
 import pyarrow as pa
 
@@ -105,7 +105,7 @@ class _Plan:
     column_orders: bytes  # FileMetaData's column orders: each column's type-defined order (its statistics' order)
 
 
-def _page(kind: _Column, column: pa.ChunkedArray) -> tuple[bytes, list]:
+def _page(kind: _Column, column: pa.ChunkedArray) -> tuple[bytes, list[Any]]:
     """A data page's content (the definition levels of a nullable column, then the PLAIN values set) and
     the values set."""
     chunks = column.chunks
@@ -147,7 +147,7 @@ def _plan(schema: pa.Schema) -> Optional[_Plan]:
     return _Plan(tuple(columns), _schema_elements(schema), _list(_STRUCT, [b""] * len(columns)), orders)
 
 
-def _statistics(kind: _Column, values: list, nulls: int) -> bytes:
+def _statistics(kind: _Column, values: list[Any], nulls: int) -> bytes:
     """ColumnMetaData's statistics (field 12): null_count, max_value, min_value (integers little-endian,
     bytes compared unsigned, as Parquet's type-defined order says)."""
     out = b"\x3c\x36" + _int(nulls)
