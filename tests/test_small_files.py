@@ -62,7 +62,7 @@ def _statistics(file: pq.ParquetFile) -> list:
     return found
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(table=tables(), data=st.data())
 def test_a_few_rows_read_back_as_written_with_the_statistics_pyarrow_writes(table, data):
     named = data.draw(st.sets(st.sampled_from(table.schema.names)))
@@ -75,6 +75,12 @@ def test_a_few_rows_read_back_as_written_with_the_statistics_pyarrow_writes(tabl
     pq.write_table(table, sink, compression="none", use_dictionary=False, write_statistics=sorted(named) or False,
                    store_schema=False)
     assert _statistics(file) == _statistics(pq.ParquetFile(pa.BufferReader(sink.getvalue())))
+
+
+def test_a_file_of_no_rows_has_no_statistics_as_pyarrow_writes_it():
+    table = pa.Table.from_arrays([pa.array([], pa.int32())], schema=pa.schema([pa.field("n", pa.int32(), False)]))
+    file = pq.ParquetFile(pa.BufferReader(small_files.encoded(table, ["n"])))
+    assert file.read().equals(table) and _statistics(file) == [None]
 
 
 def test_text_that_is_not_utf8_is_written_back_as_it_was():

@@ -42,8 +42,8 @@ Field = tuple[int, int, bytes]  # (field id, compact type, encoded value)
 
 def encoded(table: pa.Table, statistics: Collection[str] = ()) -> Optional[bytes]:
     """The table as the bytes of a Parquet file, with Parquet statistics (null count, minimum and maximum)
-    for the columns named in statistics, or None when this module does not cover it (see the module
-    docstring)."""
+    for the columns named in statistics (as pyarrow, none in a file of no rows), or None when this module
+    does not cover it (see the module docstring)."""
     rows = table.num_rows
     if rows > MAX_ROWS or table.get_total_buffer_size() > MAX_BYTES:
         return None
@@ -74,7 +74,7 @@ def encoded(table: pa.Table, statistics: Collection[str] = ()) -> Optional[bytes
         length = _int(chunk)
         # ColumnChunk: file_offset, meta_data (its fixed fields, then num_values, sizes, data_page_offset)
         chunks += b"\x26" + offset + b"\x1c" + kind.meta + b"\x16" + count + b"\x16" + length + b"\x16" + length \
-            + b"\x26" + offset + (_statistics(kind, values, rows - len(values)) if name in statistics else b"") \
+            + b"\x26" + offset + (_statistics(kind, values, rows - len(values)) if rows and name in statistics else b"") \
             + b"\x00\x00"
     # FileMetaData: version 1, schema, num_rows, row_groups (one: columns, total_byte_size, num_rows,
     # file_offset, total_compressed_size), created_by
