@@ -208,7 +208,7 @@ def entry_uri(table_uri: str, version: int) -> str:
 
 
 def has_version(table_uri: str, version: int) -> bool:
-    """Whether the table at table_uri has a log entry for version: one read, no listing. Log cleanup
+    """Whether the table at table_uri has a log entry for version: one read (or look), no listing. Log cleanup
     removes entries older than the table's log retention, so ask about the version after one read recently
     (then it exists once the table reached it). On local disk a look at the name (an entry is linked
     whole): the read cost an incarnation's confirm, three to a receive + complete, 30-70 us each."""
@@ -450,9 +450,10 @@ def parquet_options(log: TableLog, *, compress: bool) -> dict[str, Any]:
 def write_file(log: TableLog, partition: int, data: pa.Table, *, compress: bool = False,
                values: tuple[tuple[str, str], ...] = ()) -> AddedFile:
     """Write one partition's rows (the table schema without the partition column) as a new data file
-    (encoded as parquet_options says; a few rows, uncompressed, by storage.small_files); the file is part of the table only once a commit names it, and
-    commit() makes it durable first (on an object store it is durable on return). values: the file's
-    values of the table's other partition columns (its directories below the partition's, in order)."""
+    (encoded as parquet_options says; a few rows, uncompressed, by storage.small_files); the file is part
+    of the table only once a commit names it, and commit() makes it durable first (on an object store it
+    is durable on return). values: the file's values of the table's other partition columns (its
+    directories below the partition's, in order)."""
     directory = "/".join([f"{PARTITION_COLUMN}={partition}", *(f"{k}={v}" for k, v in values)])
     relative = f"{directory}/part-00000-{uuid.uuid4()}-c000.{'snappy.' if compress else ''}parquet"
     target = location.join(log.uri, relative)
