@@ -816,8 +816,9 @@ def queue_workloads(driver, args: argparse.Namespace, results: Results) -> None:
         # is also read over the same minutes: on a shared host the floor moved 1.5-2.9 ms between runs
         between: dict[str, list[float]] = {"send": [], "receive": []}
         with FloorTable(SERVERS_DIR / "floor-between") if system == "sparkbus" else contextlib.nullcontext() as floor:
-            turns = (lambda kind: {"between": lambda: between[kind].append(floor.commit())}) if floor else \
-                (lambda kind: {})
+            def turns(kind: str) -> dict:  # (only sparkbus's driver takes turns with the floor)
+                return {"between": lambda: between[kind].append(floor.commit())} if floor else {}
+
             p50, p99 = percentiles(driver.single_send(target, count, **turns("send")))
             notes = {"operations": args.single, "warmup": WARMUP, "method": driver.single["send"]}
             if floor:

@@ -144,7 +144,7 @@ def _plan(schema: pa.Schema) -> Optional[_Plan]:
         view = pa.binary() if physical == _BYTE_ARRAY else pa.int32() if physical == _INT32 else pa.int64()
         columns.append(_Column(physical, nullable, view, "i" if physical == _INT32 else "q", meta))
     orders = _list(_STRUCT, [_struct((1, _STRUCT, _struct()))] * len(columns))  # ColumnOrder.TYPE_ORDER
-    return _Plan(tuple(columns), _schema_elements(schema), _list(_STRUCT, [b""] * len(columns)), orders)
+    return _Plan(tuple(columns), _schema_elements(schema), _list_header(_STRUCT, len(columns)), orders)
 
 
 def _statistics(kind: _Column, values: list[Any], nulls: int) -> bytes:
@@ -235,9 +235,11 @@ def _struct(*fields: Field) -> bytes:
 
 
 def _list(kind: int, elements: list[bytes]) -> bytes:
-    size = len(elements)
-    head = bytes(((size << 4) | kind,)) if size < 15 else bytes((0xF0 | kind,)) + _varint(size)
-    return head + b"".join(elements)
+    return _list_header(kind, len(elements)) + b"".join(elements)
+
+
+def _list_header(kind: int, size: int) -> bytes:
+    return bytes(((size << 4) | kind,)) if size < 15 else bytes((0xF0 | kind,)) + _varint(size)
 
 
 @lru_cache(maxsize=4096)
